@@ -1,0 +1,165 @@
+"""The three JSON files of a model folder, read with orjson.
+
+- ``config.json`` (Hugging Face model config): required.
+- ``generation_config.json`` (Hugging Face): optional; missing keys take the defaults below.
+- ``nntr_config.json`` (NNTrainer runtime settings): optional, so a Hugging Face download runs as
+  it is; missing keys take the defaults below.
+
+A :class:`JsonConfig` is a dict that remembers its file, so a missing or ill-typed key is a
+one-line error naming the file and the key: ``cfg.get_int("hidden_size")``. C++ lines such as
+``NUM_VOCAB = cfg["vocab_size"]`` port as ``self.NUM_VOCAB = cfg.get_int("vocab_size")``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+
+from causallm.errors import CausalLMError
+
+_MISSING = object()
+
+NNTR_DEFAULTS: dict[str, Any] = {
+    "model_type": "CausalLM",
+    "model_tensor_type": "FP32-FP32",
+    "batch_size": 1,
+    "init_seq_len": 2048,       # rows of the step buffer: the longest prefill chunk
+    "num_to_generate": 512,     # new tokens; the KV cache holds init_seq_len + num_to_generate
+    "embedding_dtype": "FP32",
+    "fc_layer_dtype": "FP32",
+    "bad_word_ids": [],
+    "tokenizer_file": "tokenizer.json",
+    "fsu": False,
+    "fsu_lookahead": 1,
+}
+"""nntr_config.json defaults. ``max_seq_len`` defaults to init_seq_len + num_to_generate,
+``lmhead_dtype`` to embedding_dtype, and ``model_file_name`` to the folder's safetensors."""
+
+GENERATION_DEFAULTS: dict[str, Any] = {
+    "do_sample": False,
+    "temperature": 0.7,
+    "top_k": 20,
+    "top_p": 0.95,
+    "repetition_penalty": 1.0,
+}
+"""generation_config.json defaults, NNTrainer's (CausalLM::setupParameters)."""
+
+
+class JsonConfig(dict):
+    """A JSON object plus the path it came from, with typed getters that fail in one line."""
+
+    def __init__(self, data: dict, path: str, exists: bool = True) -> None:
+        super().__init__(data)
+        self.path = path
+        self.exists = exists
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(os.path.abspath(self.path))
+
+    def error(self, key: str, expected: str) -> CausalLMError:
+        if key in self:
+            return CausalLMError(f"{self.path}: '{key}' must be {expected}, got {self[key]!r}")
+        return CausalLMError(f"{self.path}: missing key '{key}' ({expected})")
+
+    def contains(self, key: str) -> bool:
+        """True when the key is present and not null (nlohmann ``contains`` + ``is_null``)."""
+        return self.get(key) is not None
+
+    def _value(self, key: str, default: Any, expected: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.error(key, expected)
+            return default
+        return value
+
+    def get_int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
+        value = self._value(key, default, "an integer")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise self.error(key, "an integer")
+        if minimum is not None and value < minimum:
+            raise self.error(key, f"an integer >= {minimum}")
+        return int(value)
+
+    def get_float(self, key: str, default: Any = _MISSING) -> float:
+        value = self._value(key, default, "a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, "a number")
+        return float(value)
+
+    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._value(key, default, "true or false")
+        if not isinstance(value, bool):
+            raise self.error(key, "true or false")
+        return value
+
+    def get_str(self, key: str, default: Any = _MISSING) -> str:
+        value = self._value(key, default, "a string")
+        if not isinstance(value, str):
+            raise self.error(key, "a string")
+        return value
+
+    def get_int_list(self, key: str, default: Any = _MISSING) -> list[int]:
+        """An integer or a list of integers, as a list (``eos_token_id`` takes either)."""
+        value = self._value(key, default, "an integer or a list of integers")
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            raise self.error(key, "an integer or a list of integers")
+        return list(items)
+
+    def get_dict(self, key: str, default: Any = _MISSING) -> "JsonConfig":
+        value = self._value(key, default, "an object")
+        if not isinstance(value, dict):
+            raise self.error(key, "an object")
+        return JsonConfig(value, self.path, self.exists)
+
+    def resolve_path(self, value: str) -> str:
+        """A path from this file: absolute as given, else relative to the file's folder."""
+        return value if os.path.isabs(value) else os.path.join(self.directory, value)
+
+
+def load_json(path: str, required: bool = True) -> JsonConfig:
+    """Read a JSON object; a missing optional file gives an empty config (``exists`` False)."""
+    if not os.path.exists(path):
+        if required:
+            raise CausalLMError(f"{path}: file not found")
+        return JsonConfig({}, path, exists=False)
+    try:
+        with open(path, "rb") as f:
+            data = orjson.loads(f.read())
+    except orjson.JSONDecodeError as e:
+        raise CausalLMError(f"{path}: invalid JSON ({e})") from None
+    except OSError as e:
+        raise CausalLMError(f"{path}: cannot read ({e.strerror})") from None
+    if not isinstance(data, dict):
+        raise CausalLMError(f"{path}: expected a JSON object at the top level")
+    return JsonConfig(data, path)
+
+
+def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConfig]:
+    """``config.json`` (required), ``generation_config.json`` and ``nntr_config.json`` (optional)."""
+    if not os.path.isdir(model_dir):
+        raise CausalLMError(f"{model_dir}: not a model folder (no such directory)")
+    cfg = load_json(os.path.join(model_dir, "config.json"))
+    gen = load_json(os.path.join(model_dir, "generation_config.json"), required=False)
+    nntr = load_json(os.path.join(model_dir, "nntr_config.json"), required=False)
+    return cfg, gen, nntr
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,179 @@
+"""The layer contract: what a layer class declares and the two contexts it works with.
+
+Mirrors nntrainer's ``Layer`` / ``InitLayerContext`` / ``RunLayerContext``:
+
+- ``finalize(context)`` reads the input dimensions, sets the output dimensions and requests
+  weights (saved and loaded, in request order) and tensors (a KV cache, scratch).
+- ``incremental_forwarding(context, from_, to)`` computes rows ``[0, to - from_)`` of its outputs
+  from rows ``[0, to - from_)`` of its inputs (the step buffer convention, spec §2.5). Only
+  position-aware layers (``mha_core``) look at ``from_`` and ``to`` themselves.
+
+Activations are float32 arrays of shape ``(batch, channel * height, width)``; their NNTrainer
+dimension ``batch:channel:height:width`` is a :class:`TensorDim`. Weights are float32 arrays of
+the shape they were requested with, whatever dtype the .bin stores them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from causallm.errors import CausalLMError
+from causallm.properties import Prop
+
+DTYPES = ("FP32", "FP16", "Q4_0", "Q6_K", "Q4_K", "BCQ", "QINT4", "QINT8", "QINT16",
+          "UINT4", "UINT8", "UINT16")
+
+
+@dataclass(frozen=True)
+class TensorDim:
+    """An NNTrainer tensor dimension ``batch:channel:height:width``."""
+
+    batch: int
+    channel: int
+    height: int
+    width: int
+
+    @property
+    def feature_len(self) -> int:
+        return self.channel * self.height * self.width
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The numpy shape of the activation buffer."""
+        return (self.batch, self.channel * self.height, self.width)
+
+    def __str__(self) -> str:
+        return f"{self.batch}:{self.channel}:{self.height}:{self.width}"
+
+
+class Layer:
+    """Base of every layer type. Subclasses set ``type`` and ``properties`` and implement
+    ``finalize`` and ``incremental_forwarding``.
+
+    ``layer_impl = True`` marks a layer built on nntrainer's ``LayerImpl``: it also accepts the
+    weight-related keys every such layer takes (``disable_bias``, ``weight_initializer``, ...).
+    """
+
+    type: str = ""
+    properties: dict[str, Prop] = {}
+    layer_impl: bool = False
+
+    def __init__(self) -> None:
+        self.props: dict[str, Any] = {}
+
+    def finalize(self, context: "InitLayerContext") -> None:
+        raise NotImplementedError
+
+    def incremental_forwarding(self, context: "RunLayerContext", from_: int, to: int) -> None:
+        raise NotImplementedError
+
+    def getType(self) -> str:
+        return self.type
+
+
+@dataclass
+class WeightSpec:
+    """A requested weight: its full name (``scope:name``), numpy shape and stored dtype."""
+
+    full_name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class TensorSpec:
+    """A requested non-weight tensor (KV cache, scratch): lives as long as the model."""
+
+    name: str
+    shape: tuple[int, ...]
+
+
+class InitLayerContext:
+    """What ``finalize`` sees: input dims, node properties, and where to request weights."""
+
+    def __init__(self, name: str, layer_type: str, input_dims: list[TensorDim], batch: int,
+                 weight_scope: str, weight_dtype: str, activation_dtype: str) -> None:
+        self.name = name
+        self.layer_type = layer_type
+        self.input_dims = input_dims
+        self.batch = batch
+        self.weight_scope = weight_scope
+        self.weight_dtype = weight_dtype
+        self.activation_dtype = activation_dtype
+        self.input_shape: str | None = None  # the node's input_shape ("C:H:W"), if given
+        self.output_dims: list[TensorDim] | None = None
+        self.weights: list[WeightSpec] = []
+        self.tensors: list[TensorSpec] = []
+
+    def getName(self) -> str:
+        return self.name
+
+    def getInputDimensions(self) -> list[TensorDim]:
+        return self.input_dims
+
+    def getNumInputs(self) -> int:
+        return len(self.input_dims)
+
+    def setOutputDimensions(self, dims: list[TensorDim]) -> None:
+        self.output_dims = list(dims)
+
+    def requestWeight(self, name: str, shape: tuple[int, ...], dtype: str | None = None) -> int:
+        """Request a weight of numpy ``shape``; ``dtype`` defaults to the node's weight dtype.
+        Returns its index for ``RunLayerContext.getWeight``."""
+        shape = tuple(int(s) for s in shape)
+        self.weights.append(WeightSpec(f"{self.weight_scope}:{name}", shape,
+                                       dtype or self.weight_dtype))
+        return len(self.weights) - 1
+
+    def requestTensor(self, name: str, shape: tuple[int, ...]) -> int:
+        """Request a float32 tensor kept for the model's lifetime (zeroed at initialize)."""
+        self.tensors.append(TensorSpec(name, tuple(int(s) for s in shape)))
+        return len(self.tensors) - 1
+
+    def error(self, message: str) -> CausalLMError:
+        return CausalLMError(f"layer '{self.name}' ({self.layer_type}): {message}")
+
+
+class RunLayerContext:
+    """What ``incremental_forwarding`` sees: the layer's buffers, by index.
+
+    The lists are plain attributes so the per-token path does no lookups beyond an index.
+    """
+
+    __slots__ = ("name", "inputs", "outputs", "weights", "tensors", "batch")
+
+    def __init__(self, name: str, batch: int) -> None:
+        self.name = name
+        self.batch = batch
+        self.inputs: list[np.ndarray] = []
+        self.outputs: list[np.ndarray] = []
+        self.weights: list[np.ndarray] = []
+        self.tensors: list[np.ndarray] = []
+
+    def getName(self) -> str:
+        return self.name
+
+    def getInput(self, i: int) -> np.ndarray:
+        return self.inputs[i]
+
+    def getOutput(self, i: int) -> np.ndarray:
+        return self.outputs[i]
+
+    def getWeight(self, i: int) -> np.ndarray:
+        return self.weights[i]
+
+    def getTensor(self, i: int) -> np.ndarray:
+        return self.tensors[i]
+
+    def getNumInputs(self) -> int:
+        return len(self.inputs)
+
+    def error(self, message: str) -> CausalLMError:
+        return CausalLMError(f"layer '{self.name}': {message}")

@@ -1,0 +1,409 @@
+"""Weight files: safetensors (read and write, no `safetensors` package) and NNTrainer `.bin`.
+
+Every weight a caller gets back is a read-only, C-contiguous float32 numpy array. F32 data is
+a zero-copy view into a read-only memory map of the file; F16, BF16 and F64 are converted.
+(Integer and bool safetensors tensors are returned exactly, in their own dtype.)
+
+safetensors layout (little-endian)::
+
+    u64 N | N bytes of JSON header (padded with spaces) | data buffer
+    header = {"__metadata__": {str: str}?, name: {"dtype": "F32", "shape": [..],
+              "data_offsets": [begin, end]}}   # offsets are relative to the data buffer
+
+NNTrainer `.bin` layout (porting spec 7.1): the raw bytes of each weight in graph order, with
+no header, padding or names. A weight of n elements takes 4n bytes as FP32, 2n as FP16,
+(n // 32) * 18 as Q4_0 and (n // 256) * 210 as Q6_K (spec 7.2, `Q4_0_Tensor::size`).
+
+bfloat16 is the top half of a float32: widening is `u16 << 16` (exact), narrowing rounds the
+dropped 16 bits to nearest, ties to even; NaN stays NaN.
+"""
+
+import math
+import os
+
+import numpy as np
+import orjson
+
+from causallm.errors import CausalLMError
+
+# safetensors dtype string -> (bytes per element, little-endian numpy dtype or None if unreadable)
+_ST_DTYPES = {
+    "F64": (8, "<f8"), "F32": (4, "<f4"), "F16": (2, "<f2"), "BF16": (2, "<u2"),
+    "I64": (8, "<i8"), "U64": (8, "<u8"), "I32": (4, "<i4"), "U32": (4, "<u4"),
+    "I16": (2, "<i2"), "U16": (2, "<u2"), "I8": (1, "i1"), "U8": (1, "u1"), "BOOL": (1, "?"),
+    "C64": (8, None), "F8_E5M2": (1, None), "F8_E4M3": (1, None), "F8_E8M0": (1, None),
+}
+_NP_TO_ST = {np.dtype(v[1]): k for k, v in _ST_DTYPES.items()
+             if v[1] is not None and k not in ("BF16", "F64")}  # float64 is written as F32
+_MAX_HEADER = 100_000_000  # the limit the reference implementation enforces
+
+
+def _readonly(a):
+    a.flags.writeable = False
+    return a
+
+
+def bf16_to_f32(u16):
+    """bfloat16 bit patterns (uint16, any shape) -> float32 of the same shape: bits << 16 (exact)."""
+    u = np.asarray(u16, dtype=np.uint16).astype(np.uint32)
+    u <<= 16  # in place, so 0-d input stays a 0-d array
+    return u.view(np.float32)
+
+
+def f32_to_bf16(f32):
+    """float32 (any shape) -> bfloat16 bit patterns as uint16, rounding to nearest, ties to even.
+
+    For finite x with bits u: (u + 0x7FFF + ((u >> 16) & 1)) >> 16, so values above the largest
+    bfloat16 round to inf as IEEE rounding does. NaN keeps its sign and top payload bits and gets
+    the quiet bit 0x0040, so it can never turn into inf.
+    """
+    u = np.asarray(f32, dtype=np.float32, order="C").view(np.uint32)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, (u >> 16) | np.uint32(0x0040), rounded).astype(np.uint16)
+
+
+def _atomic_write(path, write):
+    """Call write(f) on a fresh temporary file next to `path`, then rename it over `path`."""
+    path = os.fspath(path)
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------- safetensors
+
+class SafetensorsFile:
+    """One .safetensors file, header parsed and checked at open, data memory-mapped read-only.
+
+    keys() lists tensor names in header order; shape(name) is a tuple; dtype(name) is the
+    safetensors dtype string ("F32", "BF16", ...); metadata is the "__metadata__" dict ({} if none).
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        size = os.path.getsize(self.path)
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(_MAX_HEADER, size - 8):
+                raise CausalLMError(f"{self.path}: not a safetensors file (header length {n}, "
+                                    f"file size {size} bytes)")
+            raw = f.read(n)
+        try:
+            header = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise CausalLMError(f"{self.path}: safetensors header is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise CausalLMError(f"{self.path}: safetensors header is not a JSON object")
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise CausalLMError(f"{self.path}: safetensors __metadata__ is not a JSON object")
+        self.metadata = meta
+        self._start = 8 + n
+        data_len = size - self._start
+        self._info = {}
+        for name, t in header.items():
+            where = f"{self.path}: tensor '{name}'"
+            if not (isinstance(t, dict) and isinstance(t.get("dtype"), str)
+                    and isinstance(t.get("shape"), list) and isinstance(t.get("data_offsets"), list)):
+                raise CausalLMError(f"{where}: header entry needs dtype, shape and data_offsets")
+            dtype, shape, offs = t["dtype"], t["shape"], t["data_offsets"]
+            if dtype not in _ST_DTYPES:
+                raise CausalLMError(f"{where}: unknown dtype {dtype!r}")
+            if not all(type(d) is int and d >= 0 for d in shape):
+                raise CausalLMError(f"{where}: bad shape {shape}")
+            if not (len(offs) == 2 and all(type(o) is int for o in offs)
+                    and 0 <= offs[0] <= offs[1] <= data_len):
+                raise CausalLMError(f"{where}: data_offsets {offs} outside the {data_len}-byte "
+                                    "data buffer")
+            nbytes = math.prod(shape) * _ST_DTYPES[dtype][0]
+            if offs[1] - offs[0] != nbytes:
+                raise CausalLMError(f"{where}: shape {shape} x {dtype} is {nbytes} bytes but "
+                                    f"data_offsets {offs} span {offs[1] - offs[0]}")
+            self._info[name] = (dtype, tuple(shape), offs[0] + self._start, nbytes)
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
+
+    def keys(self):
+        return list(self._info)
+
+    def __contains__(self, name):
+        return name in self._info
+
+    def __len__(self):
+        return len(self._info)
+
+    def _entry(self, name):
+        try:
+            return self._info[name]
+        except KeyError:
+            raise CausalLMError(f"{self.path}: no tensor named '{name}'") from None
+
+    def shape(self, name):
+        return self._entry(name)[1]
+
+    def dtype(self, name):
+        return self._entry(name)[0]
+
+    def get(self, name):
+        """The tensor as a read-only C-contiguous array of its shape.
+
+        F32: a view of the file (copied only if its offset is not 4-byte aligned).
+        F16, BF16 (exact) and F64 (rounded to nearest) become float32. Integer and BOOL
+        tensors come back exact in their own dtype (I64 -> int64, ...), not as float32.
+        """
+        dtype, shape, start, nbytes = self._entry(name)
+        np_dtype = _ST_DTYPES[dtype][1]
+        if np_dtype is None:
+            raise CausalLMError(f"{self.path}: tensor '{name}' has dtype {dtype}, which is not "
+                                "supported (use F32, F16, BF16, F64 or an integer type)")
+        raw = self._map[start:start + nbytes].view(np.ndarray)
+        if start % np.dtype(np_dtype).itemsize:
+            raw = raw.copy()
+        a = raw.view(np_dtype).reshape(shape)
+        if dtype == "BF16":
+            a = bf16_to_f32(a)
+        elif dtype in ("F16", "F64"):
+            a = a.astype(np.float32)
+        return _readonly(a)
+
+
+def _st_dtype_for(a, dtype):
+    """The safetensors dtype string an array is written as (see write_safetensors)."""
+    if a.dtype.kind == "f" and dtype is not None:
+        return dtype
+    if a.dtype.kind == "f":
+        return "F16" if a.dtype == np.float16 else "F32"
+    st = _NP_TO_ST.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+    if st is None:
+        raise CausalLMError(f"write_safetensors: cannot store numpy dtype {a.dtype}")
+    return st
+
+
+def write_safetensors(path, tensors, metadata=None, dtype=None):
+    """Write {name: array} to a .safetensors file, atomically (temp file + rename).
+
+    Floating arrays are written as F32, or F16 when the array is float16; dtype="F32", "F16" or
+    "BF16" forces that dtype for every floating array (BF16 rounds float32 to nearest even).
+    Integer and bool arrays are written as they are. Tensors are laid out with no gaps, widest
+    dtype first (then in dict order), so every tensor is aligned to its element size; the
+    header is padded with spaces to a multiple of 8 bytes.
+    """
+    if dtype not in (None, "F32", "F16", "BF16"):
+        raise CausalLMError(f"write_safetensors: dtype must be F32, F16 or BF16, not {dtype!r}")
+    items = []
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        st = _st_dtype_for(a, dtype)
+        if st == "BF16":
+            data = f32_to_bf16(a)
+        else:
+            data = np.asarray(a, dtype=_ST_DTYPES[st][1], order="C")
+        items.append((name, st, a.shape, data))
+    items.sort(key=lambda it: -_ST_DTYPES[it[1]][0])  # stable: dict order within one width
+    header = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for name, st, shape, data in items:
+        header[name] = {"dtype": st, "shape": list(shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+    blob = orjson.dumps(header)
+    blob += b" " * (-len(blob) % 8)
+
+    def write(f):
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for _, _, _, data in items:
+            data.tofile(f)
+
+    _atomic_write(path, write)
+
+
+class Checkpoint:
+    """A Hugging Face model folder's safetensors weights, as one name -> tensor mapping.
+
+    Opens `model.safetensors`; else the shards that `model.safetensors.index.json` lists in its
+    "weight_map" (name -> file); else the folder's only `*.safetensors` file.
+    """
+
+    def __init__(self, folder):
+        self.folder = os.fspath(folder)
+        if not os.path.isdir(self.folder):
+            raise CausalLMError(f"{self.folder}: not a directory")
+        single = os.path.join(self.folder, "model.safetensors")
+        index = os.path.join(self.folder, "model.safetensors.index.json")
+        if os.path.isfile(single):
+            self._single(single)
+        elif os.path.isfile(index):
+            self._sharded(index)
+        else:
+            found = sorted(f for f in os.listdir(self.folder) if f.endswith(".safetensors"))
+            if not found:
+                raise CausalLMError(f"{self.folder}: no model.safetensors or "
+                                    "model.safetensors.index.json")
+            if len(found) > 1:
+                raise CausalLMError(f"{self.folder}: no model.safetensors.index.json to choose "
+                                    f"between {', '.join(found)}")
+            self._single(os.path.join(self.folder, found[0]))
+
+    def _single(self, path):
+        f = SafetensorsFile(path)
+        self._where = {name: f for name in f.keys()}
+
+    def _sharded(self, index):
+        try:
+            with open(index, "rb") as fh:
+                weight_map = orjson.loads(fh.read())["weight_map"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+            raise CausalLMError(f"{index}: not a safetensors index with a \"weight_map\" "
+                                f"({type(e).__name__}: {e})") from None
+        if not isinstance(weight_map, dict):
+            raise CausalLMError(f"{index}: \"weight_map\" is not a JSON object")
+        shards, self._where = {}, {}
+        for name, file in weight_map.items():
+            if file not in shards:
+                path = os.path.join(self.folder, str(file))
+                if not os.path.isfile(path):
+                    raise CausalLMError(f"{index}: shard '{file}' (for '{name}') does not exist")
+                shards[file] = SafetensorsFile(path)
+            if name not in shards[file]:
+                raise CausalLMError(f"{index}: '{name}' is mapped to '{file}', which has no "
+                                    "such tensor")
+            self._where[name] = shards[file]
+
+    def _file(self, name):
+        try:
+            return self._where[name]
+        except KeyError:
+            raise CausalLMError(f"{self.folder}: checkpoint has no tensor named '{name}'") from None
+
+    def keys(self):
+        return list(self._where)
+
+    def __contains__(self, name):
+        return name in self._where
+
+    def __len__(self):
+        return len(self._where)
+
+    def shape(self, name):
+        return self._file(name).shape(name)
+
+    def dtype(self, name):
+        return self._file(name).dtype(name)
+
+    def get(self, name):
+        """The tensor as read-only float32 (see SafetensorsFile.get)."""
+        return self._file(name).get(name)
+
+    def file_of(self, name):
+        """Path of the file that holds `name`."""
+        return self._file(name).path
+
+
+# --------------------------------------------------------------------------------- NNTrainer .bin
+
+_BIN_DTYPES = ("FP32", "FP16", "Q4_0", "Q6_K")
+
+
+def bin_nbytes(shape, dtype):
+    """Bytes one weight of `shape` takes in a .bin file: n = prod(shape) elements;
+    FP32 4n, FP16 2n, Q4_0 (n // 32) * 18, Q6_K (n // 256) * 210 (whole blocks, as NNTrainer)."""
+    n = math.prod(shape)
+    if dtype == "FP32":
+        return 4 * n
+    if dtype == "FP16":
+        return 2 * n
+    if dtype == "Q4_0":
+        return n // 32 * 18
+    if dtype == "Q6_K":
+        return n // 256 * 210
+    raise CausalLMError(f"weight dtype {dtype!r} is not one of {', '.join(_BIN_DTYPES)}")
+
+
+def read_bin(path, specs, allow_extra=False):
+    """Read an NNTrainer .bin file: specs = [(full_name, shape, dtype), ...] in file order.
+
+    Returns one read-only float32 array of `shape` per spec. FP32 weights are zero-copy views
+    of a read-only memory map (copied when their offset is not a multiple of 4); FP16 weights
+    are widened. The file size is checked against the sum of bin_nbytes before anything is
+    read; trailing bytes are an error unless allow_extra (NNTrainer itself ignores them).
+    """
+    path = os.fspath(path)
+    sizes = []
+    for name, shape, dtype in specs:
+        if dtype not in _BIN_DTYPES:
+            raise CausalLMError(f"{path}: weight '{name}' has dtype {dtype!r}, not one of "
+                                f"{', '.join(_BIN_DTYPES)}")
+        sizes.append(bin_nbytes(shape, dtype))
+    expected, found = sum(sizes), os.path.getsize(path)
+    if found != expected and not (allow_extra and found > expected):
+        msg = (f"{path}: expected {expected} bytes for the model's {len(specs)} weights, "
+               f"found {found}")
+        if found > expected:
+            raise CausalLMError(f"{msg} ({found - expected} bytes too many)")
+        offset = 0
+        for (name, shape, dtype), nb in zip(specs, sizes):
+            if offset + nb > found:
+                break
+            offset += nb
+        raise CausalLMError(f"{msg} ({expected - found} bytes short; the first weight that does "
+                            f"not fit is '{name}' {tuple(shape)} {dtype}, {nb} bytes at offset "
+                            f"{offset})")
+    for name, shape, dtype in specs:
+        if dtype not in ("FP32", "FP16"):
+            raise CausalLMError(f"{path}: weight '{name}' has dtype {dtype}, which is not "
+                                "supported yet (FP32, FP16)")
+    mm = np.memmap(path, dtype=np.uint8, mode="r") if found else None
+    out, offset = [], 0
+    for (name, shape, dtype), nb in zip(specs, sizes):
+        raw = mm[offset:offset + nb].view(np.ndarray) if nb else np.zeros(0, np.uint8)
+        if dtype == "FP32":
+            a = (raw if offset % 4 == 0 else raw.copy()).view("<f4").reshape(shape)
+        else:
+            a = raw.view("<f2").astype(np.float32).reshape(shape)
+        out.append(_readonly(a))
+        offset += nb
+    return out
+
+
+def write_bin(path, arrays, dtypes):
+    """Write arrays (float) in order as an NNTrainer .bin, each converted to its dtype
+    ("FP32" or "FP16"), with nothing in between; atomically (temp file + rename).
+    FP16 rounds to nearest even; a value beyond the FP16 range (|x| > 65504) is an error."""
+    arrays, dtypes = list(arrays), list(dtypes)
+    if len(arrays) != len(dtypes):
+        raise CausalLMError(f"write_bin: {len(arrays)} arrays but {len(dtypes)} dtypes")
+    data = []
+    for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
+        if dtype not in ("FP32", "FP16"):
+            raise CausalLMError(f"write_bin: weight #{i}: dtype {dtype!r} is not supported "
+                                "(FP32, FP16)")
+        a = np.asarray(a, dtype="<f4", order="C")
+        if dtype == "FP16":
+            finite = np.isfinite(a)
+            with np.errstate(over="ignore"):
+                h = a.astype("<f2")
+            if not np.array_equal(np.isfinite(h), finite):
+                raise CausalLMError(f"write_bin: weight #{i} {a.shape}: values beyond the FP16 "
+                                    f"range (max |x| = {np.abs(a[finite]).max():g} > 65504)")
+            a = h
+        data.append(a)
+
+    def write(f):
+        for a in data:
+            a.tofile(f)
+
+    _atomic_write(path, write)
