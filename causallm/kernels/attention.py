@@ -1,0 +1,133 @@
+"""Attention over a preallocated KV cache, with RoPE, GQA, sliding window, softcap and sinks.
+
+Layouts (d = head_dim, g = kv head of q head h = h // (n_heads // n_kv), contiguous groups as
+HF ``repeat_kv``)::
+
+    q, out              (B, H, n_heads * d)   rows [0, nrows) hold positions pos0 + i
+    k, v                (B, H, n_kv * d)
+    k_cache, v_cache    (B, T, n_kv * d)      row t holds position t; head j at [j*d, (j+1)*d)
+    cos, sin            (rows >= pos0 + nrows, d/2)   from rope.rope_tables
+    sinks               (n_heads,) or (0,)
+    scratch             (B * n_heads, T + d)  per (b, h): scores, then the rotated query
+
+RoPE (rotate-half, as HF ``apply_rotary_pos_emb``) at position p, halves a = x[:d/2],
+b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cached rotated.
+
+For query row i at p = pos0 + i, the keys are t in [lo, hi)::
+
+    causal:      lo = max(0, p - window + 1),            hi = p + 1
+    non-causal:  lo = max(0, pos0 + nrows - window),     hi = pos0 + nrows
+
+    s_t = (q'.k_t) * scale;  s_t = tanh(s_t / softcap) * softcap   if softcap > 0
+    m   = max(max_t s_t, sink_h)                                    (sink only if given)
+    p_t = exp(s_t - m) / (sum_u exp(s_u - m) + exp(sink_h - m))
+    out = sum_t p_t v_t
+
+A window >= T means no window. The sink logit joins the softmax but has no value vector
+(gpt-oss). This is the mathematically correct sliding-window mask for any nrows (NNTrainer's
+x86 prefill kernel is wrong when nrows or pos0 + nrows exceeds the window, gotcha G4).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
+
+
+@njit(cache=True)
+def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim):
+    """k_cache[b, pos0+i] = RoPE(k[b, i], pos0+i); v_cache[b, pos0+i] = v[b, i]; i < nrows."""
+    B = k.shape[0]
+    half = head_dim // 2
+    width = n_kv * head_dim
+    for b in range(B):
+        for i in range(nrows):
+            p = pos0 + i
+            c = cos[p]
+            s = sin[p]
+            for g in range(n_kv):
+                src = k[b, i, g * head_dim:(g + 1) * head_dim]
+                dst = k_cache[b, p, g * head_dim:(g + 1) * head_dim]
+                for j in range(half):
+                    a = src[j]
+                    bb = src[j + half]
+                    dst[j] = a * c[j] - bb * s[j]
+                    dst[j + half] = bb * c[j] + a * s[j]
+            vs = v[b, i]
+            vd = v_cache[b, p]
+            for j in range(width):
+                vd[j] = vs[j]
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
+              n_kv, head_dim, window, causal, softcap, scale):
+    """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc).
+
+    Parallel over (b, h). q is read (into scratch) before out is written, so out may be q.
+    """
+    B = q.shape[0]
+    T = k_cache.shape[1]
+    d = head_dim
+    half = d // 2
+    group = n_heads // n_kv
+    use_sink = sinks.shape[0] == n_heads
+    scale32 = np.float32(scale)
+    cap = np.float32(softcap)
+    for task in prange(B * n_heads):
+        b = task // n_heads
+        h = task % n_heads
+        g = h // group
+        score = scratch[task, :T]
+        qr = scratch[task, T:T + d]
+        for i in range(nrows):
+            p = pos0 + i
+            # rotate the query into scratch
+            qh = q[b, i, h * d:(h + 1) * d]
+            c = cos[p]
+            s = sin[p]
+            for j in range(half):
+                a = qh[j]
+                bb = qh[j + half]
+                qr[j] = a * c[j] - bb * s[j]
+                qr[j + half] = bb * c[j] + a * s[j]
+            if causal:
+                lo = max(0, p - window + 1)
+                hi = p + 1
+            else:
+                hi = pos0 + nrows
+                lo = max(0, hi - window)
+            n = hi - lo
+            # scores and their max
+            m = np.float32(0.0)
+            for t in range(n):
+                kt = k_cache[b, lo + t, g * d:(g + 1) * d]
+                acc = np.float32(0.0)
+                for j in range(d):
+                    acc += qr[j] * kt[j]
+                sc = acc * scale32
+                if cap > 0:
+                    sc = np.tanh(sc / cap) * cap
+                score[t] = sc
+                if t == 0 or sc > m:
+                    m = sc
+            if use_sink and sinks[h] > m:
+                m = sinks[h]
+            # softmax numerators and denominator
+            denom = np.float32(0.0)
+            for t in range(n):
+                e = np.exp(score[t] - m)
+                score[t] = e
+                denom += e
+            if use_sink:
+                denom += np.exp(sinks[h] - m)
+            inv = np.float32(1.0) / denom
+            # weighted sum of values
+            o = out[b, i, h * d:(h + 1) * d]
+            for j in range(d):
+                o[j] = 0
+            for t in range(n):
+                pt = score[t] * inv
+                vt = v_cache[b, lo + t, g * d:(g + 1) * d]
+                for j in range(d):
+                    o[j] += pt * vt[j]

@@ -1,0 +1,136 @@
+"""Element-wise kernels on rows [0, nrows) of every batch of (B, H, W) float32 arrays.
+
+    swiglu(gate, up)  = gate * sigmoid(gate) * up        computed as gate / (1 + exp(-gate)) * up
+    add(a, b)         = a + b
+    multiply(a, b)    = a * b
+    softmax_rows(x)   = exp(x - max(x)) / sum(exp(x - max(x)))      over the last axis
+    activation(x, kind), kind one of:
+        ACT_NONE       x
+        ACT_SILU       x * sigmoid(x) = x / (1 + exp(-x))          (NNTrainer "swish")
+        ACT_GELU       0.5 x (1 + erf(x / sqrt(2)))               (exact gelu)
+        ACT_TANH_GELU  0.5 x (1 + tanh(0.7978845608 (x + 0.044715 x^3)))   (gelu_pytorch_tanh)
+        ACT_RELU       max(x, 0)
+        ACT_TANH       tanh(x)
+        ACT_SIGMOID    1 / (1 + exp(-x))
+
+Outputs may be one of the inputs (in place). Everything stays float32.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # for the softmax sum; keep NaN/Inf rules
+
+ACT_NONE = 0
+ACT_SILU = 1
+ACT_GELU = 2
+ACT_TANH_GELU = 3
+ACT_RELU = 4
+ACT_TANH = 5
+ACT_SIGMOID = 6
+
+# NNTrainer activation names -> kind
+ACTIVATIONS = {
+    "none": ACT_NONE,
+    "swish": ACT_SILU,
+    "silu": ACT_SILU,
+    "gelu": ACT_GELU,
+    "tanh_gelu": ACT_TANH_GELU,
+    "relu": ACT_RELU,
+    "tanh": ACT_TANH,
+    "sigmoid": ACT_SIGMOID,
+}
+
+
+@njit(cache=True)
+def swiglu(gate, up, out, nrows):
+    """out = gate * sigmoid(gate) * up = gate / (1 + exp(-gate)) * up, rows [0, nrows)."""
+    one = np.float32(1.0)
+    for b in range(gate.shape[0]):
+        for r in range(nrows):
+            g = gate[b, r]
+            u = up[b, r]
+            o = out[b, r]
+            for j in range(g.shape[0]):
+                o[j] = g[j] / (one + np.exp(-g[j])) * u[j]
+
+
+@njit(cache=True)
+def _act(v, kind):
+    """One activation of a float32 scalar (see module doc)."""
+    one = np.float32(1.0)
+    half = np.float32(0.5)
+    if kind == ACT_SILU:
+        return v / (one + np.exp(-v))
+    if kind == ACT_GELU:
+        return half * v * (one + math.erf(v * np.float32(0.7071067811865476)))
+    if kind == ACT_TANH_GELU:
+        inner = np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)
+        return half * v * (one + np.tanh(inner))
+    if kind == ACT_RELU:
+        return v if v > 0 else np.float32(0.0)
+    if kind == ACT_TANH:
+        return np.tanh(v)
+    if kind == ACT_SIGMOID:
+        return one / (one + np.exp(-v))
+    return v
+
+
+@njit(cache=True)
+def activation(x, y, nrows, kind):
+    """y = act(x) for rows [0, nrows), kind one of the ACT_* ints; y may be x."""
+    if kind < ACT_NONE or kind > ACT_SIGMOID:
+        raise ValueError("activation: unknown activation kind")
+    for b in range(x.shape[0]):
+        for r in range(nrows):
+            xr = x[b, r]
+            yr = y[b, r]
+            for j in range(xr.shape[0]):
+                yr[j] = _act(xr[j], kind)
+
+
+@njit(cache=True)
+def add(a, b, y, nrows):
+    """y = a + b for rows [0, nrows)."""
+    for i in range(a.shape[0]):
+        for r in range(nrows):
+            ar = a[i, r]
+            br = b[i, r]
+            yr = y[i, r]
+            for j in range(ar.shape[0]):
+                yr[j] = ar[j] + br[j]
+
+
+@njit(cache=True)
+def multiply(a, b, y, nrows):
+    """y = a * b for rows [0, nrows)."""
+    for i in range(a.shape[0]):
+        for r in range(nrows):
+            ar = a[i, r]
+            br = b[i, r]
+            yr = y[i, r]
+            for j in range(ar.shape[0]):
+                yr[j] = ar[j] * br[j]
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def softmax_rows(x, y, nrows):
+    """y = softmax(x) over the last axis, max-shifted, for rows [0, nrows); y may be x."""
+    for b in range(x.shape[0]):
+        for r in range(nrows):
+            xr = x[b, r]
+            yr = y[b, r]
+            m = xr[0]
+            for j in range(1, xr.shape[0]):
+                if xr[j] > m:
+                    m = xr[j]
+            total = np.float32(0.0)
+            for j in range(xr.shape[0]):
+                e = np.exp(xr[j] - m)
+                yr[j] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(yr.shape[0]):
+                yr[j] *= inv

@@ -1,0 +1,126 @@
+"""Fully connected: y = x @ W + bias on rows of 3-D float32 activations.
+
+Shapes: x (B, Hx, K), y (B, Hy, N), bias (N,) or (0,) for none. A call computes, for every
+batch b < B and row i < nrows::
+
+    y[b, y_row + i, :] = x[b, x_row + i, :] @ W + bias          # [K] @ [K, N] -> [N]
+
+W is the logical [in, out] = (K, N) matrix, stored one of two ways:
+
+- ``linear_io(x, w, ...)``: w is (K, N) C-contiguous, NNTrainer's FC layout [in, out];
+- ``linear_oi(x, wt, ...)``: wt is (N, K) C-contiguous, PyTorch's layout [out, in] (W = wt.T).
+
+``linear`` picks one: the numba kernel of the layout for a few rows (decode, memory bound),
+numpy's BLAS sgemm from Python for many rows (prefill, compute bound). Measured crossover:
+see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py.
+
+The kernels are parallel over output columns (``prange``) and write only into ``y``; they
+never allocate. ``fastmath`` here lets LLVM reorder the dot-product sums (to vectorize them),
+so results differ from a sequential sum by float32 rounding; NaN/Inf semantics are kept.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+# reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+_COLS = 256  # output columns per linear_io task: 1 KiB of every W row, y segments stay in L1
+
+# B * nrows at or above which linear() uses numpy BLAS instead of the numba matvec kernels.
+# Measured with bench/bench_kernels.py on a 2-core AMD EPYC (Zen 4), OpenBLAS 0.3.31:
+# TODO-measured-below
+BLAS_MIN_ROWS = 4
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def linear_io(x, w, bias, y, x_row, y_row, nrows):
+    """y[b, y_row+i] = x[b, x_row+i] @ w + bias, w (K, N) C-contiguous [in, out].
+
+    Parallel over blocks of ``_COLS`` output columns. Within a block, each group of 4 rows of
+    w is read once and added into every output row's block (y is the accumulator), so W is
+    streamed once per call whatever B * nrows is.
+    """
+    B = x.shape[0]
+    K, N = w.shape
+    k4 = K - K % 4
+    nblocks = (N + _COLS - 1) // _COLS
+    for blk in prange(nblocks):
+        n0 = blk * _COLS
+        n1 = min(n0 + _COLS, N)
+        for b in range(B):
+            for i in range(nrows):
+                yb = y[b, y_row + i, n0:n1]
+                if bias.shape[0] > 0:
+                    bb = bias[n0:n1]
+                    for n in range(yb.shape[0]):
+                        yb[n] = bb[n]
+                else:
+                    for n in range(yb.shape[0]):
+                        yb[n] = 0
+        for k in range(0, k4, 4):
+            w0 = w[k, n0:n1]
+            w1 = w[k + 1, n0:n1]
+            w2 = w[k + 2, n0:n1]
+            w3 = w[k + 3, n0:n1]
+            for b in range(B):
+                for i in range(nrows):
+                    xr = x[b, x_row + i]
+                    x0 = xr[k]
+                    x1 = xr[k + 1]
+                    x2 = xr[k + 2]
+                    x3 = xr[k + 3]
+                    yb = y[b, y_row + i, n0:n1]
+                    for n in range(yb.shape[0]):
+                        yb[n] += x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n]
+        for k in range(k4, K):
+            wk = w[k, n0:n1]
+            for b in range(B):
+                for i in range(nrows):
+                    xk = x[b, x_row + i, k]
+                    yb = y[b, y_row + i, n0:n1]
+                    for n in range(yb.shape[0]):
+                        yb[n] += xk * wk[n]
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
+    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in].
+
+    Parallel over output columns n: each is a dot product of a contiguous row of wt with the
+    input row, so W is streamed once per call (a wt row stays in L1 across the B*nrows rows).
+    """
+    B = x.shape[0]
+    N, K = wt.shape
+    has_bias = bias.shape[0] > 0
+    for n in prange(N):
+        wn = wt[n]
+        for b in range(B):
+            for i in range(nrows):
+                xr = x[b, x_row + i]
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += xr[k] * wn[k]
+                if has_bias:
+                    acc += bias[n]
+                y[b, y_row + i, n] = acc
+
+
+def linear(x, w, bias, y, x_row, y_row, nrows):
+    """y[b, y_row+i] = x[b, x_row+i] @ w + bias for b < B, i < nrows; w is the logical (K, N).
+
+    w is either C-contiguous (K, N) [in, out], or the transpose view ``wt.T`` of a C-contiguous
+    (N, K) [out, in] array. Below ``BLAS_MIN_ROWS`` rows in total the numba kernel of that
+    layout runs; otherwise numpy's BLAS (sgemm accepts both layouts without copying) writes
+    straight into y, and the bias is added afterwards.
+    """
+    if x.shape[0] * nrows < BLAS_MIN_ROWS:
+        if w.flags.c_contiguous:
+            linear_io(x, w, bias, y, x_row, y_row, nrows)
+        else:
+            linear_oi(x, w.T, bias, y, x_row, y_row, nrows)
+        return
+    for b in range(x.shape[0]):
+        out = y[b, y_row:y_row + nrows]
+        np.matmul(x[b, x_row:x_row + nrows], w, out=out)
+        if bias.shape[0]:
+            out += bias

@@ -1,0 +1,46 @@
+"""``fully_connected``: nntrainer's FullyConnectedLayer.
+
+    y = x @ W + b                 x (B, 1, H, K) rows [0, step) -> y (B, 1, H, unit)
+
+Weights, in order: ``weight`` (K, unit) = [in, out], the PyTorch weight transposed, as NNTrainer
+stores it; ``bias`` (unit,) in the activation dtype unless ``disable_bias=true``.
+A weight loaded from a Hugging Face checkpoint is the transposed view of the memory-mapped
+[out, in] tensor, so no copy is made; the kernel picks the loop order for either layout.
+Properties: ``unit`` (required), ``disable_bias`` (false), ``lora_rank``/``lora_alpha``
+(LoRA adapters are not supported here: a non-zero rank is an error).
+"""
+
+import numpy as np
+
+from causallm.kernels import linear
+from causallm.layer import Layer, TensorDim
+from causallm.properties import uint
+
+NO_BIAS = np.zeros(0, dtype=np.float32)
+
+
+class FullyConnectedLayer(Layer):
+    type = "fully_connected"
+    layer_impl = True
+    properties = {"unit": uint(required=True), "lora_rank": uint(0), "lora_alpha": uint(0)}
+
+    def finalize(self, context):
+        dims = context.getInputDimensions()
+        if len(dims) != 1:
+            raise context.error(f"needs 1 input, got {len(dims)}")
+        if self.props["lora_rank"]:
+            raise context.error("lora_rank > 0: LoRA adapters are not supported")
+        unit, x = self.props["unit"], dims[0]
+        if unit < 1:
+            raise context.error("unit must be at least 1")
+        context.requestWeight("weight", (x.width, unit))
+        self.has_bias = not self.props["disable_bias"]
+        if self.has_bias:
+            context.requestWeight("bias", (unit,), context.activation_dtype)
+        context.setOutputDimensions([TensorDim(x.batch, x.channel, x.height, unit)])
+
+    def incremental_forwarding(self, context, from_, to):
+        out = context.outputs[0]
+        w = context.weights
+        linear(context.inputs[0], w[0], w[1] if self.has_bias else NO_BIAS, out, 0, 0,
+               min(to - from_, out.shape[1]))

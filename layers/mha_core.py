@@ -1,0 +1,159 @@
+"""``mha_core``: Applications/CausalLM/layers/mha_core (MHACoreLayer), attention with RoPE and a KV cache.
+
+Inputs ``[Q, K, V]`` (a 4th, the mask, is accepted and unused): Q ``(B, 1, H, nQ*d)``,
+K and V ``(B, 1, H, nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at columns [h*d, (h+1)*d).
+For the step's row i at absolute position p = from_ + i:
+
+    k_p = RoPE(K_i, p)  and  v_p = V_i  are written to cache row p      (rows [from_, to))
+    q   = RoPE(Q_i, p)
+    s_t = (q . k_t) * d^-1/2                  t over the allowed keys of the kv head g = h // (nQ/nKV)
+    s_t = tanh(s_t / c) * c                   if attn_logit_softcapping c > 0
+    out_i = sum_t softmax(s)_t v_t            a sink logit (use_sink) joins the softmax, no value
+
+Allowed keys: causal -> ``max(0, p - W + 1) <= t <= p`` (W = sliding_window; HF's
+``kv > q - W``); not causal -> the last W keys of ``[0, to)``. RoPE is rotate-half over the
+halves [0, d/2) and [d/2, d): a' = a cos - b sin, b' = b cos + a sin, with
+``cos[p, j] = cos(p * inv_freq[j]) * attention_scaling``. ``inv_freq`` and the scaling follow
+Hugging Face's rope types: default, linear, llama3 and yarn.
+
+Cache: ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32, row t = position t;
+keys are cached after RoPE. Weights: ``sink`` ``(nQ,)`` only with ``use_sink``.
+
+Fixed against nntrainer (spec §10): the cache row and the RoPE position come from ``from_``, not
+an internal counter (G3), so a saved system-prompt cache continues correctly; each layer uses
+its own theta and scaling (G2); the sliding-window mask is right for any step length (G4);
+``rope_theta`` is a float (G25); ``to`` may reach ``max_timestep`` (G10).
+
+Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep
+(required), sliding_window (UINT_MAX = none), rope_theta (500000), max_position_embeddings
+(40960; positions are bounded by max_timestep here), use_sink (false), is_causal (true),
+use_rope (true), attn_logit_softcapping (0 = off), rope_scaling_type (default | linear | llama3 |
+yarn), rope_scaling_factor (1), rope_scaling_max_position_embeddings (4096, the original context
+of llama3/yarn), rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4),
+rope_scaling_beta_fast (32), rope_scaling_beta_slow (1), rope_scaling_truncate (false, as
+nntrainer's yarn; HF's default is true and the models pass the config's value),
+rope_scaling_attention_factor / rope_scaling_mscale / rope_scaling_mscale_all_dim (0 = unset).
+Accepted and unused as in nntrainer: max_new_tokens, projected_key_dim, projected_value_dim,
+output_shape, dropout_rate, return_attention_weight, average_attention_weight.
+"""
+
+import math
+
+import numpy as np
+
+from causallm.kernels import attention, kv_cache_write, rope_inv_freq, rope_tables
+from causallm.layer import Layer
+from causallm.properties import UINT_MAX, bool_, float_, str_, uint
+
+NO_SINKS = np.zeros(0, dtype=np.float32)
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class MHACoreLayer(Layer):
+    type = "mha_core"
+    layer_impl = True
+    properties = {
+        "num_heads": uint(1),
+        "num_heads_KV": uint(1),
+        "max_timestep": uint(required=True),
+        "sliding_window": uint(UINT_MAX),
+        "max_new_tokens": uint(1),
+        "rope_theta": float_(500000.0),
+        "max_position_embeddings": uint(40960),
+        "use_sink": bool_(False),
+        "use_rope": bool_(True),
+        "is_causal": bool_(True),
+        "attn_logit_softcapping": float_(0.0),
+        "rope_scaling_type": str_("default", choices=ROPE_TYPES),
+        "rope_scaling_factor": float_(1.0),
+        "rope_scaling_max_position_embeddings": uint(4096),
+        "rope_scaling_low_freq_factor": float_(1.0),
+        "rope_scaling_high_freq_factor": float_(4.0),
+        "rope_scaling_beta_fast": float_(32.0),
+        "rope_scaling_beta_slow": float_(1.0),
+        "rope_scaling_truncate": bool_(False),
+        "rope_scaling_attention_factor": float_(0.0),
+        "rope_scaling_mscale": float_(0.0),
+        "rope_scaling_mscale_all_dim": float_(0.0),
+        "projected_key_dim": uint(0),
+        "projected_value_dim": uint(0),
+        "output_shape": uint(0),
+        "dropout_rate": float_(0.0),
+        "return_attention_weight": str_("none"),
+        "average_attention_weight": bool_(False),
+    }
+
+    def finalize(self, context):
+        p = self.props
+        dims = context.getInputDimensions()
+        if len(dims) not in (3, 4):
+            raise context.error(f"needs inputs [query, key, value], got {len(dims)}")
+        q, k, v = dims[:3]
+        n_heads, n_kv = p["num_heads"], p["num_heads_KV"]
+        if n_heads < 1 or n_kv < 1 or n_heads % n_kv:
+            raise context.error(f"num_heads {n_heads} must be a positive multiple of "
+                                f"num_heads_KV {n_kv}")
+        if q.width % n_heads:
+            raise context.error(f"query width {q.width} is not a multiple of num_heads {n_heads}")
+        d = q.width // n_heads
+        for label, dim in (("key", k), ("value", v)):
+            if dim.width != n_kv * d:
+                raise context.error(f"{label} width {dim.width} != num_heads_KV {n_kv} x "
+                                    f"head_dim {d}")
+            if dim.height != q.height or dim.batch != q.batch:
+                raise context.error(f"{label} dims {dim} do not match query dims {q}")
+        if d % 2 and p["use_rope"]:
+            raise context.error(f"RoPE needs an even head_dim, got {d}")
+        T = p["max_timestep"]
+        if T < 1:
+            raise context.error("max_timestep must be at least 1")
+        if p["sliding_window"] < 1:
+            raise context.error("sliding_window must be at least 1")
+
+        self.n_heads, self.n_kv, self.head_dim, self.max_timestep = n_heads, n_kv, d, T
+        self.window = min(p["sliding_window"], T + 1)
+        self.causal = p["is_causal"]
+        self.softcap = p["attn_logit_softcapping"]
+        self.scale = 1.0 / math.sqrt(d)
+        self.cos, self.sin = self._rope_tables(context)
+
+        self.sink_index = None
+        if p["use_sink"]:
+            self.sink_index = context.requestWeight("sink", (n_heads,), context.activation_dtype)
+        context.requestTensor("cache_key", (q.batch, T, n_kv * d))
+        context.requestTensor("cache_value", (q.batch, T, n_kv * d))
+        context.requestTensor("scores", (q.batch * n_heads, T + d))
+        context.setOutputDimensions([q])
+
+    def _rope_tables(self, context):
+        p, d, T = self.props, self.head_dim, self.max_timestep
+        if not p["use_rope"]:
+            return (np.ones((T, d // 2), dtype=np.float32), np.zeros((T, d // 2), dtype=np.float32))
+        if p["rope_theta"] <= 0:
+            raise context.error(f"rope_theta must be positive, got {p['rope_theta']}")
+        inv_freq, scaling = rope_inv_freq(
+            d, p["rope_theta"], p["rope_scaling_type"], factor=p["rope_scaling_factor"],
+            original_max_position_embeddings=p["rope_scaling_max_position_embeddings"],
+            low_freq_factor=p["rope_scaling_low_freq_factor"],
+            high_freq_factor=p["rope_scaling_high_freq_factor"],
+            beta_fast=p["rope_scaling_beta_fast"], beta_slow=p["rope_scaling_beta_slow"],
+            truncate=p["rope_scaling_truncate"],
+            attention_factor=p["rope_scaling_attention_factor"] or None,
+            mscale=p["rope_scaling_mscale"] or None,
+            mscale_all_dim=p["rope_scaling_mscale_all_dim"] or None)
+        return rope_tables(inv_freq, scaling, T)
+
+    def incremental_forwarding(self, context, from_, to):
+        if to > self.max_timestep:
+            raise context.error(f"position {to} is past max_timestep {self.max_timestep} "
+                                f"(the KV cache length)")
+        step = to - from_
+        q, k, v = context.inputs[0], context.inputs[1], context.inputs[2]
+        k_cache, v_cache, scores = context.tensors
+        sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]
+        kv_cache_write(k, v, k_cache, v_cache, self.cos, self.sin, from_, step, self.n_kv,
+                       self.head_dim)
+        attention(q, k_cache, v_cache, context.outputs[0], self.cos, self.sin, sinks, scores,
+                  from_, step, self.n_heads, self.n_kv, self.head_dim, self.window, self.causal,
+                  self.softcap, self.scale)

@@ -1,0 +1,26 @@
+"""``multiply``: nntrainer's MultiplyLayer (a BinaryOperationLayer).
+
+    out = in0 * in1                      elementwise, rows [0, step) of every batch
+
+Inputs: two tensors of equal dims; output: the same dims. No properties. (NNTrainer refuses a
+multi-token step that does not start at position 0, G9; the step buffer makes that needless.)
+"""
+
+from causallm.kernels import multiply
+from causallm.layer import Layer
+
+
+class MultiplyLayer(Layer):
+    type = "multiply"
+
+    def finalize(self, context):
+        dims = context.getInputDimensions()
+        if len(dims) != 2:
+            raise context.error(f"needs exactly 2 inputs, got {len(dims)}")
+        if dims[0] != dims[1]:
+            raise context.error(f"input dims differ: {dims[0]} vs {dims[1]}")
+        context.setOutputDimensions([dims[0]])
+
+    def incremental_forwarding(self, context, from_, to):
+        step = min(to - from_, context.outputs[0].shape[1])
+        multiply(context.inputs[0], context.inputs[1], context.outputs[0], step)

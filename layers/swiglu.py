@@ -1,0 +1,26 @@
+"""``swiglu``: Applications/CausalLM/layers/swiglu (SwiGLULayer).
+
+    out = silu(gate) * up = gate * sigmoid(gate) * up        rows [0, step)
+
+Inputs ``[gate, up]`` (every model passes ``ffn_gate, ffn_up`` in that order), equal dims;
+output: the dims of ``gate``. No properties.
+"""
+
+from causallm.kernels import swiglu
+from causallm.layer import Layer
+
+
+class SwiGLULayer(Layer):
+    type = "swiglu"
+
+    def finalize(self, context):
+        dims = context.getInputDimensions()
+        if len(dims) != 2:
+            raise context.error(f"needs 2 inputs [gate, up], got {len(dims)}")
+        if dims[0] != dims[1]:
+            raise context.error(f"gate and up dims differ: {dims[0]} vs {dims[1]}")
+        context.setOutputDimensions([dims[0]])
+
+    def incremental_forwarding(self, context, from_, to):
+        step = min(to - from_, context.outputs[0].shape[1])
+        swiglu(context.inputs[0], context.inputs[1], context.outputs[0], step)

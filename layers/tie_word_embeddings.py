@@ -1,0 +1,49 @@
+"""``tie_word_embeddings``: Applications/CausalLM/layers/tie_word_embedding (TieWordEmbedding).
+
+One layer type, two modes, chosen by ``unit``:
+
+- embedding mode (``unit`` unset): exactly ``embedding_layer``:
+  ``out[b, i] = W[ids[b, i]] * scale``, weight ``Embedding`` (in_dim, out_dim) = [vocab, hidden].
+- lm-head mode (``unit`` set, used with ``shared_from=embedding0``):
+  ``logits[b] = x[b, step - 1] @ W^T (+ bias)``, x (B, 1, H, D) -> (B, 1, 1, unit). The weight
+  request ``Embedding`` (unit, D) resolves to the embedding's tensor, so the head adds no bytes to
+  the .bin.
+
+Properties: ``in_dim``, ``out_dim``, ``scale`` (1.0), ``unit``, and ``disable_bias``.
+"""
+
+from causallm.kernels import linear
+from causallm.layer import Layer, TensorDim
+from causallm.properties import float_, uint
+from layers.embedding_layer import embedding_lookup, finalize_embedding
+from layers.fully_connected import NO_BIAS
+
+
+class TieWordEmbedding(Layer):
+    type = "tie_word_embeddings"
+    layer_impl = True
+    properties = {"in_dim": uint(0), "out_dim": uint(0), "unit": uint(0), "scale": float_(1.0)}
+
+    def finalize(self, context):
+        self.lm_head = bool(self.props["unit"])
+        if not self.lm_head:
+            finalize_embedding(self, context)
+            return
+        dims = context.getInputDimensions()
+        if len(dims) != 1:
+            raise context.error(f"needs 1 input, got {len(dims)}")
+        unit, x = self.props["unit"], dims[0]
+        context.requestWeight("Embedding", (unit, x.width))
+        self.has_bias = not self.props["disable_bias"]
+        if self.has_bias:
+            context.requestWeight("bias", (unit,), context.activation_dtype)
+        context.setOutputDimensions([TensorDim(x.batch, 1, 1, unit)])
+
+    def incremental_forwarding(self, context, from_, to):
+        w = context.weights
+        if not self.lm_head:
+            embedding_lookup(self, context, w[0], to - from_)
+            return
+        x = context.inputs[0]
+        last = min(to - from_, x.shape[1]) - 1
+        linear(x, w[0].T, w[1] if self.has_bias else NO_BIAS, context.outputs[0], last, 0, 1)

@@ -1,0 +1,205 @@
+"""The CLI, mirroring Applications/CausalLM/main.cpp.
+
+    python main.py [MODEL_DIR] [PROMPT] [options]
+
+MODEL_DIR holds config.json (required), generation_config.json and nntr_config.json (both
+optional) and the weights: nntr_config's ``model_file_name`` (an NNTrainer .bin, or a
+.safetensors), else the folder's Hugging Face safetensors. Without MODEL_DIR the small model
+embedded in res/tiny-llama runs. The generated text streams to stdout; the NNTrainer metrics
+block goes to stderr; ``--json`` adds one JSON object as the last stdout line. A user error is
+one line ``error: ...`` on stderr and exit status 2 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import orjson
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MODEL_DIR = os.path.join(HERE, "res", "tiny-llama")
+
+
+def registerModels() -> None:
+    """main.cpp's ``Factory::Instance().registerModel(...)`` calls."""
+    from factory import Factory
+    from models.causal_lm import CausalLM
+
+    factory = Factory.Instance()
+    factory.registerModel("LlamaForCausalLM", lambda cfg, gen, nntr: CausalLM(cfg, gen, nntr))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="causallm", description="Run an NNTrainer-style CausalLM on a model folder.",
+        epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p "
+               "switch sampling on (--temp 0 means greedy); --greedy forces greedy decoding.")
+    p.add_argument("model_dir", nargs="?", default=DEFAULT_MODEL_DIR,
+                   help="model folder (default: the embedded res/tiny-llama)")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="input text (default: nntr_config.json sample_input)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=None,
+                   help="new tokens to generate (nntr_config num_to_generate)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding")
+    p.add_argument("--temp", type=float, default=None, help="sampling temperature")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    p.add_argument("--repeat-penalty", type=float, default=None,
+                   help="repetition penalty (1.0: off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--system", default=None, help="system prompt placed before the prompt")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object with ids, text and metrics as the last line")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p.parse_args(argv)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    from causallm.errors import CausalLMError
+
+    checks = [
+        (args.max_new_tokens is not None and args.max_new_tokens < 1, "-n must be at least 1"),
+        (args.temp is not None and args.temp < 0, "--temp must be >= 0"),
+        (args.top_k is not None and args.top_k < 0, "--top-k must be >= 0"),
+        (args.top_p is not None and not 0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
+        (args.repeat_penalty is not None and args.repeat_penalty <= 0,
+         "--repeat-penalty must be > 0"),
+        (args.threads is not None and args.threads < 1, "-t must be at least 1"),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise CausalLMError(message)
+
+
+def resolve_architecture(cfg) -> str:
+    """``config.json`` ``architectures[0]`` (main.cpp)."""
+    from causallm.errors import CausalLMError
+
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise CausalLMError(f"{cfg.path}: missing key 'architectures' (a list naming the model "
+                            f"class, e.g. [\"LlamaForCausalLM\"])")
+    return archs[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    from causallm.config import load_model_configs
+    from causallm.errors import CausalLMError
+    from factory import Factory
+    from models.transformer import set_threads
+
+    t_start = time.perf_counter()
+    _check_args(args)
+    cfg, gen_cfg, nntr_cfg = load_model_configs(args.model_dir)
+    if args.max_new_tokens is not None:
+        nntr_cfg["num_to_generate"] = args.max_new_tokens
+    if args.threads is not None:
+        set_threads(args.threads)
+
+    head_prompt, tail_prompt = "", ""
+    if nntr_cfg.contains("system_prompt"):
+        system = nntr_cfg.get_dict("system_prompt")
+        head_prompt = system.get_str("head_prompt", "")
+        tail_prompt = system.get_str("tail_prompt", "")
+    if args.system is not None:
+        head_prompt = args.system
+
+    prompt = args.prompt
+    if prompt is None:
+        if not nntr_cfg.contains("sample_input"):
+            raise CausalLMError(f"no prompt: pass one after the model folder or set "
+                                f"'sample_input' in {nntr_cfg.path}")
+        prompt = nntr_cfg.get_str("sample_input")
+
+    registerModels()
+    architecture = resolve_architecture(cfg)
+    model = Factory.Instance().create(architecture, cfg, gen_cfg, nntr_cfg)
+    if model is None:
+        raise CausalLMError(f"unknown architecture '{architecture}' in {cfg.path}; registered: "
+                            f"{', '.join(Factory.Instance().getRegistered())}")
+
+    if args.temp is not None:
+        model.TEMPERATURE = args.temp
+    if args.top_k is not None:
+        model.TOP_K = args.top_k
+    if args.top_p is not None:
+        model.TOP_P = args.top_p
+    if args.repeat_penalty is not None:
+        model.REPETITION_PENALTY = args.repeat_penalty
+    if args.seed is not None:
+        model.SEED = args.seed
+    do_sample = model.DO_SAMPLE
+    if args.temp is not None or args.top_k is not None or args.top_p is not None:
+        do_sample = True
+    if args.greedy or args.temp == 0:
+        do_sample = False
+
+    model.initialize()
+    weight_path = (nntr_cfg.resolve_path(nntr_cfg.get_str("model_file_name"))
+                   if nntr_cfg.contains("model_file_name") else args.model_dir)
+    if not os.path.exists(weight_path):
+        raise CausalLMError(f"{nntr_cfg.path}: model_file_name '{weight_path}' does not exist")
+    model.load_weight(weight_path)
+    init_ms = (time.perf_counter() - t_start) * 1e3
+
+    result = model.run(prompt, do_sample, head_prompt, tail_prompt, log_output=True)
+    m = model.performance_metrics
+    m.initialization_duration_ms = init_ms
+    e2e_ms = (time.perf_counter() - t_start) * 1e3
+    sys.stderr.write(f"[e2e time]: {e2e_ms:.0f} ms\n")
+
+    if args.json:
+        def rate(n, ms):
+            return round(n / ms * 1000, 3) if ms > 0 else None
+
+        record = {
+            "architecture": architecture,
+            "model_dir": os.path.abspath(args.model_dir),
+            "prompt": prompt,
+            "prompt_ids": result.prompt_ids[0],
+            "generated_ids": result.generated_ids[0],
+            "text": result.texts[0],
+            "finish_reason": result.finish_reasons[0],
+            "do_sample": do_sample,
+            "prefill": {"tokens": m.prefill_tokens, "ms": round(m.prefill_duration_ms, 3),
+                        "tps": rate(m.prefill_tokens, m.prefill_duration_ms)},
+            "generation": {"tokens": m.generation_tokens,
+                           "ms": round(m.generation_duration_ms, 3),
+                           "tps": rate(m.generation_tokens, m.generation_duration_ms)},
+            "initialization_ms": round(init_ms, 3),
+            "total_ms": round(e2e_ms, 3),
+            "peak_memory_kb": m.peak_memory_kb,
+        }
+        if len(result.generated_ids) > 1:
+            record["batch"] = [{"generated_ids": g, "text": t, "finish_reason": r} for g, t, r in
+                               zip(result.generated_ids, result.texts, result.finish_reasons)]
+        sys.stdout.write(orjson.dumps(record).decode() + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+    except Exception as e:  # one line for the user; the traceback with --debug
+        if args.debug:
+            raise
+        from causallm.errors import CausalLMError
+
+        if isinstance(e, CausalLMError):
+            sys.stderr.write(f"error: {e}\n")
+            return 2
+        sys.stderr.write(f"error: {type(e).__name__}: {e} (run with --debug for the traceback)\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

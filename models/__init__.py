@@ -1,0 +1,1 @@
+"""Model classes, mirroring Applications/CausalLM/models: Transformer, CausalLM and the families."""

@@ -1,0 +1,380 @@
+"""Transformer: the decoder stack every model builds on (Applications/CausalLM/models/transformer.cpp).
+
+``constructModel`` lists the graph as the C++ does: ``input0`` -> ``embedding0`` -> N blocks of
+``createTransformerDecoderBlock`` (pre-norm attention + pre-norm SwiGLU MLP, each with a residual
+add) -> ``output_norm``. Subclasses override ``setupParameters``, ``createAttention``,
+``createMlp``, ``createTransformerDecoderBlock`` and ``registerCustomLayers`` like their C++ twins.
+
+Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
+``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama
+configs give the projections their biases; the tokenizer path is resolved against the model
+folder (G34); a Hugging Face safetensors folder loads directly through ``getHFWeightMap``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from causallm import kernels
+from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.config import NNTR_DEFAULTS, JsonConfig
+from causallm.errors import CausalLMError
+from causallm.graph import ExecutionMode, ModelFormat
+from causallm.properties import UINT_MAX
+from causallm.tokenizer import Tokenizer
+from causallm.weights import Checkpoint
+from layers.embedding_layer import EmbeddingLayer
+from layers.mha_core import ROPE_TYPES, MHACoreLayer
+from layers.rms_norm import RMSNormLayer
+from layers.swiglu import SwiGLULayer
+from layers.tie_word_embeddings import TieWordEmbedding
+
+
+class ModelType:
+    MODEL = "Model"
+    CAUSALLM = "CausalLM"
+    EMBEDDING = "embedding"
+
+
+HF_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Checkpoint buffers that are not weights (older Llama checkpoints store the RoPE table)."""
+
+
+class Transformer:
+    """The base model: configs in, an nntrainer-style graph out (see the module docstring)."""
+
+    MODEL_TYPE = ModelType.MODEL
+
+    def __init__(self, cfg: JsonConfig, generation_cfg: JsonConfig, nntr_cfg: JsonConfig) -> None:
+        self.cfg, self.generation_cfg, self.nntr_cfg = cfg, generation_cfg, nntr_cfg
+        self.is_initialized = False
+        self.model = None
+        self.checkModelType(nntr_cfg)
+        self.setupParameters(cfg, generation_cfg, nntr_cfg)
+        tokenizer_file = nntr_cfg.resolve_path(
+            nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
+            if nntr_cfg.exists else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
+        self.tokenizer = Tokenizer.FromFile(tokenizer_file)
+
+    def checkModelType(self, nntr_cfg: JsonConfig) -> None:
+        """nntr_config's ``model_type`` (case-insensitive) must fit the class, as in C++."""
+        if not nntr_cfg.contains("model_type"):
+            return
+        given = nntr_cfg.get_str("model_type")
+        if given.lower() != self.MODEL_TYPE.lower():
+            raise CausalLMError(f"{nntr_cfg.path}: model_type '{given}' does not fit "
+                                f"{type(self).__name__} (expects '{self.MODEL_TYPE}')")
+
+    # -- parameters -------------------------------------------------------------------------
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        d = NNTR_DEFAULTS
+        self.BATCH_SIZE = nntr_cfg.get_int("batch_size", d["batch_size"], minimum=1)
+        self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
+        self.INIT_SEQ_LEN = nntr_cfg.get_int("init_seq_len", d["init_seq_len"], minimum=1)
+        self.NUM_TO_GENERATE = nntr_cfg.get_int("num_to_generate", d["num_to_generate"], minimum=1)
+        self.MAX_SEQ_LEN = nntr_cfg.get_int("max_seq_len", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
+                                            minimum=1)
+        self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
+        self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
+        self.EMBEDDING_DTYPE = nntr_cfg.get_str("embedding_dtype", d["embedding_dtype"])
+        self.FC_LAYER_DTYPE = nntr_cfg.get_str("fc_layer_dtype", d["fc_layer_dtype"])
+
+        self.IS_CAUSAL = True
+        if cfg.contains("is_causal"):
+            self.IS_CAUSAL = cfg.get_bool("is_causal")
+        elif cfg.contains("use_bidirectional_attention"):
+            self.IS_CAUSAL = not cfg.get_bool("use_bidirectional_attention")
+
+        self.NUM_VOCAB = cfg.get_int("vocab_size", minimum=1)
+        self.DIM = cfg.get_int("hidden_size", minimum=1)
+        self.INTERMEDIATE_SIZE = cfg.get_int("intermediate_size", minimum=1)
+        self.NUM_LAYERS = cfg.get_int("num_hidden_layers", minimum=1)
+        self.NUM_HEADS = cfg.get_int("num_attention_heads", minimum=1)
+        self.HEAD_DIM = cfg.get_int("head_dim", self.DIM // self.NUM_HEADS, minimum=1)
+        self.NUM_KEY_VALUE_HEADS = cfg.get_int("num_key_value_heads", self.NUM_HEADS, minimum=1)
+        if self.NUM_HEADS % self.NUM_KEY_VALUE_HEADS:
+            raise cfg.error("num_key_value_heads",
+                            f"a divisor of num_attention_heads ({self.NUM_HEADS})")
+        self.SLIDING_WINDOW = cfg.get_int("sliding_window", UINT_MAX, minimum=1)
+        self.SLIDING_WINDOW_PATTERN = cfg.get_int("sliding_window_pattern", 1, minimum=1)
+        self.MAX_POSITION_EMBEDDINGS = cfg.get_int("max_position_embeddings", 40960, minimum=1)
+        self.ROPE_THETA, self.ROPE_SCALING = self.readRope(cfg)
+        self.TIE_WORD_EMBEDDINGS = cfg.get_bool("tie_word_embeddings", False)
+        self.NORM_EPS = cfg.get_float("rms_norm_eps", 1e-6)
+        self.GQA_SIZE = self.NUM_HEADS // self.NUM_KEY_VALUE_HEADS
+        self.ATTENTION_BIAS = cfg.get_bool("attention_bias", False)
+        self.MLP_BIAS = cfg.get_bool("mlp_bias", False)
+        self.EMBEDDING_SCALE = 1.0
+        self.ATTN_LOGIT_SOFTCAPPING = 0.0
+        act = cfg.get_str("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise cfg.error("hidden_act", "'silu' for a SwiGLU MLP")
+
+    @staticmethod
+    def readRope(cfg: JsonConfig) -> tuple[float, dict]:
+        """``rope_theta`` and the scaling dict, from transformers-4 keys (``rope_theta``,
+        ``rope_scaling``) or transformers-5 ``rope_parameters``."""
+        params = cfg.get_dict("rope_parameters", {}) if cfg.contains("rope_parameters") else {}
+        if params and all(isinstance(v, dict) for v in params.values()):
+            raise cfg.error("rope_parameters", "one set of RoPE parameters for this model")
+        scaling = dict(cfg.get_dict("rope_scaling", {})) if cfg.contains("rope_scaling") else {}
+        merged = {**params, **scaling}
+        if cfg.contains("rope_theta"):
+            theta = cfg.get_float("rope_theta")
+        elif "rope_theta" in merged:
+            theta = float(merged["rope_theta"])
+        else:
+            theta = 10000.0
+        rope_type = merged.get("rope_type", merged.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise CausalLMError(f"{cfg.path}: rope type '{rope_type}' is not supported "
+                                f"(supported: {', '.join(ROPE_TYPES)})")
+        merged["rope_type"] = rope_type
+        return theta, merged
+
+    def ropeProperties(self, scaling: dict | None = None) -> list[str]:
+        """mha_core properties for this model's rope scaling (empty for the default type)."""
+        s = self.ROPE_SCALING if scaling is None else scaling
+        rope_type = s.get("rope_type", "default")
+        if rope_type == "default":
+            return []
+        props = [withKey("rope_scaling_type", rope_type),
+                 withKey("rope_scaling_factor", float(s.get("factor", 1.0)))]
+        original = s.get("original_max_position_embeddings")
+        if rope_type in ("llama3", "yarn"):
+            if original is None:
+                original = self.MAX_POSITION_EMBEDDINGS
+            props.append(withKey("rope_scaling_max_position_embeddings", int(original)))
+        if rope_type == "llama3":
+            props += [withKey("rope_scaling_low_freq_factor", float(s.get("low_freq_factor", 1.0))),
+                      withKey("rope_scaling_high_freq_factor", float(s.get("high_freq_factor", 4.0)))]
+        if rope_type == "yarn":
+            props += [withKey("rope_scaling_beta_fast", float(s.get("beta_fast", 32.0))),
+                      withKey("rope_scaling_beta_slow", float(s.get("beta_slow", 1.0))),
+                      withKey("rope_scaling_truncate", bool(s.get("truncate", True)))]
+            for key in ("attention_factor", "mscale", "mscale_all_dim"):
+                if s.get(key) is not None:
+                    props.append(withKey(f"rope_scaling_{key}", float(s[key])))
+        return props
+
+    # -- graph ------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        self.registerCustomLayers()
+        self.constructModel()
+        model_props = [withKey("batch_size", self.BATCH_SIZE), withKey("epochs", "1"),
+                       withKey("model_tensor_type", self.MODEL_TENSOR_TYPE)]
+        if self.MEMORY_SWAP:
+            model_props += [withKey("fsu", "true"), withKey("fsu_lookahead", self.FSU_LOOKAHEAD)]
+        self.model.setProperty(model_props)
+        self.model.compile(ExecutionMode.INFERENCE)
+        self.model.initialize(ExecutionMode.INFERENCE)
+        self.is_initialized = True
+
+    def constructModel(self) -> None:
+        layers = []
+        self.model = createModel()
+
+        layers.append(createLayer("input", [withKey("name", "input0"),
+                                            withKey("input_shape", f"1:1:{self.INIT_SEQ_LEN}")]))
+
+        embedding_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "embedding_layer"
+        layers.append(createLayer(embedding_type, [
+            "name=embedding0", withKey("in_dim", self.NUM_VOCAB),
+            withKey("weight_dtype", self.EMBEDDING_DTYPE), withKey("out_dim", self.DIM),
+            withKey("scale", self.EMBEDDING_SCALE)]))
+
+        for i in range(self.NUM_LAYERS):
+            input_name = "embedding0" if i == 0 else f"layer{i - 1}_decoder_output"
+            layers += self.createTransformerDecoderBlock(i, input_name)
+
+        layers.append(createLayer("rms_norm", [
+            withKey("name", "output_norm"), withKey("epsilon", self.NORM_EPS),
+            withKey("input_layers", f"layer{self.NUM_LAYERS - 1}_decoder_output"),
+            withKey("packed", "false")]))
+
+        for layer in layers:
+            self.model.addLayer(layer)
+
+    def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
+        layers = []
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{layer_id}_attention_norm"),
+            withKey("input_layers", input_name), withKey("epsilon", self.NORM_EPS),
+            withKey("packed", "false")]))
+
+        layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
+                                       f"layer{layer_id}_attention_norm",
+                                       f"layer{layer_id}_attention_norm",
+                                       f"layer{layer_id}_attention_norm")
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{layer_id}_decoder_add"),
+            withKey("input_layers", f"{input_name},layer{layer_id}_attention_out")]))
+
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{layer_id}_ffn_norm"),
+            withKey("input_layers", f"layer{layer_id}_decoder_add"),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE,
+                                 f"layer{layer_id}_ffn_norm")
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{layer_id}_decoder_output"),
+            withKey("input_layers", f"layer{layer_id}_decoder_add,layer{layer_id}_ffn_down")]))
+        return layers
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        no_bias = "false" if self.ATTENTION_BIAS else "true"
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", Q), withKey("unit", head_dim * n_heads),
+            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
+            withKey("weight_initializer", "ones")]))
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
+            withKey("weight_initializer", "ones")]))
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
+            withKey("weight_initializer", "ones")]))
+
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", self.SLIDING_WINDOW
+                    if (layer_id + 1) % self.SLIDING_WINDOW_PATTERN else UINT_MAX),
+            withKey("rope_theta", self.ROPE_THETA),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
+            *self.ropeProperties(),
+            withKey("input_layers", [Q, K, V])]))
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        layers = []
+        no_bias = "false" if self.MLP_BIAS else "true"
+        layers.append(createLayer("fully_connected", [
+            withKey("name", f"layer{layer_id}_ffn_up"), withKey("unit", hidden_dim),
+            withKey("disable_bias", no_bias), withKey("input_layers", input_name),
+            withKey("weight_initializer", "ones")]))
+        layers.append(createLayer("fully_connected", [
+            withKey("name", f"layer{layer_id}_ffn_gate"), withKey("unit", hidden_dim),
+            withKey("disable_bias", no_bias), withKey("input_layers", input_name),
+            withKey("weight_initializer", "ones")]))
+        layers.append(createLayer("swiglu", [
+            withKey("name", f"layer{layer_id}_ffn_swiglu"),
+            withKey("input_layers", f"layer{layer_id}_ffn_gate,layer{layer_id}_ffn_up")]))
+        layers.append(createLayer("fully_connected", [
+            withKey("name", f"layer{layer_id}_ffn_down"), withKey("unit", dim),
+            withKey("disable_bias", no_bias),
+            withKey("input_layers", f"layer{layer_id}_ffn_swiglu"),
+            withKey("weight_initializer", "ones")]))
+        return layers
+
+    def registerCustomLayers(self) -> None:
+        for layer_class in (SwiGLULayer, RMSNormLayer, MHACoreLayer, TieWordEmbedding,
+                            EmbeddingLayer):
+            registerFactory(layer_class)
+
+    # -- weights ----------------------------------------------------------------------------
+    def getHFWeightMap(self) -> dict[str, tuple[str, bool]]:
+        """Hugging Face tensor name -> (layer weight ``scope:name``, transpose?).
+
+        Projections are stored [out, in] by PyTorch and [in, out] by NNTrainer, hence the
+        transposes (taken as views, so memory-mapped weights stay mapped)."""
+        m = {"model.embed_tokens.weight": ("embedding0:Embedding", False)}
+        for i in range(self.NUM_LAYERS):
+            hf, nn = f"model.layers.{i}.", f"layer{i}_"
+            m[hf + "input_layernorm.weight"] = (nn + "attention_norm:gamma", False)
+            for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv"),
+                               ("o_proj", "attention_out")):
+                m[f"{hf}self_attn.{proj}.weight"] = (f"{nn}{name}:weight", True)
+                if self.ATTENTION_BIAS:
+                    m[f"{hf}self_attn.{proj}.bias"] = (f"{nn}{name}:bias", False)
+            m[hf + "post_attention_layernorm.weight"] = (nn + "ffn_norm:gamma", False)
+            for proj, name in (("up_proj", "ffn_up"), ("gate_proj", "ffn_gate"),
+                               ("down_proj", "ffn_down")):
+                m[f"{hf}mlp.{proj}.weight"] = (f"{nn}{name}:weight", True)
+                if self.MLP_BIAS:
+                    m[f"{hf}mlp.{proj}.bias"] = (f"{nn}{name}:bias", False)
+        m["model.norm.weight"] = ("output_norm:gamma", False)
+        return m
+
+    def load_weight(self, weight_path: str) -> None:
+        """Load an NNTrainer .bin file, or a Hugging Face safetensors file or folder."""
+        if not self.is_initialized:
+            raise CausalLMError("load_weight: call initialize() first")
+        if os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
+            self.load_hf_weight(weight_path)
+        else:
+            self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
+
+    def getHFIgnoredTensors(self) -> set[str]:
+        """Checkpoint tensors that are read by no layer on purpose (none for the base model)."""
+        return set()
+
+    def load_hf_weight(self, path: str) -> None:
+        """Map every tensor of a safetensors checkpoint onto a layer weight; every weight must be
+        covered and every tensor used (the error names the ones that are not)."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        ckpt = Checkpoint(folder)
+        name_map = self.getHFWeightMap()
+        ignored = self.getHFIgnoredTensors()
+        unused = []
+        for name in ckpt.keys():
+            if name.endswith(HF_IGNORED_SUFFIXES) or name in ignored:
+                continue
+            if name not in name_map:
+                unused.append(name)
+                continue
+            target, transpose = name_map[name]
+            array = ckpt.get(name)
+            self.model.setWeight(target, array.T if transpose else array)
+        if unused:
+            raise CausalLMError(f"{folder}: {len(unused)} checkpoint tensor(s) match no weight of "
+                                f"{type(self).__name__}: {_some(unused)}")
+        missing = [n for n in name_map if n not in ckpt]
+        if missing:
+            raise CausalLMError(f"{folder}: {len(missing)} tensor(s) missing from the checkpoint: "
+                                f"{_some(missing)}")
+        uncovered = {s.full_name for s in self.model.getWeightSpecs()} - \
+            {t for t, _ in name_map.values()}
+        if uncovered:
+            raise CausalLMError(f"{type(self).__name__}.getHFWeightMap maps no checkpoint "
+                                f"tensor to: {_some(sorted(uncovered))}")
+
+    def save_weight(self, weight_path: str, dtype: str | None = None,
+                    layer_dtype_map: dict | None = None) -> None:
+        """Write the NNTrainer .bin (optionally converting dtypes, e.g. to FP16)."""
+        if not self.is_initialized:
+            raise CausalLMError("save_weight: call initialize() first")
+        self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
+
+    def run(self, prompt: str, do_sample: bool = False, system_prompt: str = "",
+            tail_prompt: str = "", log_output: bool = True):
+        if not self.is_initialized:
+            raise CausalLMError("run: call initialize() first")
+
+
+def set_threads(n: int) -> None:
+    """``-t/--threads``: the numba thread count used by the parallel kernels."""
+    kernels.set_num_threads(n)
+
+
+def _some(names: list[str], n: int = 8) -> str:
+    return ", ".join(names[:n]) + (f" ... ({len(names) - n} more)" if len(names) > n else "")

@@ -1,0 +1,315 @@
+"""causallm.kernels against their numpy twins in tests/reference.py, with odd sizes.
+
+head_dim 80, GQA 3 (6 q heads, 2 kv heads), vocab 1003, batch 2, single-row (decode) and
+multi-row calls at row offsets, a cache continued from pos0 > 0, sliding windows shorter than
+the sequence (causal and not), softcap, sinks, both FC layouts and both paths of linear(),
+read-only (memory-mapped style) weights. Rows the kernels must not touch are filled with NaN
+and checked afterwards.
+"""
+
+import math
+import os
+
+import numpy as np
+import orjson
+import pytest
+
+import reference as ref
+from causallm import kernels as K
+
+B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def rand(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def readonly(a):
+    a = np.ascontiguousarray(a)
+    a.setflags(write=False)
+    return a
+
+
+def close(got, want, rtol=1e-5):
+    """|got - want| <= rtol * (|want| + max|want|): relative, with a floor at the tensor's scale."""
+    want = np.asarray(want, dtype=np.float64)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(1.0, float(np.abs(want).max())))
+
+
+def untouched(a, rows):
+    """Every row of a (B, H, W) outside `rows` still holds its NaN fill."""
+    keep = np.ones(a.shape[1], bool)
+    keep[rows] = False
+    assert np.isnan(a[:, keep]).all()
+
+
+# ---------------------------------------------------------------- linear
+
+@pytest.mark.parametrize("ro", [False, True], ids=["writable", "readonly"])
+@pytest.mark.parametrize("nrows", [1, 5])
+@pytest.mark.parametrize("has_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("layout", ["io", "oi"])
+def test_linear_kernels(layout, has_bias, nrows, ro):
+    k_in, n_out, x_row, y_row = 203, 1003, 1, 2     # K % 4 != 0, N not a multiple of the block
+    x = rand(B, 7, k_in, seed=1)
+    w = rand(k_in, n_out, seed=2, scale=0.1)         # logical [in, out]
+    bias = rand(n_out, seed=3) if has_bias else np.zeros(0, np.float32)
+    if ro:
+        bias = readonly(bias)
+    y = np.full((B, 9, n_out), np.nan, np.float32)
+    if layout == "io":
+        K.linear_io(x, readonly(w) if ro else w, bias, y, x_row, y_row, nrows)
+    else:
+        wt = np.ascontiguousarray(w.T)
+        K.linear_oi(x, readonly(wt) if ro else wt, bias, y, x_row, y_row, nrows)
+    for b in range(B):
+        close(y[b, y_row:y_row + nrows], ref.linear(x[b, x_row:x_row + nrows], w, bias))
+    untouched(y, slice(y_row, y_row + nrows))
+
+
+@pytest.mark.parametrize("nrows", [1, 6], ids=["numba", "blas"])
+@pytest.mark.parametrize("layout", ["io", "oi"])
+def test_linear_dispatch(layout, nrows):
+    assert (B * nrows < K.BLAS_MIN_ROWS) == (nrows == 1)  # the two ids really take the two paths
+    k_in, n_out, x_row, y_row = 203, 1003, 2, 1
+    x = rand(B, 8, k_in, seed=4)
+    w = rand(k_in, n_out, seed=5, scale=0.1)
+    bias = readonly(rand(n_out, seed=6))
+    # the logical [in, out] matrix: C-contiguous, or the .T view of a C-contiguous [out, in]
+    w_arg = readonly(w) if layout == "io" else readonly(np.ascontiguousarray(w.T)).T
+    y = np.full((B, 9, n_out), np.nan, np.float32)
+    K.linear(x, w_arg, bias, y, x_row, y_row, nrows)
+    for b in range(B):
+        close(y[b, y_row:y_row + nrows], ref.linear(x[b, x_row:x_row + nrows], w, bias))
+    untouched(y, slice(y_row, y_row + nrows))
+
+
+# ---------------------------------------------------------------- rms_norm
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("nrows", [1, 3])
+@pytest.mark.parametrize("feature_size", [N_HEADS * HEAD_DIM, HEAD_DIM], ids=["row", "per_head"])
+def test_rms_norm(feature_size, nrows, in_place):
+    width, eps = N_HEADS * HEAD_DIM, 1e-3     # NNTrainer's default epsilon; eps ~ 10% of mean(x^2)
+    x = rand(B, 4, width, seed=7, scale=0.1)
+    x[:, nrows:] = np.nan
+    gamma = readonly(rand(feature_size, seed=8))
+    want = [ref.rms_norm(x[b, :nrows].reshape(-1, feature_size), gamma, eps).reshape(nrows, width)
+            for b in range(B)]
+    y = x if in_place else np.full_like(x, np.nan)
+    K.rms_norm(x, gamma, y, nrows, eps, feature_size)
+    for b in range(B):
+        close(y[b, :nrows], want[b])
+    untouched(y, slice(0, nrows))
+
+
+# ---------------------------------------------------------------- rope
+
+def test_rope_inv_freq_matches_transformers():
+    """HF values from tools/make_fixtures.py (transformers' own init functions).
+
+    torch's float32 pow (SLEEF) can differ from the correctly rounded one by 1 ulp, and the
+    yarn blend carries that through, hence maxulp=2.
+    """
+    with open(os.path.join(FIXTURES, "rope", "hf_rope.json"), "rb") as f:
+        cases = orjson.loads(f.read())
+    kinds = set()
+    for case in cases:
+        params = dict(case["case"])
+        kind, theta = params.pop("rope_type"), params.pop("rope_theta")
+        inv_freq, scaling = K.rope_inv_freq(case["head_dim"], theta, kind, **params)
+        assert inv_freq.dtype == np.float32 and inv_freq.shape == (case["head_dim"] // 2,)
+        np.testing.assert_array_max_ulp(inv_freq, np.array(case["inv_freq"], np.float32), maxulp=2)
+        assert scaling == pytest.approx(case["attention_scaling"], rel=1e-12)
+        kinds.add(kind)
+    assert kinds == {"default", "linear", "llama3", "yarn"}
+
+
+def test_rope_inv_freq_rules():
+    base, s = K.rope_inv_freq(HEAD_DIM, 10000.0)
+    assert s == 1.0
+    np.testing.assert_allclose(base, 1 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM), rtol=1e-6)
+    _, s = K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0, original_max_position_embeddings=64,
+                           attention_factor=1.25)
+    assert s == 1.25
+    _, s = K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0, original_max_position_embeddings=64)
+    assert s == pytest.approx(0.1 * math.log(4.0) + 1)
+    with pytest.raises(ValueError, match="dynamic"):
+        K.rope_inv_freq(HEAD_DIM, 10000.0, "dynamic", factor=2.0)
+
+
+def test_rope_tables_values_and_sharing():
+    inv_freq, _ = K.rope_inv_freq(HEAD_DIM, 1e6)
+    cos, sin = K.rope_tables(inv_freq, 1.5, 300)
+    want_cos, want_sin = ref.rope_tables(inv_freq, 1.5, 300)
+    assert cos.shape == sin.shape == (300, HEAD_DIM // 2) and cos.dtype == np.float32
+    close(cos, want_cos, rtol=2e-7)
+    close(sin, want_sin, rtol=2e-7)
+    assert not cos.flags.writeable and not sin.flags.writeable
+    assert K.rope_tables(inv_freq.copy(), 1.5, 300)[0] is cos        # same settings: one table
+    assert K.rope_tables(inv_freq, 1.0, 300)[0] is not cos           # other scaling: its own
+    assert K.rope_tables(inv_freq * 2, 1.5, 300)[0] is not cos       # other theta: its own
+
+
+# ---------------------------------------------------------------- attention
+
+def _cache_setup(pos0, nrows, seed):
+    """Random q/k/v for positions [0, pos0 + nrows); cache rows [0, pos0) written by a prefill."""
+    total, T = pos0 + nrows, pos0 + nrows + 4
+    q_all = rand(B, total, N_HEADS * HEAD_DIM, seed=seed)
+    k_all = rand(B, total, N_KV * HEAD_DIM, seed=seed + 1)
+    v_all = rand(B, total, N_KV * HEAD_DIM, seed=seed + 2)
+    inv_freq, scaling = K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                        original_max_position_embeddings=16)
+    cos, sin = K.rope_tables(inv_freq, scaling, T)
+    k_cache = np.full((B, T, N_KV * HEAD_DIM), np.nan, np.float32)
+    v_cache = np.full_like(k_cache, np.nan)
+    if pos0:
+        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
+                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    # the step buffers hold the new rows first and stale rows after them
+    k = np.full((B, nrows + 2, N_KV * HEAD_DIM), np.nan, np.float32)
+    v = np.full_like(k, np.nan)
+    k[:, :nrows], v[:, :nrows] = k_all[:, pos0:], v_all[:, pos0:]
+    K.kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, N_KV, HEAD_DIM)
+    return q_all, k_all, v_all, k_cache, v_cache, cos, sin
+
+
+@pytest.mark.parametrize("pos0,nrows", [(0, 5), (13, 1), (13, 9)])
+def test_kv_cache_write(pos0, nrows):
+    _, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=10)
+    total = pos0 + nrows
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), total)
+    for b in range(B):
+        for g in range(N_KV):
+            cols = slice(g * HEAD_DIM, (g + 1) * HEAD_DIM)
+            close(k_cache[b, :total, cols], ref.apply_rope(k_all[b, :, cols], want_cos, want_sin))
+        assert np.array_equal(v_cache[b, :total], v_all[b])
+    assert np.isnan(k_cache[:, total:]).all() and np.isnan(v_cache[:, total:]).all()
+
+
+ATTENTION_CASES = {
+    # name: (causal, window, softcap, sinks)
+    "causal": (True, 1 << 32, 0.0, False),
+    "causal_window": (True, 5, 0.0, False),
+    "causal_window_softcap_sinks": (True, 5, 2.0, True),
+    "bidirectional": (False, 1 << 32, 0.0, False),
+    "bidirectional_window_sinks": (False, 7, 0.0, True),
+}
+
+
+@pytest.mark.parametrize("pos0,nrows", [(13, 1), (13, 9), (0, 11)])
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention(case, pos0, nrows):
+    causal, window, softcap, use_sinks = ATTENTION_CASES[case]
+    q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=20)
+    total, T = pos0 + nrows, k_cache.shape[1]
+    sinks = readonly(rand(N_HEADS, seed=30)) if use_sinks else np.zeros(0, np.float32)
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+    q = np.full((B, nrows + 2, N_HEADS * HEAD_DIM), np.nan, np.float32)
+    q[:, :nrows] = q_all[:, pos0:]
+    in_place = case == "causal"                      # out may be the q buffer itself
+    out = q if in_place else np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+    K.attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, N_HEADS, N_KV,
+                HEAD_DIM, window, causal, softcap, scale)
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    for b in range(B):
+        want = ref.mha(q_all[b, pos0:], k_all[b], v_all[b], np.arange(pos0, total), np.arange(total),
+                       N_HEADS, N_KV, want_cos, want_sin, window, causal, scale, softcap,
+                       sinks if use_sinks else None)
+        close(out[b, :nrows], want)
+    untouched(out, slice(0, nrows))
+
+
+# ---------------------------------------------------------------- elementwise
+
+def test_swiglu_add_multiply():
+    gate, up = rand(B, 4, 301, seed=40, scale=4.0), rand(B, 4, 301, seed=41)
+    out = np.full_like(gate, np.nan)
+    K.swiglu(gate, up, out, 3)
+    for b in range(B):
+        close(out[b, :3], ref.swiglu(gate[b, :3], up[b, :3]))
+    untouched(out, slice(0, 3))
+    for kernel, op in ((K.add, np.add), (K.multiply, np.multiply)):
+        out = np.full_like(gate, np.nan)
+        kernel(gate, up, out, 2)
+        assert np.array_equal(out[:, :2], op(gate[:, :2], up[:, :2]))
+        untouched(out, slice(0, 2))
+    a = gate.copy()
+    K.add(a, up, a, 4)                                 # in place
+    assert np.array_equal(a, gate + up)
+
+
+@pytest.mark.parametrize("name", sorted(K.ACTIVATIONS))
+def test_activation(name):
+    x = rand(B, 3, 257, seed=50, scale=4.0)
+    y = np.full_like(x, np.nan)
+    K.activation(x, y, 2, K.ACTIVATIONS[name])
+    twin = ref.ACTIVATIONS["silu" if name == "swish" else name]
+    for b in range(B):
+        close(y[b, :2], twin(x[b, :2]))
+    untouched(y, slice(0, 2))
+
+
+def test_activation_constants_and_bad_kind():
+    assert K.ACTIVATIONS["swish"] == K.ACTIVATIONS["silu"] == K.ACT_SILU
+    assert len({K.ACT_NONE, K.ACT_SILU, K.ACT_GELU, K.ACT_TANH_GELU, K.ACT_RELU, K.ACT_TANH,
+                K.ACT_SIGMOID}) == 7
+    x = rand(1, 1, 4)
+    with pytest.raises(ValueError):
+        K.activation(x, x, 1, 99)
+
+
+def test_softmax_rows():
+    x = rand(B, 4, VOCAB, seed=60, scale=20.0)
+    y = np.full_like(x, np.nan)
+    K.softmax_rows(x, y, 3)
+    for b in range(B):
+        close(y[b, :3], ref.softmax(x[b, :3].astype(np.float64)))
+    untouched(y, slice(0, 3))
+    K.softmax_rows(x, x, 1)                            # in place
+    close(x[:, 0], y[:, 0], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.parametrize("scale", [1.0, math.sqrt(HEAD_DIM)])
+def test_embedding(scale):
+    table = readonly(rand(VOCAB, HEAD_DIM, seed=70))
+    ids = np.zeros((B, 1, 6), np.float32)
+    ids[0, 0, :4] = [0, 5, VOCAB - 1, 5]
+    ids[1, 0, :4] = [7, 1, 2, 1000]
+    out = np.full((B, 5, HEAD_DIM), np.nan, np.float32)
+    assert K.embedding(ids, table, out, 4, scale) == -1
+    for b in range(B):
+        close(out[b, :4], ref.embedding(ids[b, 0, :4], table, scale), rtol=1e-7)
+    untouched(out, slice(0, 4))
+
+
+@pytest.mark.parametrize("bad,returned", [(VOCAB, VOCAB), (VOCAB + 40, VOCAB + 40), (-3, -3),
+                                          (-1, -2), (np.nan, VOCAB)])
+def test_embedding_bad_id(bad, returned):
+    table = readonly(rand(VOCAB, HEAD_DIM, seed=71))
+    ids = np.zeros((B, 1, 3), np.float32)
+    ids[1, 0, 1] = bad
+    out = np.full((B, 3, HEAD_DIM), np.nan, np.float32)
+    assert K.embedding(ids, table, out, 3, 1.0) == returned
+    assert np.isnan(out).all()                         # nothing written
+    assert K.embedding(ids, table, out, 1, 1.0) == -1  # the bad id is beyond nrows: fine
+
+
+# ---------------------------------------------------------------- threads
+
+def test_set_num_threads_clamps():
+    import numba
+    before = K.get_num_threads()
+    try:
+        assert K.set_num_threads(0) == 1 and K.get_num_threads() == 1
+        top = numba.config.NUMBA_NUM_THREADS
+        assert K.set_num_threads(top + 5) == top and K.get_num_threads() == top
+    finally:
+        K.set_num_threads(before)
