@@ -139,9 +139,14 @@ class Transformer:
         rope_type = s.get("rope_type", "default")
         if rope_type == "default":
             return []
-        props = [withKey("rope_scaling_type", rope_type),
-                 withKey("rope_scaling_factor", float(s.get("factor", 1.0)))]
         original = s.get("original_max_position_embeddings")
+        factor = s.get("factor")
+        if factor is None:
+            if rope_type != "yarn" or not original:
+                raise CausalLMError(f"{self.cfg.path}: rope scaling '{rope_type}' needs a 'factor'")
+            factor = self.MAX_POSITION_EMBEDDINGS / original  # transformers' rule for yarn
+        props = [withKey("rope_scaling_type", rope_type),
+                 withKey("rope_scaling_factor", float(factor))]
         if rope_type in ("llama3", "yarn"):
             if original is None:
                 original = self.MAX_POSITION_EMBEDDINGS
@@ -344,14 +349,19 @@ class Transformer:
                 continue
             target, transpose = name_map[name]
             array = ckpt.get(name)
-            self.model.setWeight(target, array.T if transpose else array)
-        if unused:
-            raise CausalLMError(f"{folder}: {len(unused)} checkpoint tensor(s) match no weight of "
-                                f"{type(self).__name__}: {_some(unused)}")
+            try:
+                self.model.setWeight(target, array.T if transpose else array)
+            except CausalLMError as e:
+                raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
+                                    f"{tuple(array.shape)}{' (read transposed)' * transpose}: "
+                                    f"{e}") from None
         missing = [n for n in name_map if n not in ckpt]
-        if missing:
-            raise CausalLMError(f"{folder}: {len(missing)} tensor(s) missing from the checkpoint: "
-                                f"{_some(missing)}")
+        problems = ([f"{len(unused)} checkpoint tensor(s) match no weight of "
+                     f"{type(self).__name__}: {_some(unused)}"] if unused else []) + \
+            ([f"{len(missing)} tensor(s) missing from the checkpoint: {_some(missing)}"]
+             if missing else [])
+        if problems:
+            raise CausalLMError(f"{folder}: {'; '.join(problems)}")
         uncovered = {s.full_name for s in self.model.getWeightSpecs()} - \
             {t for t, _ in name_map.values()}
         if uncovered:
