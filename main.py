@@ -13,6 +13,7 @@ one line ``error: ...`` on stderr and exit status 2 (``--debug`` shows the trace
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -32,8 +33,16 @@ def registerModels() -> None:
     factory.registerModel("LlamaForCausalLM", lambda cfg, gen, nntr: CausalLM(cfg, gen, nntr))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error (``error: ...``, exit status 2) instead of the
+    usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="causallm", description="Run an NNTrainer-style CausalLM on a model folder.",
         epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p "
                "switch sampling on (--temp 0 means greedy); --greedy forces greedy decoding.")
@@ -49,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     p.add_argument("--repeat-penalty", type=float, default=None,
                    help="repetition penalty (1.0: off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--system", default=None, help="system prompt placed before the prompt")
     p.add_argument("--json", action="store_true",
@@ -63,16 +72,25 @@ def _check_args(args: argparse.Namespace) -> None:
 
     checks = [
         (args.max_new_tokens is not None and args.max_new_tokens < 1, "-n must be at least 1"),
-        (args.temp is not None and args.temp < 0, "--temp must be >= 0"),
+        (args.temp is not None and not (math.isfinite(args.temp) and args.temp >= 0),
+         "--temp must be a finite number >= 0"),
         (args.top_k is not None and args.top_k < 0, "--top-k must be >= 0"),
         (args.top_p is not None and not 0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
-        (args.repeat_penalty is not None and args.repeat_penalty <= 0,
-         "--repeat-penalty must be > 0"),
+        (args.repeat_penalty is not None
+         and not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0),
+         "--repeat-penalty must be a finite number > 0"),
+        (args.seed is not None and args.seed < 0, "--seed must be >= 0"),
         (args.threads is not None and args.threads < 1, "-t must be at least 1"),
     ]
     for bad, message in checks:
         if bad:
             raise CausalLMError(message)
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def resolve_architecture(cfg) -> str:
@@ -94,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     _check_args(args)
+    if not os.path.isdir(args.model_dir):
+        what = "a file, not a folder" if os.path.exists(args.model_dir) else "no such directory"
+        hint = (f"; to prompt the default model, pass its folder first: "
+                f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
+                if args.prompt is None and not os.path.exists(args.model_dir) else "")
+        raise CausalLMError(f"{args.model_dir}: not a model folder ({what}){hint}")
     cfg, gen_cfg, nntr_cfg = load_model_configs(args.model_dir)
     if args.max_new_tokens is not None:
         nntr_cfg["num_to_generate"] = args.max_new_tokens
@@ -119,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     architecture = resolve_architecture(cfg)
     model = Factory.Instance().create(architecture, cfg, gen_cfg, nntr_cfg)
     if model is None:
-        raise CausalLMError(f"unknown architecture '{architecture}' in {cfg.path}; registered: "
+        raise CausalLMError(f"{cfg.path}: unknown architecture '{architecture}' "
+                            f"(architectures[0]); registered: "
                             f"{', '.join(Factory.Instance().getRegistered())}")
 
     if args.temp is not None:
@@ -184,11 +209,17 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:  # a non-UTF-8 terminal shows '?' rather than failing mid-stream
+        reconfigure(errors="replace")
     try:
         return run(args)
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # one line for the user; the traceback with --debug
         if args.debug:
             raise

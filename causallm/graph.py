@@ -415,6 +415,17 @@ class Model:
             layer.incremental_forwarding(ctx, from_, to)
         return [self._buffers[name][0].reshape(batch, -1).copy() for name in self._output_names]
 
+    def warmup(self) -> None:
+        """Run a 1-row and a 2-row step of zeros at position 0, so the kernels are compiled or
+        loaded from numba's cache before the first real step is timed. It writes KV-cache rows
+        0 and 1, which the next prefill (or a loaded cache) overwrites."""
+        self._require(_INITIALIZED, "warmup()")
+        batch = self.props["batch_size"]
+        rows = min(self._buffers[n][0].reshape(batch, -1).shape[1] for n in self._input_names)
+        for step in sorted({1, min(2, rows)}):
+            zeros = [np.zeros((batch, step), dtype=np.float32) for _ in self._input_names]
+            self.incremental_inference(batch, zeros, None, step, 0, step)
+
     # -- inspection -------------------------------------------------------------------------
     def forEachLayer(self, fn: Callable[[Any, RunLayerContext, Any], None],
                      user_data: Any = None) -> None:

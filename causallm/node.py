@@ -58,12 +58,15 @@ class LayerNode:
     # -- properties -------------------------------------------------------------------------
     def setProperty(self, props: Iterable[str]) -> None:
         layer = self.layer
+        props = [props] if isinstance(props, str) else list(props)
+        # the name first, so every message can name the layer
+        for prop in props:
+            for part in str(prop).split("|"):
+                key, _, value = "".join(part.split()).partition("=")
+                if key.lower() == "name" and value:
+                    self.node_props["name"] = value
         where = f"layer '{self.node_props.get('name') or '?'}' ({layer.type})"
         pairs = split_properties(props, where)
-        # the name first, so every later message can name the layer
-        for key, value in pairs:
-            if key.lower() == "name":
-                self.node_props["name"] = value
         where = f"layer '{self.node_props.get('name') or '?'}' ({layer.type})"
 
         layer_specs = dict(layer.properties)

@@ -386,11 +386,12 @@ def write_bin(path, arrays, dtypes):
     arrays, dtypes = list(arrays), list(dtypes)
     if len(arrays) != len(dtypes):
         raise CausalLMError(f"write_bin: {len(arrays)} arrays but {len(dtypes)} dtypes")
-    data = []
-    for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
+    for i, dtype in enumerate(dtypes):
         if dtype not in ("FP32", "FP16"):
             raise CausalLMError(f"write_bin: weight #{i}: dtype {dtype!r} is not supported "
                                 "(FP32, FP16)")
+
+    def convert(i, a, dtype):
         a = np.asarray(a, dtype="<f4", order="C")
         if dtype == "FP16":
             finite = np.isfinite(a)
@@ -400,10 +401,10 @@ def write_bin(path, arrays, dtypes):
                 raise CausalLMError(f"write_bin: weight #{i} {a.shape}: values beyond the FP16 "
                                     f"range (max |x| = {np.abs(a[finite]).max():g} > 65504)")
             a = h
-        data.append(a)
+        return a
 
-    def write(f):
-        for a in data:
-            a.tofile(f)
+    def write(f):  # one weight converted at a time, so no second copy of the model is held
+        for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
+            convert(i, a, dtype).tofile(f)
 
     _atomic_write(path, write)

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import GENERATION_DEFAULTS, JsonConfig
+from causallm.config import GENERATION_DEFAULTS, JsonConfig, write_json_atomic
 from causallm.errors import CausalLMError
 from causallm.generation import Sampler
 from causallm.tokenizer import StreamDecoder
@@ -68,6 +69,8 @@ class CausalLM(Transformer):
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(cfg, generation_cfg, nntr_cfg)
         self.BAD_WORD_IDS = nntr_cfg.get_int_list("bad_word_ids", [])
+        if any(not 0 <= t < self.NUM_VOCAB for t in self.BAD_WORD_IDS):
+            raise nntr_cfg.error("bad_word_ids", f"token ids in [0, {self.NUM_VOCAB})")
         self.LMHEAD_DTYPE = nntr_cfg.get_str("lmhead_dtype", self.EMBEDDING_DTYPE)
 
         self.USE_KVCACHE = False
@@ -238,16 +241,19 @@ class CausalLM(Transformer):
         out = out or sys.stdout
         start_pos = 0
         if self.USE_KVCACHE and system_prompt:
+            path = self.PRE_COMPUTED_CACHE_PATH
             sys_ids = self.tokenizer.Encode(system_prompt)
-            if os.path.exists(self.PRE_COMPUTED_CACHE_PATH):
+            saved_ids = self.cached_prompt_ids(path)
+            if os.path.exists(path) and saved_ids in (None, sys_ids):
                 start_pos = self.SYS_PROMP_LEN or len(sys_ids)
-                self.load_kvcache(self.PRE_COMPUTED_CACHE_PATH, start_pos)
+                self.load_kvcache(path, start_pos)
             else:
                 start_pos = self.prefill_only(sys_ids)
-                self.save_kvcache(self.PRE_COMPUTED_CACHE_PATH, start_pos)
+                self.save_kvcache(path, start_pos, sys_ids)
                 if log_output:
-                    print(f"[kv cache] saved {start_pos} system-prompt tokens to "
-                          f"{self.PRE_COMPUTED_CACHE_PATH}", file=sys.stderr)
+                    why = "the system prompt changed; " if saved_ids is not None else ""
+                    print(f"[kv cache] {why}saved {start_pos} system-prompt tokens to {path}",
+                          file=sys.stderr)
             self.SYS_PROMP_LEN = start_pos
             ids = self.tokenizer.Encode(prompt + tail_prompt, add_special_tokens=False)
         else:
@@ -320,9 +326,11 @@ class CausalLM(Transformer):
         self.model.forEachLayer(collect)
         return found
 
-    def save_kvcache(self, path: str, to: int) -> None:
+    def save_kvcache(self, path: str, to: int, token_ids: list[int] | None = None) -> None:
         """Write rows [0, to) of every mha_core's K then V cache, in graph order, as FP16
-        (the layout of CausalLM::save_kvcache: no header). Written atomically."""
+        (the layout of CausalLM::save_kvcache: no header). Written atomically. With
+        ``token_ids``, a sidecar ``<path>.ids.json`` records the tokens the cache holds, so a
+        changed system prompt is noticed (the C++ file alone cannot tell)."""
         tmp = f"{path}.tmp{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
@@ -333,9 +341,24 @@ class CausalLM(Transformer):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        if token_ids is not None:
+            write_json_atomic(f"{path}.ids.json", {"token_ids": list(token_ids)})
+
+    @staticmethod
+    def cached_prompt_ids(path: str) -> list[int] | None:
+        """The token ids recorded beside a saved cache, or None (no sidecar, or unreadable)."""
+        try:
+            with open(f"{path}.ids.json", "rb") as f:
+                ids = orjson.loads(f.read()).get("token_ids")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return ids if isinstance(ids, list) else None
 
     def load_kvcache(self, path: str, to: int) -> None:
         """Read what ``save_kvcache(path, to)`` wrote back into rows [0, to) of the caches."""
+        if to > self.max_timestep:
+            raise CausalLMError(f"{path}: sys_prompt_token_size {to} exceeds the KV cache's "
+                                f"{self.max_timestep} rows (init_seq_len + num_to_generate)")
         caches = self._caches()
         expected = sum(k[:, :to].size + v[:, :to].size for _, k, v in caches) * 2
         found = os.path.getsize(path)
@@ -343,6 +366,9 @@ class CausalLM(Transformer):
             raise CausalLMError(f"{path}: expected {expected} bytes for a {to}-token system "
                                 f"prompt cache, found {found} (remove the file to recompute it)")
         data = np.fromfile(path, dtype=np.float16)
+        if not np.isfinite(data).all():
+            raise CausalLMError(f"{path}: the system prompt cache holds non-finite values "
+                                f"(corrupt; remove the file to recompute it)")
         offset = 0
         for _, k, v in caches:
             for cache in (k, v):

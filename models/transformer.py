@@ -328,6 +328,7 @@ class Transformer:
             self.load_hf_weight(weight_path)
         else:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
+        self.model.warmup()
 
     def getHFIgnoredTensors(self) -> set[str]:
         """Checkpoint tensors that are read by no layer on purpose (none for the base model)."""

@@ -1,0 +1,349 @@
+"""NNTrainer .bin weights both ways: tools/hf_to_bin.py and tools/bin_to_hf.py.
+
+The reference for every model is what transformers computed (expected.npz, see
+test_llama_parity.py). The independent converter below reads the safetensors with plain numpy
+and writes the .bin in the order NNTrainer's C++ weight_converter.py scripts use for a Llama
+decoder (res/qwen3/qwen3-4b without q/k norms): embed; per layer input_layernorm, q^T, k^T, v^T,
+o^T, post_attention_layernorm, up^T, gate^T, down^T; final norm; lm_head^T. It shares no code
+with our graph, so a match proves our loader reads NNTrainer's layout, not just our own.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from causallm.config import load_model_configs
+from causallm.errors import CausalLMError
+from models.causal_lm import CausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import bin_to_hf  # noqa: E402
+import hf_to_bin  # noqa: E402
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+LLAMA_FIXTURES = ["llama-gqa3", "llama-hd80-bf16-sharded", "llama-f16-yarn-bias"]
+FC = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj")
+
+
+# ----------------------------------------------------------------------- independent helpers
+
+def read_safetensors_raw(path):
+    """{name: (dtype string, shape, raw bytes)} of one .safetensors file, parsed by hand."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    data = blob[8 + n:]
+    return {k: (v["dtype"], tuple(v["shape"]), data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def read_hf_raw(folder):
+    """read_safetensors_raw over a folder's model.safetensors or its index's shards."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors_raw(os.path.join(folder, "model.safetensors"))
+    with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for name in files:
+        out.update(read_safetensors_raw(os.path.join(folder, name)))
+    return out
+
+
+def to_f32(dtype, shape, raw):
+    if dtype == "BF16":
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, {"F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
+
+
+def read_hf(folder):
+    """{name: float32 array} of a Hugging Face folder, widened from F32/F16/BF16."""
+    return {k: to_f32(*v) for k, v in read_hf_raw(folder).items()}
+
+
+def converter_bin(path, params, n_layers, fc_dtype=np.float32):
+    """The C++ converters' layout for a Llama decoder; FC weights as fc_dtype, the rest FP32
+    (fc_dtype=float16 is model_tensor_type FP16-FP32). Biases, if any, follow their weight."""
+    def save(name, transpose=False, dtype=np.float32):
+        a = params[name]
+        np.asarray(a.T if transpose else a, dtype=dtype).tofile(f)
+        bias = name[:-len("weight")] + "bias"
+        if transpose and bias in params:
+            np.asarray(params[bias], dtype=np.float32).tofile(f)
+
+    with open(path, "wb") as f:
+        save("model.embed_tokens.weight")
+        for i in range(n_layers):
+            p = f"model.layers.{i}."
+            save(p + "input_layernorm.weight")
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                save(f"{p}self_attn.{proj}.weight", True, fc_dtype)
+            save(p + "post_attention_layernorm.weight")
+            for proj in ("up_proj", "gate_proj", "down_proj"):
+                save(f"{p}mlp.{proj}.weight", True, fc_dtype)
+        save("model.norm.weight")
+        if "lm_head.weight" in params:
+            save("lm_head.weight", True)
+
+
+# ----------------------------------------------------------------------------------- running
+
+def load(name, weights, **nntr):
+    cfg, gen, nntr_cfg = load_model_configs(os.path.join(FIXTURES, name))
+    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
+    model = CausalLM(cfg, gen, nntr_cfg)
+    model.initialize()
+    model.load_weight(str(weights))
+    return model
+
+
+def prefill(model, ids):
+    ids = np.asarray(ids, dtype=np.float32)[None, :]
+    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+
+
+def greedy(model, ref):
+    n = len(ref["tokens"])
+    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
+    return result.generated_ids[0]
+
+
+def expected(name):
+    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
+
+
+def assert_logits_close(ours, ref, rtol, what):
+    scale = max(1.0, float(np.abs(ref).max()))
+    err = float(np.abs(ours - ref).max())
+    assert err <= rtol * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
+
+
+def no_temp_files(folder):
+    return [f for f in os.listdir(folder) if "tmp" in f]
+
+
+# ----------------------------------------------------------------------------------- hf -> bin
+
+@pytest.mark.parametrize("name", LLAMA_FIXTURES)
+def test_hf_to_bin_gives_transformers_logits_and_tokens(name, tmp_path):
+    folder = os.path.join(FIXTURES, name)
+    out = tmp_path / "model.bin"
+    r = hf_to_bin.convert(folder, str(out))
+    params = read_hf(folder)
+    tied = load_model_configs(folder)[0]["tie_word_embeddings"]
+    # FP32: 4 bytes per element of every checkpoint tensor; a tied head adds nothing
+    assert ("lm_head.weight" in params) != tied
+    assert os.path.getsize(out) == r.nbytes == sum(4 * a.size for a in params.values())
+    assert r.tensors == len(params) and r.model_tensor_type == "FP32-FP32"
+    assert no_temp_files(tmp_path) == []
+
+    ref = expected(name)
+    model = load(name, out)
+    head = [s for s in model.model.getWeightSpecs() if s.full_name.startswith("output_of")]
+    assert bool(head) != tied
+    assert_logits_close(prefill(model, ref["prompt_ids"]), ref["prefill_logits"], 2e-4, "prefill")
+    assert greedy(load(name, out), ref) == ref["tokens"].tolist()
+
+
+@pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])
+def test_independent_converter_layout_loads_to_transformers_logits(fc_dtype, tmp_path):
+    """llama-gqa3 written by the numpy converter (C++ order) loads to transformers' logits, and
+    our tool writes exactly the same bytes."""
+    name = "llama-gqa3"
+    folder = os.path.join(FIXTURES, name)
+    params = read_hf(folder)
+    theirs = tmp_path / "converter.bin"
+    converter_bin(theirs, params, 3, np.float16 if fc_dtype == "FP16" else np.float32)
+    ours = hf_to_bin.convert(folder, str(tmp_path / "ours.bin"), fc_dtype).path
+    assert theirs.read_bytes() == open(ours, "rb").read()
+
+    ref = expected(name)
+    model = load(name, theirs, model_tensor_type=f"{fc_dtype}-FP32")
+    logits = prefill(model, ref["prompt_ids"])
+    if fc_dtype == "FP32":
+        assert_logits_close(logits, ref["prefill_logits"], 2e-4, "prefill")
+        assert greedy(load(name, theirs), ref) == ref["tokens"].tolist()
+    else:  # weights rounded to FP16 (relative error <= 2**-11)
+        assert_logits_close(logits, ref["prefill_logits"], 5e-3, "prefill, FP16 weights")
+        assert int(np.argmax(logits)) == ref["tokens"][0]
+
+
+def test_fp16_bin_layout_is_fc_fp16_rest_fp32(tmp_path):
+    """FP16-FP32: only the FC weights are 2 bytes an element; norms, biases, the embedding and
+    the LM head stay FP32 (llama-f16-yarn-bias has q/k/v/o and MLP biases)."""
+    name = "llama-f16-yarn-bias"
+    folder = os.path.join(FIXTURES, name)
+    r = hf_to_bin.convert(folder, str(tmp_path / "m.bin"), "FP16")
+    params = read_hf(folder)
+    fc = {k for k in params if k.endswith(".weight") and any(p in k for p in FC)}
+    assert any(k.endswith("_proj.bias") for k in params)
+    size = sum((2 if k in fc else 4) * a.size for k, a in params.items())
+    assert r.nbytes == size and r.model_tensor_type == "FP16-FP32"
+
+    model = load(name, r.path, model_tensor_type="FP16-FP32")
+    dtypes = {s.full_name: s.dtype for s in model.model.getWeightSpecs()}
+    hf_map = model.getHFWeightMap()
+    for hf_name, (target, _) in hf_map.items():
+        assert dtypes[target] == ("FP16" if hf_name in fc else "FP32"), hf_name
+    # this fixture's weights are F16 values already: FP16 storage is exact, so the logits are
+    # the FP32 .bin's bit for bit, and transformers' tokens come out
+    ref = expected(name)
+    fp32 = load(name, hf_to_bin.convert(folder, str(tmp_path / "m32.bin")).path)
+    np.testing.assert_array_equal(prefill(model, ref["prompt_ids"]),
+                                  prefill(fp32, ref["prompt_ids"]))
+    assert greedy(load(name, r.path, model_tensor_type="FP16-FP32"), ref) == ref["tokens"].tolist()
+
+
+# ----------------------------------------------------------------------------- save and load
+
+@pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])
+def test_save_load_round_trip_is_byte_identical(fc_dtype, tmp_path):
+    name = "llama-hd80-bf16-sharded"
+    first = hf_to_bin.convert(os.path.join(FIXTURES, name), str(tmp_path / "a.bin"), fc_dtype)
+    model = load(name, first.path, model_tensor_type=first.model_tensor_type)
+    model.save_weight(str(tmp_path / "b.bin"))
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    assert no_temp_files(tmp_path) == []
+
+
+def test_fp16_reload_is_within_fp16_rounding(tmp_path):
+    name = "llama-gqa3"
+    folder = os.path.join(FIXTURES, name)
+    hf_to_bin.convert(folder, str(tmp_path / "m16.bin"), "FP16")
+    m32 = load(name, folder)
+    m16 = load(name, tmp_path / "m16.bin", model_tensor_type="FP16-FP32")
+    for spec in m16.model.getWeightSpecs():
+        w32, w16 = m32.model.getWeight(spec.full_name), m16.model.getWeight(spec.full_name)
+        if spec.dtype == "FP32":
+            np.testing.assert_array_equal(w16, w32, err_msg=spec.full_name)
+        else:  # round to nearest: half an ulp, 2**-11 relative (2**-25 absolute if subnormal)
+            bound = np.maximum(np.abs(w32) * 2.0 ** -11, 2.0 ** -25)
+            assert np.all(np.abs(w16 - w32) <= bound), spec.full_name
+            np.testing.assert_array_equal(w16, w32.astype(np.float16).astype(np.float32))
+    ref = expected(name)
+    assert_logits_close(prefill(m16, ref["prompt_ids"]), ref["prefill_logits"], 5e-3, "FP16")
+
+
+@pytest.mark.parametrize("delta", [-1, -4, 1, 4])
+def test_size_errors_are_one_line_and_name_the_bytes(delta, tmp_path):
+    name = "llama-gqa3"
+    path = hf_to_bin.convert(os.path.join(FIXTURES, name), str(tmp_path / "m.bin")).path
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        if delta < 0:
+            f.truncate(size + delta)
+        else:
+            f.seek(0, 2)
+            f.write(b"\0" * delta)
+    with pytest.raises(CausalLMError) as e:
+        load(name, path)
+    message = str(e.value)
+    assert "\n" not in message and path in message
+    assert f"expected {size} bytes" in message and f"found {size + delta}" in message
+
+
+def test_bad_dtypes_are_one_line_errors(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(os.path.join(FIXTURES, "llama-gqa3"), folder)
+    (folder / "nntr_config.json").write_text('{"embedding_dtype": "Q6_K"}')
+    with pytest.raises(CausalLMError, match=r"embedding0:Embedding.*Q6_K.*FP32 or FP16"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"))
+    with pytest.raises(CausalLMError, match="--dtype"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q4_0")
+    assert not (tmp_path / "m.bin").exists()
+
+
+# ------------------------------------------------------------------------ config and the CLI
+
+def test_write_nntr_config_then_the_cli_runs_the_bin(tmp_path, capsys):
+    import main
+
+    name = "llama-f16-yarn-bias"
+    folder = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, name), folder)
+    before = {"sample_input": "unused", "model_tensor_type": "FP32-FP32", "init_seq_len": 64,
+              "num_to_generate": 8}
+    (folder / "nntr_config.json").write_text(json.dumps(before))
+    assert hf_to_bin.main([str(folder), "--dtype", "fp16", "--write-nntr-config"]) == 0
+    line = capsys.readouterr().out.strip()
+    bin_name = "nntr_llama_f16_yarn_bias_fp16.bin"
+    assert line == (f"wrote {folder / bin_name}: 35 tensors, {os.path.getsize(folder / bin_name)} "
+                    f"bytes, model_tensor_type FP16-FP32")
+    after = json.loads((folder / "nntr_config.json").read_text())
+    assert list(after) == list(before) + ["model_file_name"]
+    assert after == {**before, "model_tensor_type": "FP16-FP32", "model_file_name": bin_name}
+    assert no_temp_files(folder) == []
+
+    os.remove(folder / "model.safetensors")  # the CLI must take the .bin
+    ref = expected(name)
+    assert main.main([str(folder), str(ref["prompt"]), "--greedy", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
+    assert record["generated_ids"] == ref["tokens"][:8].tolist()
+
+
+def test_model_file_name_outside_the_folder_is_absolute(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(os.path.join(FIXTURES, "llama-gqa3"), folder)
+    out = tmp_path / "elsewhere" / "w.bin"
+    out.parent.mkdir()
+    hf_to_bin.convert(str(folder), str(out), write_nntr_config=True)
+    config = json.loads((folder / "nntr_config.json").read_text())
+    assert config == {"model_file_name": str(out.resolve()), "model_tensor_type": "FP32-FP32"}
+
+
+# ----------------------------------------------------------------------------------- bin -> hf
+
+@pytest.mark.parametrize("name,dtype", [("llama-gqa3", "F32"), ("llama-hd80-bf16-sharded", "BF16"),
+                                        ("llama-f16-yarn-bias", "F16")])
+def test_bin_to_hf_round_trip(name, dtype, tmp_path):
+    """.bin -> safetensors in the checkpoint's own dtype gives back the checkpoint's tensors
+    bit for bit, and our safetensors loader then gives the same logits."""
+    folder = os.path.join(FIXTURES, name)
+    bin_path = hf_to_bin.convert(folder, str(tmp_path / "m.bin")).path
+    out = tmp_path / "hf"
+    assert bin_to_hf.main([folder, bin_path, "-o", str(out), "--dtype", dtype.lower()]) == 0
+
+    source, written = read_hf_raw(folder), read_safetensors_raw(out / "model.safetensors")
+    assert sorted(written) == sorted(source)  # a tied checkpoint gets no lm_head.weight back
+    for k, (st_dtype, shape, raw) in source.items():
+        assert written[k] == (st_dtype, shape, raw), k
+    with open(out / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert header["__metadata__"] == {"format": "pt"}  # transformers refuses a file without it
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / f).read_bytes() == open(os.path.join(folder, f), "rb").read()
+    assert no_temp_files(out) == []
+
+    ref = expected(name)
+    from_bin, from_hf = load(name, bin_path), load(name, out)
+    logits = prefill(from_hf, ref["prompt_ids"])
+    # same weights; only the kernel's loop order differs ([out, in] views vs [in, out] arrays)
+    assert_logits_close(logits, prefill(from_bin, ref["prompt_ids"]), 1e-5, "hf vs bin")
+    assert_logits_close(logits, ref["prefill_logits"], 2e-4, "prefill")
+
+
+def test_bin_to_hf_fp16_bin_and_errors(tmp_path):
+    name = "llama-gqa3"
+    folder = os.path.join(FIXTURES, name)
+    bin16 = hf_to_bin.convert(folder, str(tmp_path / "m16.bin"), "FP16").path
+    # the folder's nntr_config (none: FP32-FP32) does not fit; the error says which layout does
+    with pytest.raises(CausalLMError, match=r"found \d+ .*fits --model-tensor-type FP16-FP32"):
+        bin_to_hf.export(folder, bin16, str(tmp_path / "hf"))
+    r = bin_to_hf.export(folder, bin16, str(tmp_path / "hf"), model_tensor_type="FP16-FP32")
+    assert r.tensors == 30
+    written = read_hf(tmp_path / "hf")
+    for k, a in read_hf(folder).items():
+        expected_w = a.astype(np.float16).astype(np.float32) if any(p in k for p in FC) else a
+        np.testing.assert_array_equal(written[k], expected_w, err_msg=k)
+    with pytest.raises(CausalLMError, match="must differ from MODEL_DIR"):
+        bin_to_hf.export(folder, bin16, folder)
+    with pytest.raises(CausalLMError, match="no such .bin file"):
+        bin_to_hf.export(folder, str(tmp_path / "missing.bin"), str(tmp_path / "x"))

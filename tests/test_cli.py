@@ -1,0 +1,355 @@
+"""The CLI (main.py) end to end, as a user runs it.
+
+Generated ids are checked against the greedy tokens transformers produced for each committed
+fixture (expected.npz); everything else checks the CLI's contract: streamed text equals the
+JSON "text", the metrics block goes to stderr, sampling flags behave, and every bad input is
+one ``error: ...`` line on stderr with exit status 2. A few runs go through a subprocess
+(``python main.py ...``, cwd = the repository root); the rest call ``main.main(argv)`` in this
+process, which is much faster once the numba kernels are loaded. Folders are edited only as
+copies under ``tmp_path``.
+"""
+
+import json
+import os
+import re
+import shutil
+import string
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import main
+from causallm.config import load_model_configs
+from causallm.tokenizer import Tokenizer
+from causallm.weights import SafetensorsFile, write_safetensors
+from models.causal_lm import CausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+LLAMA_FIXTURES = ["llama-gqa3", "llama-hd80-bf16-sharded", "llama-f16-yarn-bias"]
+DEFAULT_MODEL = os.path.join(ROOT, "res", "tiny-llama")
+GQA3 = os.path.join(FIXTURES, "llama-gqa3")
+METRICS = [r"^prefill: \d+ tokens, \d+ ms, (?:[\d.]+|inf) TPS$",
+           r"^generation: \d+ tokens, \d+ ms, (?:[\d.]+|inf) TPS$",
+           r"^peak memory: \d+ KB$"]
+
+
+def expected(name="llama-gqa3"):
+    ref = np.load(os.path.join(FIXTURES, name, "expected.npz"))
+    return str(ref["prompt"]), ref["prompt_ids"].tolist(), ref["tokens"].tolist()
+
+
+def run_cli(*args, timeout=300):
+    """``python main.py *args`` from the repository root -> CompletedProcess (text mode)."""
+    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, encoding="utf-8", timeout=timeout)
+
+
+def run_main(capsys, *args):
+    """``main.main(args)`` in this process -> (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    rc = main.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def split_json(out):
+    """stdout = streamed text + "\\n" + one JSON line + "\\n" -> (streamed text, record)."""
+    assert out.endswith("\n")
+    body, line = out[:-1].rsplit("\n", 1)
+    return body, json.loads(line)
+
+
+def assert_metrics(err):
+    lines = err.splitlines()
+    for pattern in METRICS:
+        assert any(re.match(pattern, line) for line in lines), f"no line like {pattern}: {err!r}"
+
+
+def copy_fixture(tmp_path, name="llama-gqa3", as_name="model"):
+    dst = tmp_path / as_name
+    shutil.copytree(os.path.join(FIXTURES, name), dst)
+    os.remove(dst / "expected.npz")
+    return dst
+
+
+def edit_json(path, **changes):
+    """Set (value) or delete (value None) keys of a JSON file."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def greedy(capsys, folder, prompt, *args):
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "--json", *args)
+    assert rc == 0, err
+    return split_json(out)[1]
+
+
+# ------------------------------------------------------------------ parity, through a subprocess
+
+@pytest.mark.parametrize("name", LLAMA_FIXTURES)
+def test_greedy_cli_gives_transformers_tokens(name):
+    prompt, prompt_ids, tokens = expected(name)
+    extra = ["-t", "1"] if name == "llama-hd80-bf16-sharded" else []
+    p = run_cli(os.path.join("tests", "fixtures", name), prompt, "--greedy", "-n", 32, "--json",
+                *extra)
+    assert p.returncode == 0, p.stderr
+    text, record = split_json(p.stdout)
+    assert record["architecture"] == "LlamaForCausalLM"
+    assert record["prompt_ids"] == prompt_ids
+    assert record["generated_ids"] == tokens[:32]
+    assert text == record["text"]  # what streamed is the final text
+    assert record["finish_reason"] == "length" and record["do_sample"] is False
+    for part in ("prefill", "generation"):
+        assert set(record[part]) >= {"tokens", "ms", "tps"}
+    assert record["prefill"]["tokens"] == len(prompt_ids)
+    assert record["generation"]["tokens"] == 31  # the first token comes out of the prefill
+    assert isinstance(record["peak_memory_kb"], int) and record["peak_memory_kb"] > 0
+    assert_metrics(p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(DEFAULT_MODEL, "model.safetensors")),
+                    reason="res/tiny-llama/model.safetensors is not there yet (being trained)")
+def test_no_arguments_runs_the_embedded_model():
+    p = run_cli()
+    assert p.returncode == 0, p.stderr
+    text = p.stdout.strip()
+    assert len(text) >= 20, p.stdout
+    printable = sum(c in string.printable for c in text) / len(text)
+    assert printable >= 0.9, f"{printable:.0%} printable ASCII: {text!r}"
+    assert re.search(r"[A-Za-z]{2,} [A-Za-z]{2,}", text), f"no words: {text!r}"
+    assert_metrics(p.stderr)
+
+
+# ------------------------------------------------------------------------- generation options
+
+def test_text_streams_to_stdout_and_metrics_to_stderr(capsys):
+    prompt = expected()[0]
+    rc, out, err = run_main(capsys, GQA3, prompt, "--greedy", "-n", 6)
+    assert rc == 0
+    record = greedy(capsys, GQA3, prompt, "-n", 6)
+    assert out == record["text"] + "\n"  # without --json stdout is the text alone
+    assert "prefill:" not in out
+    assert_metrics(err)
+
+
+def test_n_limits_new_tokens(capsys):
+    prompt, _, tokens = expected()
+    record = greedy(capsys, GQA3, prompt, "-n", 5)
+    assert record["generated_ids"] == tokens[:5]
+    assert record["finish_reason"] == "length"
+
+
+def test_sampling_seed_temp0_and_top_k1(capsys):
+    prompt, _, tokens = expected()
+
+    def ids(*args):
+        rc, out, err = run_main(capsys, GQA3, prompt, "-n", 12, "--json", *args)
+        assert rc == 0, err
+        return split_json(out)[1]
+
+    sampled = ids("--temp", 1.0, "--seed", 7)
+    assert sampled["do_sample"] is True
+    assert ids("--temp", 1.0, "--seed", 7)["generated_ids"] == sampled["generated_ids"]
+    assert ids("--temp", 1.0, "--seed", 8)["generated_ids"] != sampled["generated_ids"]
+    assert ids("--temp", 1.0, "--seed", 7, "--greedy")["generated_ids"] == tokens[:12]
+    assert ids("--temp", 0)["generated_ids"] == tokens[:12]
+    assert ids("--top-k", 1, "--seed", 3)["generated_ids"] == tokens[:12]
+    assert ids("-s", 7, "--temp", 1.0)["generated_ids"] == sampled["generated_ids"]
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_eos_stops_early_and_is_not_printed(capsys, tmp_path, as_list):
+    prompt, _, tokens = expected()
+    k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])
+    folder = copy_fixture(tmp_path)
+    edit_json(folder / "generation_config.json",
+              eos_token_id=[4002, tokens[k]] if as_list else tokens[k])
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "-n", 32, "--json")
+    assert rc == 0, err
+    text, record = split_json(out)
+    assert record["generated_ids"] == tokens[:k + 1]  # the EOS id is recorded ...
+    assert record["finish_reason"] == "eos"
+    before_eos = greedy(capsys, GQA3, prompt, "-n", k)["text"]
+    assert text == record["text"] == before_eos  # ... but its text is not printed
+    eos_text = Tokenizer.FromFile(str(folder / "tokenizer.json")).Decode([tokens[k]])
+    assert not text.endswith(eos_text)
+
+
+def test_nntr_config_settings_and_sample_input(capsys, tmp_path, monkeypatch):
+    prompt, prompt_ids, tokens = expected()
+    folder = copy_fixture(tmp_path)
+    (folder / "tok").mkdir()
+    os.rename(folder / "tokenizer.json", folder / "tok" / "tokenizer.json")
+    edit_json(folder / "nntr_config.json", init_seq_len=64, num_to_generate=8,
+              sample_input=prompt, tokenizer_file="tok/tokenizer.json", bad_word_ids=[tokens[0]])
+    monkeypatch.chdir(tmp_path)  # paths resolve against the folder, not the working directory
+    rc, out, err = run_main(capsys, folder, "--greedy", "--json")
+    assert rc == 0, err
+    text, record = split_json(out)
+    assert record["prompt"] == prompt and record["prompt_ids"] == prompt_ids
+    assert len(record["generated_ids"]) == 8  # num_to_generate
+    assert tokens[0] not in record["generated_ids"]  # bad word, though it is the greedy choice
+    assert text == record["text"]
+
+
+def test_prompt_longer_than_init_seq_len_is_prefilled_in_chunks(capsys, tmp_path):
+    prompt, prompt_ids, tokens = expected()
+    folder = copy_fixture(tmp_path)
+    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32)
+    P = len(prompt_ids)
+    assert P > 8
+    record = greedy(capsys, folder, prompt)
+    # the KV cache holds init_seq_len + num_to_generate = 40 rows: the prompt's 19 and 21 more,
+    # which give 22 new tokens (the last one is not fed back)
+    assert record["generated_ids"] == tokens[:40 - P + 1]
+    assert record["finish_reason"] == "cache_full"
+
+
+def test_nntrainer_bin_weights_from_model_file_name(capsys, tmp_path):
+    prompt, _, tokens = expected()
+    folder = copy_fixture(tmp_path)
+    cfg, gen, nntr = load_model_configs(str(folder))
+    model = CausalLM(cfg, gen, nntr)
+    model.initialize()
+    model.load_weight(str(folder))
+    model.save_weight(str(folder / "weights.bin"))
+    del model
+    os.remove(folder / "model.safetensors")
+    edit_json(folder / "nntr_config.json", model_file_name="weights.bin")
+    assert greedy(capsys, folder, prompt, "-n", 8)["generated_ids"] == tokens[:8]
+
+
+def test_system_prompt_is_prepended(capsys):
+    system, prompt = "You are a careful assistant. ", "The assert statement"
+    tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
+    record = greedy(capsys, GQA3, prompt, "-n", 2, "--system", system)
+    assert record["prompt_ids"] == tokenizer.Encode(system + prompt)
+    assert record["prompt_ids"] != tokenizer.Encode(prompt)
+
+
+# ------------------------------------------------------------------------------- bad inputs
+
+def _config(folder, **changes):
+    edit_json(folder / "config.json", **changes)
+
+
+def _rewrite_safetensors(folder, drop=(), add=None, change=None):
+    path = str(folder / "model.safetensors")
+    f = SafetensorsFile(path)
+    tensors = {k: np.array(f.get(k)) for k in f.keys() if k not in drop}
+    del f
+    tensors.update(add or {})
+    tensors.update(change or {})
+    write_safetensors(path, tensors)
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+UP1 = "model.layers.1.mlp.up_proj.weight"
+
+# name -> (prepare(folder) or None, argv after the folder, substrings the error line must name)
+BAD_INPUTS = {
+    "missing folder": (None, ["hi"], ["no-such-folder", "no such directory"]),
+    "no config.json": (lambda d: os.remove(d / "config.json"), ["hi"], ["config.json"]),
+    "invalid JSON": (lambda d: (d / "config.json").write_text("{bad"), ["hi"],
+                     ["config.json", "invalid JSON"]),
+    "no architectures": (lambda d: _config(d, architectures=None), ["hi"],
+                         ["config.json", "architectures"]),
+    "unknown architecture": (lambda d: _config(d, architectures=["FooForCausalLM"]), ["hi"],
+                             ["config.json", "FooForCausalLM", "LlamaForCausalLM"]),
+    "missing hidden_size": (lambda d: _config(d, hidden_size=None), ["hi"],
+                            ["config.json", "hidden_size"]),
+    "bad value type": (lambda d: _config(d, num_hidden_layers="three"), ["hi"],
+                       ["config.json", "num_hidden_layers", "integer"]),
+    "prompt longer than the cache": (
+        lambda d: edit_json(d / "nntr_config.json", init_seq_len=4, num_to_generate=4),
+        [expected()[0]], ["19", "8", "init_seq_len"]),
+    "truncated safetensors": (lambda d: _truncate(d / "model.safetensors", 5000), ["hi"],
+                              ["model.safetensors"]),
+    "extra and missing tensor": (
+        lambda d: _rewrite_safetensors(d, drop=[UP1], add={"model.extra.weight": np.ones(2)}),
+        ["hi"], ["model.extra.weight", UP1]),
+    "wrong tensor shape": (
+        lambda d: _rewrite_safetensors(d, change={UP1: np.ones((160, 50), np.float32)}),
+        ["hi"], ["model.safetensors", UP1, "(160, 50)"]),
+    "missing tokenizer.json": (lambda d: os.remove(d / "tokenizer.json"), ["hi"],
+                               ["tokenizer.json"]),
+    "missing model_file_name": (
+        lambda d: edit_json(d / "nntr_config.json", model_file_name="nope.bin"), ["hi"],
+        ["nntr_config.json", "model_file_name", "nope.bin"]),
+    "bin of the wrong size": (
+        lambda d: ((d / "w.bin").write_bytes(b"\0" * 1234),
+                   edit_json(d / "nntr_config.json", model_file_name="w.bin")),
+        ["hi"], ["w.bin", "1234"]),
+    "bad nntr_config value": (lambda d: edit_json(d / "nntr_config.json", init_seq_len="64"),
+                              ["hi"], ["nntr_config.json", "init_seq_len"]),
+    "bad word out of vocabulary": (
+        lambda d: edit_json(d / "nntr_config.json", bad_word_ids=[99999]), ["hi"],
+        ["bad_word_ids", "99999"]),
+    "no prompt and no sample_input": (None, [], ["sample_input"]),
+    "-n 0": (None, ["hi", "-n", "0"], ["-n"]),
+    "--top-p 2": (None, ["hi", "--top-p", "2"], ["--top-p"]),
+    "--temp nan": (None, ["hi", "--temp", "nan"], ["--temp"]),
+    "--seed -1": (None, ["hi", "--seed", "-1"], ["--seed"]),
+    "not an int": (None, ["hi", "--top-k", "abc"], ["--top-k", "abc"]),
+    "unknown option": (None, ["hi", "--bogus"], ["--bogus"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_error_line(capsys, tmp_path, case):
+    prepare, argv, names = BAD_INPUTS[case]
+    if case == "missing folder":
+        folder = tmp_path / "no-such-folder"
+    else:
+        folder = copy_fixture(tmp_path)
+        if prepare is not None:
+            prepare(folder)
+    try:
+        rc, out, err = run_main(capsys, folder, *argv)
+    except SystemExit as e:  # argparse errors leave through sys.exit
+        rc, (out, err) = e.code, capsys.readouterr()
+    assert rc == 2, err
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for name in names:
+        assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
+
+
+def test_error_through_subprocess_and_debug_traceback(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    p = run_cli(folder, "hi")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == f"error: {folder / 'config.json'}: file not found\n"
+    p = run_cli(folder, "hi", "--debug")
+    assert p.returncode != 0
+    assert "Traceback (most recent call last)" in p.stderr and "config.json" in p.stderr
+
+
+def test_prompt_without_folder_points_to_the_default_model(capsys):
+    rc, out, err = run_main(capsys, "Tell me a story")
+    assert rc == 2
+    assert err.startswith("error: Tell me a story: not a model folder") and "tiny-llama" in err
+
+
+def test_console_script_entry_point():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert project["project"]["scripts"]["causallm"] == "main:main"
+    assert "main" in project["tool"]["setuptools"]["py-modules"]
+    assert callable(main.main)
