@@ -204,7 +204,7 @@ class CausalLM(Transformer):
 
         step_ids = np.zeros((B, 1), dtype=np.float32)
         steps = 0
-        while len(result.generated_ids[0]) < n_new and not all(finished):
+        while steps + 1 < n_new and not all(finished):
             step_ids[:, 0] = [h[-1] for h in histories]
             logits = self.model.incremental_inference(B, [step_ids], None, 1, pos, pos + 1)[0]
             pos += 1

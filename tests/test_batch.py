@@ -1,0 +1,49 @@
+"""batch_size > 1: every row is its own sequence (NNTrainer mixes rows up, spec G30)."""
+
+import os
+
+import numpy as np
+
+from causallm.config import load_model_configs
+from models.causal_lm import CausalLM
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "llama-gqa3")
+
+
+def load(batch):
+    cfg, gen, nntr = load_model_configs(FIXTURE)
+    nntr.update(batch_size=batch, init_seq_len=32, num_to_generate=32)
+    model = CausalLM(cfg, gen, nntr)
+    model.initialize()
+    model.load_weight(FIXTURE)
+    return model
+
+
+def test_batch_rows_match_single_runs():
+    ref = np.load(os.path.join(FIXTURE, "expected.npz"))
+    prompt = ref["prompt_ids"].tolist()
+    other = [prompt[0]] + prompt[:0:-1]  # same length, different tokens
+    single = load(1)
+    other_alone = single.generate_tokens([other], max_new_tokens=24, do_sample=False)
+    model = load(2)
+    result = model.generate_tokens([prompt, other], max_new_tokens=24, do_sample=False)
+    assert result.generated_ids[0] == ref["tokens"][:24].tolist()
+    assert result.generated_ids[1] == other_alone.generated_ids[0]
+    assert result.generated_ids[0] != result.generated_ids[1]
+
+
+def test_batch_rows_sample_independently_and_stop_on_their_own_eos():
+    model = load(2)
+    prompt = model.tokenizer.Encode("The for statement")
+    model.SEED, model.TEMPERATURE, model.TOP_K, model.TOP_P = 3, 1.5, 0, 1.0
+    result = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
+    assert result.generated_ids[0] != result.generated_ids[1]
+    # make row 0's third token an EOS: row 0 stops there, row 1 goes on to the end
+    eos = result.generated_ids[0][2]
+    model.EOS_TOKEN_ID = [eos]
+    again = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
+    assert again.generated_ids[0] == result.generated_ids[0][:3]
+    assert again.finish_reasons[0] == "eos"
+    if eos not in result.generated_ids[1]:
+        assert again.generated_ids[1] == result.generated_ids[1]
+        assert again.finish_reasons[1] == "length"
