@@ -6,7 +6,8 @@ For the step's row i at absolute position p = from_ + i:
 
     k_p = RoPE(K_i, p)  and  v_p = V_i  are written to cache row p      (rows [from_, to))
     q   = RoPE(Q_i, p)
-    s_t = (q . k_t) * d^-1/2                  t over the allowed keys of the kv head g = h // (nQ/nKV)
+    s_t = (q . k_t) * a^-1/2                  t over the allowed keys of the kv head g = h // (nQ/nKV);
+                                              a = query_pre_attn_scalar, or d when unset
     s_t = tanh(s_t / c) * c                   if attn_logit_softcapping c > 0
     out_i = sum_t softmax(s)_t v_t            a sink logit (use_sink) joins the softmax, no value
 
@@ -27,7 +28,8 @@ its own theta and scaling (G2); the sliding-window mask is right for any step le
 Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep
 (required), sliding_window (UINT_MAX = none), rope_theta (500000), max_position_embeddings
 (40960; positions are bounded by max_timestep here), use_sink (false), is_causal (true),
-use_rope (true), attn_logit_softcapping (0 = off), rope_scaling_type (default | linear | llama3 |
+use_rope (true), attn_logit_softcapping (0 = off), query_pre_attn_scalar (0 = head_dim; Gemma's
+attention scale, which nntrainer ignores, G12), rope_scaling_type (default | linear | llama3 |
 yarn), rope_scaling_factor (1), rope_scaling_max_position_embeddings (4096, the original context
 of llama3/yarn), rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4),
 rope_scaling_beta_fast (32), rope_scaling_beta_slow (1), rope_scaling_truncate (false, as
@@ -65,6 +67,7 @@ class MHACoreLayer(Layer):
         "use_rope": bool_(True),
         "is_causal": bool_(True),
         "attn_logit_softcapping": float_(0.0),
+        "query_pre_attn_scalar": float_(0.0),
         "rope_scaling_type": str_("default", choices=ROPE_TYPES),
         "rope_scaling_factor": float_(1.0),
         "rope_scaling_max_position_embeddings": uint(4096),
@@ -115,7 +118,10 @@ class MHACoreLayer(Layer):
         self.window = min(p["sliding_window"], T + 1)
         self.causal = p["is_causal"]
         self.softcap = p["attn_logit_softcapping"]
-        self.scale = 1.0 / math.sqrt(d)
+        scalar = p["query_pre_attn_scalar"]
+        if scalar < 0:
+            raise context.error(f"query_pre_attn_scalar must be positive, got {scalar}")
+        self.scale = 1.0 / math.sqrt(scalar or d)
         self.cos, self.sin = self._rope_tables(context)
 
         self.sink_index = None
