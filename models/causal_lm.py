@@ -31,7 +31,7 @@ from causallm.errors import CausalLMError
 from causallm.generation import Sampler
 from causallm.tokenizer import StreamDecoder
 from layers.lm_head import LmHeadLayer
-from models.transformer import ModelType, Transformer
+from models.transformer import HFWeight, ModelType, Transformer
 
 
 @dataclass
@@ -119,10 +119,10 @@ class CausalLM(Transformer):
         super().registerCustomLayers()
         registerFactory(LmHeadLayer)
 
-    def getHFWeightMap(self) -> dict[str, tuple[str, bool]]:
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
         m = super().getHFWeightMap()
         if not self.TIE_WORD_EMBEDDINGS:
-            m["lm_head.weight"] = ("output_of_causallm:weight", True)
+            m["lm_head.weight"] = HFWeight("output_of_causallm:weight", True)
         return m
 
     def getHFIgnoredTensors(self) -> set[str]:

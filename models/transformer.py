@@ -14,6 +14,9 @@ folder (G34); a Hugging Face safetensors folder loads directly through ``getHFWe
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
+
+import numpy as np
 
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
@@ -34,6 +37,26 @@ class ModelType:
     MODEL = "Model"
     CAUSALLM = "CausalLM"
     EMBEDDING = "embedding"
+
+
+class HFWeight(NamedTuple):
+    """Where a Hugging Face tensor goes: the layer weight ``scope:name``, whether it is read
+    transposed (PyTorch [out, in] -> NNTrainer [in, out]), and a constant added on the way in
+    (Gemma's norms store ``w`` for ``1 + w``; NNTrainer stores ``1 + w``)."""
+
+    target: str
+    transpose: bool = False
+    offset: float = 0.0
+
+    def to_weight(self, array):
+        """The checkpoint tensor as the layer weight (a view unless an offset is added)."""
+        array = array.T if self.transpose else array
+        return array + np.float32(self.offset) if self.offset else array
+
+    def from_weight(self, array):
+        """The layer weight back as the checkpoint tensor (C-contiguous float32)."""
+        array = array - np.float32(self.offset) if self.offset else array
+        return np.ascontiguousarray(array.T if self.transpose else array, dtype=np.float32)
 
 
 HF_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -297,27 +320,27 @@ class Transformer:
             registerFactory(layer_class)
 
     # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, tuple[str, bool]]:
-        """Hugging Face tensor name -> (layer weight ``scope:name``, transpose?).
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """Hugging Face tensor name -> :class:`HFWeight` (layer weight, transpose?, offset).
 
         Projections are stored [out, in] by PyTorch and [in, out] by NNTrainer, hence the
         transposes (taken as views, so memory-mapped weights stay mapped)."""
-        m = {"model.embed_tokens.weight": ("embedding0:Embedding", False)}
+        m = {"model.embed_tokens.weight": HFWeight("embedding0:Embedding")}
         for i in range(self.NUM_LAYERS):
             hf, nn = f"model.layers.{i}.", f"layer{i}_"
-            m[hf + "input_layernorm.weight"] = (nn + "attention_norm:gamma", False)
+            m[hf + "input_layernorm.weight"] = HFWeight(nn + "attention_norm:gamma")
             for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv"),
                                ("o_proj", "attention_out")):
-                m[f"{hf}self_attn.{proj}.weight"] = (f"{nn}{name}:weight", True)
+                m[f"{hf}self_attn.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
                 if self.ATTENTION_BIAS:
-                    m[f"{hf}self_attn.{proj}.bias"] = (f"{nn}{name}:bias", False)
-            m[hf + "post_attention_layernorm.weight"] = (nn + "ffn_norm:gamma", False)
+                    m[f"{hf}self_attn.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
+            m[hf + "post_attention_layernorm.weight"] = HFWeight(nn + "ffn_norm:gamma")
             for proj, name in (("up_proj", "ffn_up"), ("gate_proj", "ffn_gate"),
                                ("down_proj", "ffn_down")):
-                m[f"{hf}mlp.{proj}.weight"] = (f"{nn}{name}:weight", True)
+                m[f"{hf}mlp.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
                 if self.MLP_BIAS:
-                    m[f"{hf}mlp.{proj}.bias"] = (f"{nn}{name}:bias", False)
-        m["model.norm.weight"] = ("output_norm:gamma", False)
+                    m[f"{hf}mlp.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
+        m["model.norm.weight"] = HFWeight("output_norm:gamma")
         return m
 
     def load_weight(self, weight_path: str) -> None:
@@ -348,14 +371,14 @@ class Transformer:
             if name not in name_map:
                 unused.append(name)
                 continue
-            target, transpose = name_map[name]
+            entry = name_map[name]
             array = ckpt.get(name)
             try:
-                self.model.setWeight(target, array.T if transpose else array)
+                self.model.setWeight(entry.target, entry.to_weight(array))
             except CausalLMError as e:
                 raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
-                                    f"{tuple(array.shape)}{' (read transposed)' * transpose}: "
-                                    f"{e}") from None
+                                    f"{tuple(array.shape)}"
+                                    f"{' (read transposed)' * entry.transpose}: {e}") from None
         missing = [n for n in name_map if n not in ckpt]
         problems = ([f"{len(unused)} checkpoint tensor(s) match no weight of "
                      f"{type(self).__name__}: {_some(unused)}"] if unused else []) + \
@@ -364,7 +387,7 @@ class Transformer:
         if problems:
             raise CausalLMError(f"{folder}: {'; '.join(problems)}")
         uncovered = {s.full_name for s in self.model.getWeightSpecs()} - \
-            {t for t, _ in name_map.values()}
+            {entry.target for entry in name_map.values()}
         if uncovered:
             raise CausalLMError(f"{type(self).__name__}.getHFWeightMap maps no checkpoint "
                                 f"tensor to: {_some(sorted(uncovered))}")

@@ -48,9 +48,8 @@ def hf_tensors(model) -> dict[str, np.ndarray]:
     """{Hugging Face name: C-contiguous float32 array} for every weight of a loaded model, in
     ``getHFWeightMap`` order; transposed entries are turned back to [out, in]."""
     tensors = {}
-    for hf_name, (target, transpose) in model.getHFWeightMap().items():
-        w = model.model.getWeight(target)
-        tensors[hf_name] = np.ascontiguousarray(w.T if transpose else w, dtype=np.float32)
+    for hf_name, entry in model.getHFWeightMap().items():
+        tensors[hf_name] = entry.from_weight(model.model.getWeight(entry.target))
     return tensors
 
 
