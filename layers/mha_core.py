@@ -12,7 +12,9 @@ For the step's row i at absolute position p = from_ + i:
     out_i = sum_t softmax(s)_t v_t            a sink logit (use_sink) joins the softmax, no value
 
 Allowed keys: causal -> ``max(0, p - W + 1) <= t <= p`` (W = sliding_window; HF's
-``kv > q - W``); not causal -> the last W keys of ``[0, to)``. RoPE is rotate-half over the
+``kv > q - W``); not causal -> ``|p - t| < W`` with ``t < to``, HF's bidirectional sliding
+window (Gemma 3 ``use_bidirectional_attention``; its config turns ``sliding_window`` S into
+S // 2 + 1 before the mask, and the model passes that). RoPE is rotate-half over the
 halves [0, d/2) and [d/2, d): a' = a cos - b sin, b' = b cos + a sin, with
 ``cos[p, j] = cos(p * inv_freq[j]) * attention_scaling``. ``inv_freq`` and the scaling follow
 Hugging Face's rope types: default, linear, llama3 and yarn.
@@ -22,7 +24,8 @@ keys are cached after RoPE. Weights: ``sink`` ``(nQ,)`` only with ``use_sink``.
 
 Fixed against nntrainer (spec §10): the cache row and the RoPE position come from ``from_``, not
 an internal counter (G3), so a saved system-prompt cache continues correctly; each layer uses
-its own theta and scaling (G2); the sliding-window mask is right for any step length (G4);
+its own theta and scaling (G2); the sliding-window mask is right for any step length, and
+two-sided as HF's when not causal (nntrainer's is one-sided "the last W keys", G4);
 ``rope_theta`` is a float (G25); ``to`` may reach ``max_timestep`` (G10).
 
 Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep

@@ -127,7 +127,8 @@ class CausalLM(Transformer):
 
     def getHFIgnoredTensors(self) -> set[str]:
         # a tied checkpoint may still carry the (identical) head; the embedding is the one read
-        return {"lm_head.weight"} if self.TIE_WORD_EMBEDDINGS else set()
+        head = {"lm_head.weight"} if self.TIE_WORD_EMBEDDINGS else set()
+        return super().getHFIgnoredTensors() | head
 
     # -- token selection --------------------------------------------------------------------
     def makeSampler(self, do_sample: bool) -> Sampler:

@@ -41,15 +41,26 @@ class ModelType:
 
 class HFWeight(NamedTuple):
     """Where a Hugging Face tensor goes: the layer weight ``scope:name``, whether it is read
-    transposed (PyTorch [out, in] -> NNTrainer [in, out]), and a constant added on the way in
-    (Gemma's norms store ``w`` for ``1 + w``; NNTrainer stores ``1 + w``)."""
+    transposed (PyTorch [out, in] -> NNTrainer [in, out]), a constant added on the way in
+    (Gemma's norms store ``w`` for ``1 + w``; NNTrainer stores ``1 + w``), and ``columns``
+    ``(begin, end)``: only that slice of the tensor's last axis is this weight. A fused tensor
+    (GPT-2's ``c_attn``, [H, 3H] = q | k | v) maps to a list of such HFWeights, one per part.
+    ``index``, a numpy basic index (ints and slices) applied first, picks a part anywhere else:
+    gpt-oss ``gate_up_proj`` [E, H, 2I] gives expert e's gate as ``(e, slice(None),
+    slice(0, None, 2))``; the tensor back is ``full[index] = from_weight(w)`` for every part."""
 
     target: str
     transpose: bool = False
     offset: float = 0.0
+    columns: tuple[int, int] | None = None
+    index: tuple | None = None
 
     def to_weight(self, array):
         """The checkpoint tensor as the layer weight (a view unless an offset is added)."""
+        if self.index is not None:
+            array = array[self.index]
+        if self.columns is not None:
+            array = array[..., self.columns[0]:self.columns[1]]
         array = array.T if self.transpose else array
         return array + np.float32(self.offset) if self.offset else array
 
@@ -57,6 +68,13 @@ class HFWeight(NamedTuple):
         """The layer weight back as the checkpoint tensor (C-contiguous float32)."""
         array = array - np.float32(self.offset) if self.offset else array
         return np.ascontiguousarray(array.T if self.transpose else array, dtype=np.float32)
+
+
+def hfParts(entry: "HFWeight | list[HFWeight]") -> tuple[HFWeight, ...]:
+    """A getHFWeightMap value as a tuple of HFWeights: the one weight, or a fused tensor's parts.
+    The checkpoint tensor back from its weights is ``np.concatenate([p.from_weight(w_p) for p
+    in parts], axis=-1)``, or ``full[p.index] = p.from_weight(w_p)`` for parts with an index."""
+    return (entry,) if isinstance(entry, HFWeight) else tuple(entry)
 
 
 HF_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -130,9 +148,15 @@ class Transformer:
         self.MLP_BIAS = cfg.get_bool("mlp_bias", False)
         self.EMBEDDING_SCALE = 1.0
         self.ATTN_LOGIT_SOFTCAPPING = 0.0
+        self.HIDDEN_ACT = self.readHiddenAct(cfg)
+
+    def readHiddenAct(self, cfg: JsonConfig) -> str:
+        """config.json ``hidden_act`` as the NNTrainer activation of the MLP; the base SwiGLU
+        MLP computes silu only (a model with another MLP overrides this)."""
         act = cfg.get_str("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise cfg.error("hidden_act", "'silu' for a SwiGLU MLP")
+        return "swish"
 
     @staticmethod
     def readRope(cfg: JsonConfig) -> tuple[float, dict]:
@@ -353,6 +377,11 @@ class Transformer:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
         self.model.warmup()
 
+    def openHFCheckpoint(self, folder: str) -> Checkpoint:
+        """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span
+        several folders returns a merged view with the same methods)."""
+        return Checkpoint(folder)
+
     def getHFIgnoredTensors(self) -> set[str]:
         """Checkpoint tensors that are read by no layer on purpose (none for the base model)."""
         return set()
@@ -361,7 +390,7 @@ class Transformer:
         """Map every tensor of a safetensors checkpoint onto a layer weight; every weight must be
         covered and every tensor used (the error names the ones that are not)."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        ckpt = Checkpoint(folder)
+        ckpt = self.openHFCheckpoint(folder)
         name_map = self.getHFWeightMap()
         ignored = self.getHFIgnoredTensors()
         unused = []
@@ -371,14 +400,23 @@ class Transformer:
             if name not in name_map:
                 unused.append(name)
                 continue
-            entry = name_map[name]
+            parts = hfParts(name_map[name])
             array = ckpt.get(name)
-            try:
-                self.model.setWeight(entry.target, entry.to_weight(array))
-            except CausalLMError as e:
+            spans = [p.columns for p in parts if p.columns is not None]
+            if spans and (array.ndim == 0 or array.shape[-1] != max(e for _, e in spans)):
                 raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
-                                    f"{tuple(array.shape)}"
-                                    f"{' (read transposed)' * entry.transpose}: {e}") from None
+                                    f"{tuple(array.shape)}: expected {max(e for _, e in spans)} "
+                                    f"columns, split over {', '.join(p.target for p in parts)}")
+            for entry in parts:
+                try:
+                    self.model.setWeight(entry.target, entry.to_weight(array))
+                except (CausalLMError, IndexError) as e:
+                    part = f" (columns {entry.columns[0]}:{entry.columns[1]})" \
+                        if entry.columns else ""
+                    part += f" (part {entry.target})" if entry.index is not None else ""
+                    raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
+                                        f"{tuple(array.shape)}{part}"
+                                        f"{' (read transposed)' * entry.transpose}: {e}") from None
         missing = [n for n in name_map if n not in ckpt]
         problems = ([f"{len(unused)} checkpoint tensor(s) match no weight of "
                      f"{type(self).__name__}: {_some(unused)}"] if unused else []) + \
@@ -387,7 +425,7 @@ class Transformer:
         if problems:
             raise CausalLMError(f"{folder}: {'; '.join(problems)}")
         uncovered = {s.full_name for s in self.model.getWeightSpecs()} - \
-            {entry.target for entry in name_map.values()}
+            {part.target for entry in name_map.values() for part in hfParts(entry)}
         if uncovered:
             raise CausalLMError(f"{type(self).__name__}.getHFWeightMap maps no checkpoint "
                                 f"tensor to: {_some(sorted(uncovered))}")

@@ -40,8 +40,7 @@ def attention_mask(q_pos, k_pos, window, causal):  # [nq], [nk] -> [nq, nk] bool
     k = k_pos[None, :]                             # [1, nk]
     if causal:
         return (k <= q) & (k > q - window)         # the query and the window - 1 keys before it
-    last = k_pos.max()                             # non-causal: the last `window` keys
-    return np.broadcast_to(k > last - window, (q_pos.shape[0], k_pos.shape[0]))
+    return np.abs(k - q) < window                  # non-causal: both sides, distance < window
 
 
 def softmax(x):  # [..., n] -> [..., n]

@@ -51,7 +51,7 @@ def untouched(a, rows):
 @pytest.mark.parametrize("has_bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("layout", ["io", "oi"])
 def test_linear_kernels(layout, has_bias, nrows, ro):
-    k_in, n_out, x_row, y_row = 203, 1003, 1, 2     # K % 4 != 0, N not a multiple of the block
+    k_in, n_out, x_row, y_row = 203, 1003, 1, 2     # K % 8 != 0, N not a multiple of the block
     x = rand(B, 7, k_in, seed=1)
     w = rand(k_in, n_out, seed=2, scale=0.1)         # logical [in, out]
     bias = rand(n_out, seed=3) if has_bias else np.zeros(0, np.float32)
@@ -68,17 +68,18 @@ def test_linear_kernels(layout, has_bias, nrows, ro):
     untouched(y, slice(y_row, y_row + nrows))
 
 
-@pytest.mark.parametrize("nrows", [1, 6], ids=["numba", "blas"])
+@pytest.mark.parametrize("path", ["numba", "blas"])
 @pytest.mark.parametrize("layout", ["io", "oi"])
-def test_linear_dispatch(layout, nrows):
-    assert (B * nrows < K.BLAS_MIN_ROWS) == (nrows == 1)  # the two ids really take the two paths
+def test_linear_dispatch(layout, path):
+    nrows = 1 if path == "numba" else -(-K.BLAS_MIN_ROWS // B)
+    assert (B * nrows < K.BLAS_MIN_ROWS) == (path == "numba")
     k_in, n_out, x_row, y_row = 203, 1003, 2, 1
-    x = rand(B, 8, k_in, seed=4)
+    x = rand(B, nrows + 3, k_in, seed=4)
     w = rand(k_in, n_out, seed=5, scale=0.1)
     bias = readonly(rand(n_out, seed=6))
     # the logical [in, out] matrix: C-contiguous, or the .T view of a C-contiguous [out, in]
     w_arg = readonly(w) if layout == "io" else readonly(np.ascontiguousarray(w.T)).T
-    y = np.full((B, 9, n_out), np.nan, np.float32)
+    y = np.full((B, nrows + 2, n_out), np.nan, np.float32)
     K.linear(x, w_arg, bias, y, x_row, y_row, nrows)
     for b in range(B):
         close(y[b, y_row:y_row + nrows], ref.linear(x[b, x_row:x_row + nrows], w, bias))

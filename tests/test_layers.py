@@ -394,10 +394,12 @@ def causal_mask(S, window=None):
 
 
 def noncausal_mask(S, steps, window=None):
-    """Every query of the step [from_, to) sees the last ``window`` keys of [0, to)."""
+    """Query p of the step [from_, to) sees the keys t < to with |p - t| < ``window``."""
     mask = np.zeros((S, S), dtype=bool)
+    t = np.arange(S)
     for from_, to in steps:
-        mask[from_:to, max(0, to - (window or to)):to] = True
+        for p in range(from_, to):
+            mask[p] = (t < to) & (np.abs(p - t) < (window or S + 1))
     return mask
 
 

@@ -42,7 +42,7 @@ BIN_DTYPES = ("FP32", "FP16")
 # nntr_config keys that do not change the .bin layout; kept small so building the graph for a
 # conversion allocates no large KV cache or activation buffers.
 _SMALL_RUNTIME = {"batch_size": 1, "init_seq_len": 1, "num_to_generate": 1, "max_seq_len": 2,
-                  "fsu": False}
+                  "fsu": False, "moe_expert_cache": 0}  # every expert resident: tools read them all
 
 
 class ConvertResult(NamedTuple):

@@ -16,7 +16,10 @@ b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cac
 For query row i at p = pos0 + i, the keys are t in [lo, hi)::
 
     causal:      lo = max(0, p - window + 1),            hi = p + 1
-    non-causal:  lo = max(0, pos0 + nrows - window),     hi = pos0 + nrows
+    non-causal:  lo = max(0, p - window + 1),            hi = min(pos0 + nrows, p + window)
+
+i.e. the keys at distance < window, before the query only (causal) or on both sides of it up
+to the last key written (non-causal, HF's bidirectional sliding window ``|q - kv| < window``).
 
     s_t = (q'.k_t) * scale;  s_t = tanh(s_t / softcap) * softcap   if softcap > 0
     m   = max(max_t s_t, sink_h)                                    (sink only if given)
@@ -95,8 +98,8 @@ def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n
                 lo = max(0, p - window + 1)
                 hi = p + 1
             else:
-                hi = pos0 + nrows
-                lo = max(0, hi - window)
+                lo = max(0, p - window + 1)
+                hi = min(pos0 + nrows, p + window)
             n = hi - lo
             # scores and their max
             m = np.float32(0.0)

@@ -24,29 +24,36 @@ from numba import njit, prange
 
 # reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-_COLS = 256  # output columns per linear_io task: 1 KiB of every W row, y segments stay in L1
+_TILE = 4096  # linear_io: y values (B*nrows rows x block columns) a task keeps in L1: 16 KiB
 
-# B * nrows at or above which linear() uses numpy BLAS instead of the numba matvec kernels.
-# Measured with bench/bench_kernels.py on a 2-core AMD EPYC (Zen 4), OpenBLAS 0.3.31:
-# TODO-measured-below
-BLAS_MIN_ROWS = 4
+# B * nrows at or above which linear() uses numpy BLAS instead of the numba kernels.
+# bench/bench_kernels.py, 2-core AMD EPYC (Zen 4) VM, OpenBLAS 0.3.31, 1 thread, 1024->3072
+# and 3072->1024: OpenBLAS sgemm costs ~1.5-2.5 ms from 2 rows on (it packs all of W), while
+# linear_oi grows ~0.15-0.2 ms per row, so BLAS only wins from ~12-16 rows (B=1) and
+# ~32 rows in total (B=2, two sgemm calls). For one row numba streams cold weights faster
+# than sgemv (~30 vs ~20-25 GB/s).
+BLAS_MIN_ROWS = 16
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
 def linear_io(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias, w (K, N) C-contiguous [in, out].
 
-    Parallel over blocks of ``_COLS`` output columns. Within a block, each group of 4 rows of
-    w is read once and added into every output row's block (y is the accumulator), so W is
-    streamed once per call whatever B * nrows is.
+    Parallel over blocks of output columns. Within a block, each group of 8 rows of w is
+    read once and added into every output row's block (y is the accumulator), so W is
+    streamed once per call whatever B * nrows is. Blocks are as wide as the L1 tile allows
+    (long contiguous runs of each W row stream better from DRAM) but at least 8 per matrix
+    when N >= 2048, so up to 8 threads have work.
     """
     B = x.shape[0]
     K, N = w.shape
-    k4 = K - K % 4
-    nblocks = (N + _COLS - 1) // _COLS
+    k8 = K - K % 8
+    max_cols = max(256, _TILE // max(1, B * nrows))
+    cols = min(max_cols, max(256, ((N + 7) // 8 + 15) // 16 * 16))
+    nblocks = (N + cols - 1) // cols
     for blk in prange(nblocks):
-        n0 = blk * _COLS
-        n1 = min(n0 + _COLS, N)
+        n0 = blk * cols
+        n1 = min(n0 + cols, N)
         for b in range(B):
             for i in range(nrows):
                 yb = y[b, y_row + i, n0:n1]
@@ -57,22 +64,25 @@ def linear_io(x, w, bias, y, x_row, y_row, nrows):
                 else:
                     for n in range(yb.shape[0]):
                         yb[n] = 0
-        for k in range(0, k4, 4):
+        for k in range(0, k8, 8):
             w0 = w[k, n0:n1]
             w1 = w[k + 1, n0:n1]
             w2 = w[k + 2, n0:n1]
             w3 = w[k + 3, n0:n1]
+            w4 = w[k + 4, n0:n1]
+            w5 = w[k + 5, n0:n1]
+            w6 = w[k + 6, n0:n1]
+            w7 = w[k + 7, n0:n1]
             for b in range(B):
                 for i in range(nrows):
-                    xr = x[b, x_row + i]
-                    x0 = xr[k]
-                    x1 = xr[k + 1]
-                    x2 = xr[k + 2]
-                    x3 = xr[k + 3]
+                    xr = x[b, x_row + i, k:k + 8]
+                    x0, x1, x2, x3 = xr[0], xr[1], xr[2], xr[3]
+                    x4, x5, x6, x7 = xr[4], xr[5], xr[6], xr[7]
                     yb = y[b, y_row + i, n0:n1]
                     for n in range(yb.shape[0]):
-                        yb[n] += x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n]
-        for k in range(k4, K):
+                        yb[n] += ((x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n])
+                                  + (x4 * w4[n] + x5 * w5[n] + x6 * w6[n] + x7 * w7[n]))
+        for k in range(k8, K):
             wk = w[k, n0:n1]
             for b in range(B):
                 for i in range(nrows):

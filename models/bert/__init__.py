@@ -1,0 +1,1 @@
+"""BERT encoders (no C++ twin in nntrainer's CausalLM): BertTransformer and BertEmbedding."""

@@ -1,0 +1,214 @@
+"""BERT encoders: ``BertModel`` read as a sentence encoder (HF ``modeling_bert.py``).
+
+nntrainer's CausalLM has no BERT; this file follows its model files (a Transformer subclass
+building the graph with the same layer types and naming). BertTransformer is a post-norm,
+bidirectional encoder with learned absolute positions, biased projections and a GELU MLP:
+
+    h0 = LN_e(E[id_i] + T[0] + P[i])                     word + token type 0 + position
+    a  = LN_a(h + softmax(q k^T / sqrt(d)) v Wo + bo)    q|k|v = h Wq|Wk|Wv + b, every key seen
+    h' = LN_o(a + act(a Wi + bi) Wd + bd)                act = hidden_act (gelu: exact erf)
+
+LN(x) = (x - mean) / sqrt(var + eps) * gamma + beta (``layer_normalization``, eps =
+layer_norm_eps); no RoPE (mha_core ``use_rope=false``, ``is_causal=false``); token types are
+all 0, the default of HF's ``token_type_ids``. There is no final norm: the last block's output
+is the token embeddings a sentence-transformers Pooling reads. BertModel's pooler (dense + tanh
+on [CLS]) is not part of a sentence embedding and is not built.
+
+Layer names in insertion (= .bin) order: input0, embedding0 (word embeddings),
+embedding_position (positions, then token types), embedding_norm (gamma, beta), then per block
+layer{i}_wq, _wk, _wv (weight, bias each), _attention (mha_core), _attention_out,
+_decoder_add, _attention_norm (gamma, beta), _ffn_up, _ffn_act (activation), _ffn_down,
+_ffn_add, _decoder_output (the block's output LayerNorm: gamma, beta).
+
+Hugging Face names: ``embeddings.*`` and ``encoder.layer.{i}.*`` as a saved ``BertModel``
+has them (a ``bert.`` prefix, as in BertFor* checkpoints, is dropped when loading through
+SentenceTransformer); ``pooler.*`` and the ``embeddings.position_ids`` buffer are ignored.
+
+Config keys (BertConfig): vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+intermediate_size, max_position_embeddings (512), type_vocab_size (2), layer_norm_eps (1e-12),
+hidden_act (gelu, gelu_new, gelu_pytorch_tanh, relu, silu). ``position_embedding_type`` other
+than absolute and ``is_decoder`` are rejected.
+"""
+
+from __future__ import annotations
+
+from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.properties import UINT_MAX
+from layers.layer_normalization import LayerNormalizationLayer
+from layers.positional_embedding import PositionalEmbeddingLayer
+from models.sentence_transformer import SentenceTransformer
+from models.transformer import HFWeight, Transformer
+
+BERT_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu",
+                    "relu": "relu", "silu": "swish", "swish": "swish"}
+"""HF ``hidden_act`` -> NNTrainer ``activation`` (gelu is the exact erf form)."""
+
+
+class BertTransformer(Transformer):
+    """The BERT encoder stack (see the module docstring); no pooling, no head."""
+
+    # -- parameters -------------------------------------------------------------------------
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.NORM_EPS = cfg.get_float("layer_norm_eps", 1e-12)
+        if not self.NORM_EPS > 0:
+            raise cfg.error("layer_norm_eps", "a positive number")
+        self.MAX_POSITION_EMBEDDINGS = cfg.get_int("max_position_embeddings", 512, minimum=1)
+        self.TYPE_VOCAB_SIZE = cfg.get_int("type_vocab_size", 2, minimum=0)
+        if cfg.get_str("position_embedding_type", "absolute") != "absolute":
+            raise cfg.error("position_embedding_type", "'absolute' (learned positions)")
+        if cfg.get_bool("is_decoder", False):
+            raise cfg.error("is_decoder", "false (BERT runs here as a bidirectional encoder)")
+        self.IS_CAUSAL = False
+        self.ATTENTION_BIAS = True
+        self.MLP_BIAS = True
+
+    def readHiddenAct(self, cfg: JsonConfig) -> str:
+        act = cfg.get_str("hidden_act", "gelu")
+        if act not in BERT_ACTIVATIONS:
+            raise cfg.error("hidden_act", f"one of {', '.join(BERT_ACTIVATIONS)}")
+        return BERT_ACTIVATIONS[act]
+
+    # -- graph ------------------------------------------------------------------------------
+    def constructModel(self) -> None:
+        layers = []
+        self.model = createModel()
+
+        layers.append(createLayer("input", [withKey("name", "input0"),
+                                            withKey("input_shape", f"1:1:{self.INIT_SEQ_LEN}")]))
+
+        # word embeddings
+        layers.append(createLayer("embedding_layer", [
+            "name=embedding0", withKey("in_dim", self.NUM_VOCAB),
+            withKey("weight_dtype", self.EMBEDDING_DTYPE), withKey("out_dim", self.DIM)]))
+
+        # + token type 0 + position embeddings
+        layers.append(createLayer("positional_embedding", [
+            withKey("name", "embedding_position"), withKey("input_layers", "embedding0"),
+            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
+            withKey("type_vocab_size", self.TYPE_VOCAB_SIZE),
+            withKey("weight_dtype", self.EMBEDDING_DTYPE)]))
+
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", "embedding_norm"), withKey("input_layers", "embedding_position"),
+            withKey("axis", 3), withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        for i in range(self.NUM_LAYERS):
+            input_name = "embedding_norm" if i == 0 else f"layer{i - 1}_decoder_output"
+            layers += self.createTransformerDecoderBlock(i, input_name)
+
+        for layer in layers:
+            self.model.addLayer(layer)
+
+    def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
+        i = layer_id
+        layers = self.createAttention(i, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
+                                      input_name, input_name, input_name)
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{i}_decoder_add"),
+            withKey("input_layers", f"{input_name},layer{i}_attention_out")]))
+
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", f"layer{i}_attention_norm"),
+            withKey("input_layers", f"layer{i}_decoder_add"), withKey("axis", 3),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createMlp(i, self.DIM, self.INTERMEDIATE_SIZE, f"layer{i}_attention_norm")
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{i}_ffn_add"),
+            withKey("input_layers", f"layer{i}_attention_norm,layer{i}_ffn_down")]))
+
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", f"layer{i}_decoder_output"),
+            withKey("input_layers", f"layer{i}_ffn_add"), withKey("axis", 3),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+        return layers
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+
+        for name, unit, source in ((Q, head_dim * n_heads, query_name),
+                                   (K, head_dim * n_heads // self.GQA_SIZE, key_name),
+                                   (V, head_dim * n_heads // self.GQA_SIZE, value_name)):
+            layers.append(createLayer("fully_connected", [
+                withKey("name", name), withKey("unit", unit), withKey("disable_bias", "false"),
+                withKey("input_layers", source), withKey("weight_initializer", "ones")]))
+
+        # bidirectional, no RoPE: positions came in with the position embeddings
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", UINT_MAX),
+            withKey("use_rope", "false"),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "false"),
+            withKey("input_layers", [Q, K, V])]))
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "false"),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        i = layer_id
+        fc = [withKey("disable_bias", "false"), withKey("weight_initializer", "ones")]
+        return [
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
+                                            withKey("unit", hidden_dim),
+                                            withKey("input_layers", input_name), *fc]),
+            createLayer("activation", [withKey("name", f"layer{i}_ffn_act"),
+                                       withKey("activation", self.HIDDEN_ACT),
+                                       withKey("input_layers", f"layer{i}_ffn_up")]),
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
+                                            withKey("unit", dim),
+                                            withKey("input_layers", f"layer{i}_ffn_act"), *fc]),
+        ]
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(LayerNormalizationLayer)
+        registerFactory(PositionalEmbeddingLayer)
+
+    # -- weights ----------------------------------------------------------------------------
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """BertModel tensor names -> layer weights; Linear weights are read transposed."""
+        m = {"embeddings.word_embeddings.weight": HFWeight("embedding0:Embedding"),
+             "embeddings.position_embeddings.weight": HFWeight("embedding_position:Embedding")}
+        if self.TYPE_VOCAB_SIZE:
+            m["embeddings.token_type_embeddings.weight"] = \
+                HFWeight("embedding_position:TokenTypeEmbedding")
+        m["embeddings.LayerNorm.weight"] = HFWeight("embedding_norm:gamma")
+        m["embeddings.LayerNorm.bias"] = HFWeight("embedding_norm:beta")
+        for i in range(self.NUM_LAYERS):
+            hf, nn = f"encoder.layer.{i}.", f"layer{i}_"
+            for module, name in (("attention.self.query", "wq"), ("attention.self.key", "wk"),
+                                 ("attention.self.value", "wv"),
+                                 ("attention.output.dense", "attention_out"),
+                                 ("intermediate.dense", "ffn_up"), ("output.dense", "ffn_down")):
+                m[f"{hf}{module}.weight"] = HFWeight(f"{nn}{name}:weight", True)
+                m[f"{hf}{module}.bias"] = HFWeight(f"{nn}{name}:bias")
+            for module, name in (("attention.output.LayerNorm", "attention_norm"),
+                                 ("output.LayerNorm", "decoder_output")):
+                m[f"{hf}{module}.weight"] = HFWeight(f"{nn}{name}:gamma")
+                m[f"{hf}{module}.bias"] = HFWeight(f"{nn}{name}:beta")
+        return m
+
+    def getHFIgnoredTensors(self) -> set[str]:
+        return super().getHFIgnoredTensors() | {
+            "pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids"}
+
+
+class BertEmbedding(SentenceTransformer, BertTransformer):
+    """A sentence-transformers BERT (``BertModel`` + modules.json: Pooling, Dense, Normalize),
+    e.g. all-MiniLM-L6-v2; the pipeline of :class:`SentenceTransformer` over BertTransformer."""
+
+    architectures = "BertEmbedding"

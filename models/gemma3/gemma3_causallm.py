@@ -1,0 +1,307 @@
+"""Gemma 3 text models (Applications/CausalLM/models/gemma3/gemma3_causallm.cpp).
+
+``Gemma3Transformer`` is the decoder stack shared by ``Gemma3CausalLM`` (registered as
+``Gemma3ForCausalLM``) and EmbeddingGemma. Block i, x its input (spec §5.4):
+
+    h   = x + post_attention_norm(attention(attention_norm(x)))
+    out = h + post_ffn_norm(down(act(gate(n)) * up(n))),   n = pre_ffn_norm(h)
+
+- embedding: ``E[id] * sqrt(hidden_size)``, the scale rounded to the embedding's weight dtype
+  (transformers casts it to the table's dtype);
+- every norm is ``x / sqrt(mean(x^2) + eps) * (1 + w)``, including the per-head q/k norms
+  (``reshaped_rms_norm``); NNTrainer stores ``1 + w`` as gamma, so the Hugging Face map adds 1;
+- attention: ``softmax(q.k * query_pre_attn_scalar^-1/2)``; a ``sliding_attention`` layer sees
+  the keys ``p - W < t <= p`` and uses the local RoPE, a ``full_attention`` layer sees every
+  earlier key and uses the global RoPE with its scaling (linear factor 8 on Gemma3-4B);
+  ``attn_logit_softcapping`` is not applied (transformers' Gemma 3, unlike Gemma 2, ignores it);
+- ``act`` is ``hidden_activation`` (``gelu_pytorch_tanh`` -> NNTrainer ``tanh_gelu``).
+
+``Gemma3CausalLM`` adds the tied (default) or untied head and, when ``final_logit_softcapping``
+is set, ``logits = tanh(logits / c) * c``.
+
+Fixed against the C++ to match transformers' Gemma3ForCausalLM (spec §10): the attention scale
+comes from ``query_pre_attn_scalar`` (G12); local layers use ``rope_local_base_freq`` (not a
+hard-coded 10000) and global layers apply ``rope_scaling`` (G25); without ``layer_types`` the
+layer kinds follow ``sliding_window_pattern`` (default 6) instead of every layer sliding;
+``final_logit_softcapping`` is applied; an nntr_config ``model_type`` of "CausalLM" is accepted
+(G22); ``attention_bias`` gives q/k/v/o their biases. Missing config keys take transformers'
+Gemma3TextConfig defaults (head_dim 256, sliding_window 4096, query_pre_attn_scalar 256, tied
+embeddings, rope thetas 1e6 / 1e4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from causallm.api import createLayer, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.errors import CausalLMError
+from causallm.properties import UINT_MAX
+from layers.logit_softcapping import LogitSoftcappingLayer
+from layers.mha_core import ROPE_TYPES
+from layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from models.causal_lm import CausalLM
+from models.transformer import HFWeight, ModelType, Transformer
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+DEFAULT_ROPE_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
+"""transformers' Gemma3TextConfig.default_theta: global ``rope_theta``, local
+``rope_local_base_freq``."""
+
+HIDDEN_ACTIVATIONS = {"gelu_pytorch_tanh": "tanh_gelu", "gelu_new": "tanh_gelu", "gelu": "gelu"}
+"""config.json ``hidden_activation`` -> NNTrainer ``activation`` computing the same function."""
+
+
+class Gemma3Transformer(Transformer):
+    """The Gemma 3 decoder stack (see the module docstring); no head, no generation."""
+
+    # -- parameters -------------------------------------------------------------------------
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.HEAD_DIM = cfg.get_int("head_dim", 256, minimum=1)
+        self.MAX_POSITION_EMBEDDINGS = cfg.get_int("max_position_embeddings", 131072, minimum=1)
+        self.TIE_WORD_EMBEDDINGS = cfg.get_bool("tie_word_embeddings", True)  # sanitizeConfig
+        if "sliding_window" in cfg and cfg["sliding_window"] is None:
+            self.SLIDING_WINDOW = UINT_MAX
+        else:
+            self.SLIDING_WINDOW = cfg.get_int("sliding_window", 4096, minimum=1)
+        self.layer_types = self.readLayerTypes(cfg, self.NUM_LAYERS)
+        self.ROPE_LOCAL_THETA, self.ROPE_LOCAL_SCALING = self.readRopeParameters(cfg)[SLIDING]
+        self.QUERY_PRE_ATTN_SCALAR = cfg.get_float("query_pre_attn_scalar", 256.0)
+        if not self.QUERY_PRE_ATTN_SCALAR > 0:
+            raise cfg.error("query_pre_attn_scalar", "a positive number")
+        # attn_logit_softcapping stays 0 (off): transformers' Gemma3Attention never passes the
+        # config's value to the attention function, and the C++ never reads it (G21)
+        self.ATTN_LOGIT_SOFTCAPPING = 0.0
+        # transformers multiplies by sqrt(hidden) cast to the embedding table's dtype
+        scale_dtype = np.float16 if self.EMBEDDING_DTYPE.upper() == "FP16" else np.float32
+        self.EMBEDDING_SCALE = float(scale_dtype(math.sqrt(self.DIM)))
+
+    def readHiddenAct(self, cfg: JsonConfig) -> str:
+        """``hidden_activation`` (transformers' Gemma 3 key; ``hidden_act`` is not read) as the
+        NNTrainer activation of the gated MLP."""
+        act = cfg.get_str("hidden_activation", "gelu_pytorch_tanh")
+        if act not in HIDDEN_ACTIVATIONS:
+            raise cfg.error("hidden_activation", f"one of {', '.join(HIDDEN_ACTIVATIONS)}")
+        return HIDDEN_ACTIVATIONS[act]
+
+    @staticmethod
+    def readLayerTypes(cfg: JsonConfig, num_layers: int) -> list[str]:
+        """``layer_types`` as given, else layer i slides unless ``(i + 1) % sliding_window_pattern
+        == 0`` (pattern default 6), as transformers' Gemma3TextConfig."""
+        if not cfg.contains("layer_types"):
+            pattern = cfg.get_int("sliding_window_pattern", 6, minimum=1)
+            return [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+        types = cfg["layer_types"]
+        if (not isinstance(types, list) or len(types) != num_layers
+                or any(t not in (SLIDING, FULL) for t in types)):
+            raise cfg.error("layer_types", f"a list of {num_layers} (num_hidden_layers) entries, "
+                                           f"each '{SLIDING}' or '{FULL}'")
+        return list(types)
+
+    @staticmethod
+    def readRopeParameters(cfg: JsonConfig) -> dict[str, tuple[float, dict]]:
+        """``{layer type: (theta, rope parameters)}`` as transformers 5 builds Gemma 3's
+        ``rope_parameters``: the nested ``{"full_attention": {...}, "sliding_attention": {...}}``
+        (a missing entry is the default RoPE); the transformers-4 ``rope_scaling`` updates the
+        full-attention entry; a missing theta is ``rope_theta`` (default 1e6) for full attention
+        and ``rope_local_base_freq`` (default 1e4) for sliding attention; the type is
+        ``rope_type``, else ``type``, else default. Keys of a flat ``rope_parameters`` are not
+        read (transformers ignores them for Gemma 3 too)."""
+        params = cfg.get_dict("rope_parameters", {})
+        out = {}
+        for layer_type in (SLIDING, FULL):
+            entry = params.get(layer_type)
+            if entry is not None and not isinstance(entry, dict):
+                raise cfg.error("rope_parameters", f"an object per layer type ('{layer_type}')")
+            out[layer_type] = dict(entry) if entry else {"rope_type": "default"}
+        if cfg.contains("rope_scaling"):
+            out[FULL].update(cfg.get_dict("rope_scaling"))
+        out[FULL].setdefault("rope_theta", cfg.get_float("rope_theta", DEFAULT_ROPE_THETA[FULL]))
+        out[SLIDING].setdefault("rope_theta", cfg.get_float("rope_local_base_freq",
+                                                            DEFAULT_ROPE_THETA[SLIDING]))
+        result = {}
+        for layer_type, p in out.items():
+            p.setdefault("rope_type", p.get("type", "default"))
+            if p["rope_type"] not in ROPE_TYPES:
+                raise CausalLMError(f"{cfg.path}: {layer_type} rope type '{p['rope_type']}' is "
+                                    f"not supported (supported: {', '.join(ROPE_TYPES)})")
+            theta = p["rope_theta"]
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+                raise CausalLMError(f"{cfg.path}: {layer_type} rope_theta must be a positive "
+                                    f"number, got {theta!r}")
+            result[layer_type] = (float(theta), p)
+        return result
+
+    @staticmethod
+    def readRope(cfg: JsonConfig) -> tuple[float, dict]:
+        """The global (full-attention) layers' theta and scaling; see readRopeParameters."""
+        return Gemma3Transformer.readRopeParameters(cfg)[FULL]
+
+    # -- graph ------------------------------------------------------------------------------
+    def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
+        i = layer_id
+        layers = []
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{i}_attention_norm"), withKey("input_layers", input_name),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createAttention(i, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
+                                       f"layer{i}_attention_norm", f"layer{i}_attention_norm",
+                                       f"layer{i}_attention_norm")
+
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{i}_post_attention_norm"),
+            withKey("input_layers", f"layer{i}_attention_out"),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{i}_post_attention"),
+            withKey("input_layers", f"{input_name},layer{i}_post_attention_norm")]))
+
+        # "pre_ffn_norm" / "post_ffn_norm" carry no underscore after the index, as in the C++
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{i}pre_ffn_norm"),
+            withKey("input_layers", f"layer{i}_post_attention"),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createMlp(i, self.DIM, self.INTERMEDIATE_SIZE, f"layer{i}pre_ffn_norm")
+
+        # no input_layers: takes the previous layer (layer{i}_ffn_down), as in the C++
+        layers.append(createLayer("rms_norm", [
+            withKey("name", f"layer{i}post_ffn_norm"),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{i}_decoder_output"),
+            withKey("input_layers", f"layer{i}_post_attention,layer{i}post_ffn_norm")]))
+        return layers
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        Q_norm, K_norm = f"layer{layer_id}_q_norm", f"layer{layer_id}_k_norm"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        no_bias = "false" if self.ATTENTION_BIAS else "true"
+
+        for name, unit, source in ((Q, head_dim * n_heads, query_name),
+                                   (K, head_dim * n_heads // self.GQA_SIZE, key_name),
+                                   (V, head_dim * n_heads // self.GQA_SIZE, value_name)):
+            layers.append(createLayer("fully_connected", [
+                withKey("name", name), withKey("unit", unit), withKey("disable_bias", no_bias),
+                withKey("input_layers", source), withKey("weight_initializer", "ones"),
+                withKey("weight_dtype", self.FC_LAYER_DTYPE)]))
+
+        for name, source in ((Q_norm, Q), (K_norm, K)):
+            layers.append(createLayer("reshaped_rms_norm", [
+                withKey("name", name), withKey("input_layers", source),
+                withKey("packed", "false"), withKey("epsilon", self.NORM_EPS),
+                withKey("feature_size", head_dim)]))
+
+        sliding = self.layer_types[layer_id] == SLIDING
+        rope_theta, rope_scaling = ((self.ROPE_LOCAL_THETA, self.ROPE_LOCAL_SCALING) if sliding
+                                    else (self.ROPE_THETA, self.ROPE_SCALING))
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", self.SLIDING_WINDOW if sliding else UINT_MAX),
+            withKey("rope_theta", rope_theta),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("attn_logit_softcapping", self.ATTN_LOGIT_SOFTCAPPING),
+            withKey("query_pre_attn_scalar", self.QUERY_PRE_ATTN_SCALAR),
+            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
+            *self.ropeProperties(rope_scaling),
+            withKey("input_layers", [Q_norm, K_norm, V])]))
+
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
+            withKey("input_layers", A), withKey("weight_initializer", "ones"),
+            withKey("weight_dtype", self.FC_LAYER_DTYPE)]))
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        i = layer_id
+        fc = [withKey("disable_bias", "true"), withKey("weight_initializer", "ones"),
+              withKey("weight_dtype", self.FC_LAYER_DTYPE)]
+        return [
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_gate"),
+                                            withKey("unit", hidden_dim),
+                                            withKey("input_layers", input_name), *fc]),
+            createLayer("activation", [withKey("name", f"layer{i}_ffn_gate_gelu"),
+                                       withKey("activation", self.HIDDEN_ACT),
+                                       withKey("input_layers", f"layer{i}_ffn_gate")]),
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
+                                            withKey("unit", hidden_dim),
+                                            withKey("input_layers", input_name), *fc]),
+            createLayer("multiply", [withKey("name", f"layer{i}_ffn_geglu"),
+                                     withKey("input_layers",
+                                             f"layer{i}_ffn_gate_gelu,layer{i}_ffn_up")]),
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
+                                            withKey("unit", dim),
+                                            withKey("input_layers", f"layer{i}_ffn_geglu"), *fc]),
+        ]
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(ReshapedRMSNormLayer)
+
+    # -- weights ----------------------------------------------------------------------------
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """Gemma3TextModel tensor names (``model.`` prefix) -> layer weights. Norm weights get
+        ``offset=1`` (gamma = 1 + w); projections are read transposed."""
+        m = {"model.embed_tokens.weight": HFWeight("embedding0:Embedding")}
+        for i in range(self.NUM_LAYERS):
+            hf, nn = f"model.layers.{i}.", f"layer{i}"
+            m[hf + "input_layernorm.weight"] = HFWeight(f"{nn}_attention_norm:gamma", False, 1.0)
+            for proj, name in (("q_proj", "_wq"), ("k_proj", "_wk"), ("v_proj", "_wv"),
+                               ("o_proj", "_attention_out")):
+                m[f"{hf}self_attn.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
+                if self.ATTENTION_BIAS:
+                    m[f"{hf}self_attn.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
+            for norm, name in (("q_norm", "_q_norm"), ("k_norm", "_k_norm")):
+                m[f"{hf}self_attn.{norm}.weight"] = HFWeight(f"{nn}{name}:gamma", False, 1.0)
+            for norm, name in (("post_attention_layernorm", "_post_attention_norm"),
+                               ("pre_feedforward_layernorm", "pre_ffn_norm"),
+                               ("post_feedforward_layernorm", "post_ffn_norm")):
+                m[f"{hf}{norm}.weight"] = HFWeight(f"{nn}{name}:gamma", False, 1.0)
+            for proj, name in (("gate_proj", "_ffn_gate"), ("up_proj", "_ffn_up"),
+                               ("down_proj", "_ffn_down")):
+                m[f"{hf}mlp.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
+        m["model.norm.weight"] = HFWeight("output_norm:gamma", False, 1.0)
+        return m
+
+
+class Gemma3CausalLM(CausalLM, Gemma3Transformer):
+    """``Gemma3ForCausalLM``: Gemma3Transformer + the LM head (+ final logit soft-capping)."""
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.FINAL_LOGIT_SOFTCAPPING = cfg.get_float("final_logit_softcapping", 0.0)
+        if self.FINAL_LOGIT_SOFTCAPPING < 0:
+            raise cfg.error("final_logit_softcapping", "a positive number or null")
+
+    def checkModelType(self, nntr_cfg: JsonConfig) -> None:
+        """The C++ Gemma3CausalLM only accepts "Model" (G22); "CausalLM" is accepted too."""
+        if nntr_cfg.contains("model_type") and \
+                nntr_cfg.get_str("model_type").lower() == ModelType.MODEL.lower():
+            return
+        super().checkModelType(nntr_cfg)
+
+    def constructModel(self) -> None:
+        super().constructModel()
+        if self.FINAL_LOGIT_SOFTCAPPING:
+            self.model.addLayer(createLayer("logit_softcapping", [
+                withKey("name", "output_softcapping"),
+                withKey("softcapping", self.FINAL_LOGIT_SOFTCAPPING),
+                withKey("input_layers", "output_of_causallm")]))
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(LogitSoftcappingLayer)

@@ -1,0 +1,283 @@
+"""GPT-2 (HF ``modeling_gpt2.py``, GPT2LMHeadModel). NNTrainer's CausalLM has no GPT-2; this file
+follows its model files (a Transformer subclass for the decoder, CausalLM for the head and run).
+
+GPT2Transformer is a pre-norm decoder with learned positions, LayerNorm and a GELU MLP:
+
+    h    = wte[ids] + wpe[p]                              p = absolute position (from_ + i)
+    q|k|v = LN_1(h) W_attn + b_attn                       c_attn [D, 3D], split into wq, wk, wv
+    h   += softmax(q k^T * s + causal mask) v W_o + b_o   per head; s = head_dim^-1/2 (or 1
+                                                          without scale_attn_weights), / (i + 1)
+                                                          with scale_attn_by_inverse_layer_idx
+    h   += act(LN_2(h) W_fc + b_fc) W_proj + b_proj       act = activation_function (gelu_new:
+                                                          the tanh approximation)
+    out  = LN_f(h)    logits = out wte^T                  (lm_head instead if untied)
+
+LN(x) = (x - mean) / sqrt(var + eps) * gamma + beta (``layer_normalization``, eps =
+layer_norm_epsilon); there is no RoPE (mha_core ``use_rope=false``).
+
+Layer names in insertion (= .bin) order: input0, embedding0 (wte), position_embedding0 (wpe),
+per block layer{i}_attention_norm (gamma, beta), _wq, _wk, _wv, _attention (mha_core),
+_attention_out, _decoder_add, _ffn_norm (gamma, beta), _ffn_up, _ffn_act (activation),
+_ffn_down, _decoder_output (every FC with weight then bias), then output_norm (gamma, beta) and
+output_of_causallm (tied to embedding0 unless ``tie_word_embeddings`` is false).
+
+Weights: transformers' Conv1D stores [in, out], the NNTrainer layout, so nothing is transposed;
+``c_attn`` ([D, 3D] and its bias [3D]) is split by columns into wq | wk | wv (HFWeight
+``columns``). Names are ``transformer.*`` as transformers saves them, or unprefixed as in the
+OpenAI checkpoints on the Hub; the causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` are
+skipped. Positions stop at n_positions: generation ends there (finish reason ``cache_full``).
+
+Config keys (GPT2Config): vocab_size, n_embd, n_layer, n_head, n_positions (all required),
+n_inner (null -> 4 n_embd), layer_norm_epsilon (1e-5), activation_function (gelu_new,
+gelu_pytorch_tanh, gelu, relu), scale_attn_weights (true), scale_attn_by_inverse_layer_idx
+(false), tie_word_embeddings (true). reorder_and_upcast_attn changes nothing in float32.
+add_cross_attention=true (an encoder-decoder block) is rejected.
+"""
+
+from __future__ import annotations
+
+import os
+
+from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.errors import CausalLMError
+from causallm.properties import UINT_MAX
+from causallm.weights import Checkpoint
+from layers.layer_normalization import LayerNormalizationLayer
+from layers.positional_embedding import PositionalEmbeddingLayer
+from models.causal_lm import CausalLM, GenerationResult
+from models.transformer import HFWeight, Transformer
+
+GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
+                    "relu": "relu"}
+"""HF ``activation_function`` -> NNTrainer ``activation`` (gelu_new is the tanh approximation)."""
+
+
+def gpt2BaseConfig(cfg: JsonConfig) -> JsonConfig:
+    """config.json under the key names the base Transformer reads (transformers'
+    GPT2Config.attribute_map: hidden_size = n_embd, num_hidden_layers = n_layer, ...), built
+    from GPT-2's own keys; errors name GPT-2's keys."""
+    dim = cfg.get_int("n_embd", minimum=1)
+    heads = cfg.get_int("n_head", minimum=1)
+    if dim % heads:
+        raise cfg.error("n_head", f"a divisor of n_embd ({dim})")
+    return JsonConfig({
+        "vocab_size": cfg.get("vocab_size"),
+        "hidden_size": dim,
+        "intermediate_size": cfg.get_int("n_inner", 4 * dim, minimum=1),
+        "num_hidden_layers": cfg.get_int("n_layer", minimum=1),
+        "num_attention_heads": heads,
+        "max_position_embeddings": cfg.get_int("n_positions", minimum=1),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+    }, cfg.path, cfg.exists)
+
+
+class GPT2Transformer(Transformer):
+    """Transformer with GPT-2's embeddings, LayerNorms, biased attention and GELU MLP."""
+
+    architectures = "GPT2Transformer"
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(gpt2BaseConfig(cfg), generation_cfg, nntr_cfg)
+        self.NORM_EPS = cfg.get_float("layer_norm_epsilon", 1e-5)
+        self.ATTENTION_BIAS = True
+        self.MLP_BIAS = True
+        act = cfg.get_str("activation_function", "gelu_new")
+        if act not in GPT2_ACTIVATIONS:
+            raise cfg.error("activation_function", f"one of {', '.join(GPT2_ACTIVATIONS)}")
+        self.ACTIVATION = GPT2_ACTIVATIONS[act]
+        self.SCALE_ATTN_WEIGHTS = cfg.get_bool("scale_attn_weights", True)
+        self.SCALE_ATTN_BY_INVERSE_LAYER_IDX = cfg.get_bool("scale_attn_by_inverse_layer_idx",
+                                                            False)
+        if cfg.get_bool("add_cross_attention", False):
+            raise cfg.error("add_cross_attention", "false (cross-attention needs an encoder)")
+        # KV cache rows: a position past n_positions has no learned embedding
+        self.MAX_TIMESTEP = min(self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
+                                self.MAX_POSITION_EMBEDDINGS)
+        self.HF_PREFIX = "transformer."
+
+    def attentionScalar(self, layer_id: int) -> float:
+        """mha_core ``query_pre_attn_scalar`` a (scores are scaled by a^-1/2): head_dim, or 1
+        without scale_attn_weights, times (layer_id + 1)^2 with scale_attn_by_inverse_layer_idx."""
+        scalar = float(self.HEAD_DIM) if self.SCALE_ATTN_WEIGHTS else 1.0
+        if self.SCALE_ATTN_BY_INVERSE_LAYER_IDX:
+            scalar *= float((layer_id + 1) ** 2)
+        return scalar
+
+    def constructModel(self) -> None:
+        layers = []
+        self.model = createModel()
+
+        layers.append(createLayer("input", [withKey("name", "input0"),
+                                            withKey("input_shape", f"1:1:{self.INIT_SEQ_LEN}")]))
+
+        # token embedding (wte)
+        embedding_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "embedding_layer"
+        layers.append(createLayer(embedding_type, [
+            "name=embedding0", withKey("in_dim", self.NUM_VOCAB),
+            withKey("weight_dtype", self.EMBEDDING_DTYPE), withKey("out_dim", self.DIM),
+            withKey("scale", self.EMBEDDING_SCALE)]))
+
+        # + position embedding (wpe) of each row's absolute position
+        layers.append(createLayer("positional_embedding", [
+            withKey("name", "position_embedding0"), withKey("input_layers", "embedding0"),
+            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
+            withKey("weight_dtype", self.EMBEDDING_DTYPE)]))
+
+        for i in range(self.NUM_LAYERS):
+            input_name = "position_embedding0" if i == 0 else f"layer{i - 1}_decoder_output"
+            layers += self.createTransformerDecoderBlock(i, input_name)
+
+        # final LayerNorm (ln_f)
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", "output_norm"), withKey("axis", 3), withKey("epsilon", self.NORM_EPS),
+            withKey("input_layers", f"layer{self.NUM_LAYERS - 1}_decoder_output"),
+            withKey("packed", "false")]))
+
+        for layer in layers:
+            self.model.addLayer(layer)
+
+    def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
+        layers = []
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", f"layer{layer_id}_attention_norm"),
+            withKey("input_layers", input_name), withKey("axis", 3),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
+                                       f"layer{layer_id}_attention_norm",
+                                       f"layer{layer_id}_attention_norm",
+                                       f"layer{layer_id}_attention_norm")
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{layer_id}_decoder_add"),
+            withKey("input_layers", f"{input_name},layer{layer_id}_attention_out")]))
+
+        layers.append(createLayer("layer_normalization", [
+            withKey("name", f"layer{layer_id}_ffn_norm"),
+            withKey("input_layers", f"layer{layer_id}_decoder_add"), withKey("axis", 3),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+
+        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE,
+                                 f"layer{layer_id}_ffn_norm")
+
+        layers.append(createLayer("addition", [
+            withKey("name", f"layer{layer_id}_decoder_output"),
+            withKey("input_layers", f"layer{layer_id}_decoder_add,layer{layer_id}_ffn_down")]))
+        return layers
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+
+        # Q, K, V layers: the three column blocks of c_attn, each with its bias
+        for name, input_name in ((Q, query_name), (K, key_name), (V, value_name)):
+            layers.append(createLayer("fully_connected", [
+                withKey("name", name), withKey("unit", head_dim * n_heads),
+                withKey("disable_bias", "false"), withKey("input_layers", input_name),
+                withKey("weight_initializer", "ones")]))
+
+        # Attention core layer: causal, no RoPE (positions came in with wpe)
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads),
+            withKey("max_timestep", self.MAX_TIMESTEP),
+            withKey("sliding_window", UINT_MAX),
+            withKey("use_rope", "false"),
+            withKey("query_pre_attn_scalar", self.attentionScalar(layer_id)),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "true"),
+            withKey("input_layers", [Q, K, V])]))
+
+        # O layer (c_proj)
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "false"),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        layers = []
+        # c_fc
+        layers.append(createLayer("fully_connected", [
+            withKey("name", f"layer{layer_id}_ffn_up"), withKey("unit", hidden_dim),
+            withKey("disable_bias", "false"), withKey("input_layers", input_name),
+            withKey("weight_initializer", "ones")]))
+        layers.append(createLayer("activation", [
+            withKey("name", f"layer{layer_id}_ffn_act"), withKey("activation", self.ACTIVATION),
+            withKey("input_layers", f"layer{layer_id}_ffn_up")]))
+        # c_proj
+        layers.append(createLayer("fully_connected", [
+            withKey("name", f"layer{layer_id}_ffn_down"), withKey("unit", dim),
+            withKey("disable_bias", "false"), withKey("input_layers", f"layer{layer_id}_ffn_act"),
+            withKey("weight_initializer", "ones")]))
+        return layers
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(LayerNormalizationLayer)
+        registerFactory(PositionalEmbeddingLayer)
+
+    # -- weights ----------------------------------------------------------------------------
+    def getHFWeightMap(self) -> dict[str, HFWeight | list[HFWeight]]:
+        """GPT-2 tensor name -> HFWeight; Conv1D weights are [in, out] already (no transpose)
+        and ``attn.c_attn`` maps to its three column blocks [0, D), [D, 2D), [2D, 3D)."""
+        p, D = self.HF_PREFIX, self.DIM
+        m = {p + "wte.weight": HFWeight("embedding0:Embedding"),
+             p + "wpe.weight": HFWeight("position_embedding0:Embedding")}
+        for i in range(self.NUM_LAYERS):
+            hf, nn = f"{p}h.{i}.", f"layer{i}_"
+            for kind in ("weight", "bias"):
+                m[f"{hf}ln_1.{kind}"] = HFWeight(nn + "attention_norm:" +
+                                                 ("gamma" if kind == "weight" else "beta"))
+                m[f"{hf}attn.c_attn.{kind}"] = [
+                    HFWeight(f"{nn}{name}:{kind}", columns=(j * D, (j + 1) * D))
+                    for j, name in enumerate(("wq", "wk", "wv"))]
+                m[f"{hf}attn.c_proj.{kind}"] = HFWeight(f"{nn}attention_out:{kind}")
+                m[f"{hf}ln_2.{kind}"] = HFWeight(nn + "ffn_norm:" +
+                                                 ("gamma" if kind == "weight" else "beta"))
+                m[f"{hf}mlp.c_fc.{kind}"] = HFWeight(f"{nn}ffn_up:{kind}")
+                m[f"{hf}mlp.c_proj.{kind}"] = HFWeight(f"{nn}ffn_down:{kind}")
+        m[p + "ln_f.weight"] = HFWeight("output_norm:gamma")
+        m[p + "ln_f.bias"] = HFWeight("output_norm:beta")
+        return m
+
+    def getHFIgnoredTensors(self) -> set[str]:
+        """The causal-mask buffers older checkpoints store beside the weights."""
+        return super().getHFIgnoredTensors() | {
+            f"{self.HF_PREFIX}h.{i}.attn.{buffer}"
+            for i in range(self.NUM_LAYERS) for buffer in ("bias", "masked_bias")}
+
+    def load_hf_weight(self, path: str) -> None:
+        """As the base, with the names the checkpoint uses: ``transformer.wte.weight`` (as
+        transformers saves) or ``wte.weight`` (the OpenAI checkpoints on the Hub)."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        self.HF_PREFIX = "" if "wte.weight" in Checkpoint(folder) else "transformer."
+        super().load_hf_weight(path)
+
+
+class GPT2CausalLM(CausalLM, GPT2Transformer):
+    """``GPT2LMHeadModel``: CausalLM (LM head tied to wte, generation) over GPT2Transformer.
+
+    The cooperative ``super()`` chain runs GPT2CausalLM -> CausalLM -> GPT2Transformer ->
+    Transformer, as the C++ diamond of the other families does."""
+
+    architectures = "GPT2LMHeadModel"
+
+    @property
+    def max_timestep(self) -> int:
+        """Positions a run can use: the KV cache rows, at most n_positions."""
+        return self.MAX_TIMESTEP
+
+    def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
+                        do_sample: bool | None = None, start_pos: int = 0,
+                        on_token=None) -> GenerationResult:
+        """CausalLM.generate_tokens, after checking the prompt fits GPT-2's learned positions."""
+        n = start_pos + (len(prompt_ids[0]) if prompt_ids else 0)
+        if n > self.MAX_POSITION_EMBEDDINGS:
+            raise CausalLMError(f"{self.cfg.path}: the prompt has {n} tokens but the model has "
+                                f"n_positions = {self.MAX_POSITION_EMBEDDINGS} learned positions")
+        return super().generate_tokens(prompt_ids, max_new_tokens, do_sample, start_pos, on_token)

@@ -1,0 +1,1 @@
+"""GPT-OSS (Applications/CausalLM/models/gpt_oss): GptOssForCausalLM."""

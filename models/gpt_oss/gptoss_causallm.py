@@ -1,0 +1,192 @@
+"""GPT-OSS (Applications/CausalLM/models/gpt_oss/gptoss_causallm.cpp; HF ``modeling_gpt_oss.py``).
+
+GptOssForCausalLM is the pre-norm decoder of :class:`Transformer` with its own attention and a
+mixture-of-experts feed-forward:
+
+    q = x Wq + bq,  k = x Wk + bk,  v = x Wv + bv           (biases while ``attention_bias``)
+    a = mha_core(q, k, v)    with a per-head sink logit in the softmax (``self_attn.sinks``),
+                             yarn RoPE and, on ``sliding_attention`` layers, a sliding window
+    out = a Wo + bo
+    ffn = gpt_oss_moe(x)     top-k router with bias, clamped-GLU experts (layers/gpt_oss_moe.py)
+
+Layer names and insertion (= .bin) order per block (spec §5.5): ``layer{i}_attention_norm``,
+``_wq`` (weight, bias), ``_wk``, ``_wv``, ``_attention`` (sink), ``_attention_out`` (weight,
+bias), ``_decoder_add``, ``_ffn_norm``, ``_ffn_down`` (the gpt_oss_moe layer), ``_decoder_output``.
+
+Beyond the C++ (spec §10): the RoPE scaling comes from the config's ``rope_scaling`` /
+``rope_parameters`` (the C++ hard-codes yarn with original_max_position_embeddings 4096 and reads
+only ``factor``, G25), a config without them gets transformers' GptOssConfig defaults (yarn,
+factor 32, beta 32/1, truncate false, original 4096, theta 150000), as do ``layer_types``,
+``sliding_window`` (128), ``rms_norm_eps`` (1e-5) and ``attention_bias`` (true); the experts clamp
+and add the router bias as transformers does (G15); ``swiglu_alpha`` / ``swiglu_limit`` are read.
+The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
+:meth:`GptOssForCausalLM.getHFWeightMap`.
+"""
+
+from __future__ import annotations
+
+from causallm.api import createLayer, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.errors import CausalLMError
+from causallm.properties import UINT_MAX
+from layers.gpt_oss_moe import GptOssMoELayer
+from models.causal_lm import CausalLM
+from models.transformer import HFWeight
+
+GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
+GPT_OSS_SLIDING_WINDOW = 128           # HF GptOssConfig defaults, used when config.json lacks them
+GPT_OSS_RMS_NORM_EPS = 1e-5
+GPT_OSS_MAX_POSITION_EMBEDDINGS = 131072
+GPT_OSS_ROPE_THETA = 150000.0
+GPT_OSS_ROPE_SCALING = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "truncate": False, "original_max_position_embeddings": 4096}
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
+
+_ALL = slice(None)
+_EVEN, _ODD = slice(0, None, 2), slice(1, None, 2)  # gate_up_proj columns: gate, up
+
+
+def readGptOssLayerTypes(cfg: JsonConfig, num_layers: int) -> list[str]:
+    """``layer_types`` of config.json, or transformers' default: layer i is sliding when i is
+    even (``"sliding_attention" if (i + 1) % 2 else "full_attention"``)."""
+    if not cfg.contains("layer_types"):
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                for i in range(num_layers)]
+    layer_types = cfg["layer_types"]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in GPT_OSS_LAYER_TYPES for t in layer_types)):
+        raise cfg.error("layer_types", f"a list of {num_layers} (num_hidden_layers) strings, "
+                        f"each one of {', '.join(GPT_OSS_LAYER_TYPES)}")
+    return list(layer_types)
+
+
+class GptOssForCausalLM(CausalLM):
+    """``GptOssForCausalLM``: sink attention with sliding windows, yarn RoPE, MoE feed-forward."""
+
+    architectures = "GptOssForCausalLM"
+    MOE_LAYER_TYPE = GptOssMoELayer.type  # the feed-forward layer createMlp creates
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.NUM_EXPERTS = cfg.get_int("num_local_experts", minimum=1)
+        self.NUM_EXPERTS_PER_TOK = cfg.get_int("num_experts_per_tok", minimum=1)
+        if self.NUM_EXPERTS_PER_TOK > self.NUM_EXPERTS:
+            raise cfg.error("num_experts_per_tok",
+                            f"at most num_local_experts ({self.NUM_EXPERTS})")
+        self.LAYER_TYPES = readGptOssLayerTypes(cfg, self.NUM_LAYERS)
+        if "sliding_window" not in cfg:
+            self.SLIDING_WINDOW = GPT_OSS_SLIDING_WINDOW
+        elif self.SLIDING_WINDOW == UINT_MAX and "sliding_attention" in self.LAYER_TYPES:
+            raise CausalLMError(f"{cfg.path}: 'layer_types' has sliding_attention layers but "
+                                f"'sliding_window' is null")
+        if "rms_norm_eps" not in cfg:
+            self.NORM_EPS = GPT_OSS_RMS_NORM_EPS
+        if "max_position_embeddings" not in cfg:
+            self.MAX_POSITION_EMBEDDINGS = GPT_OSS_MAX_POSITION_EMBEDDINGS
+        if not cfg.contains("rope_theta") and "rope_theta" not in self.ROPE_SCALING:
+            self.ROPE_THETA = GPT_OSS_ROPE_THETA
+        if not (cfg.contains("rope_scaling") or cfg.contains("rope_parameters")):
+            self.ROPE_SCALING = dict(GPT_OSS_ROPE_SCALING)
+        self.ATTENTION_BIAS = cfg.get_bool("attention_bias", True)
+        self.MLP_BIAS = False  # no dense MLP: the experts always have biases
+        self.SWIGLU_ALPHA = cfg.get_float("swiglu_alpha", SWIGLU_ALPHA)
+        self.SWIGLU_LIMIT = cfg.get_float("swiglu_limit", SWIGLU_LIMIT)
+        if self.SWIGLU_LIMIT <= 0:
+            raise cfg.error("swiglu_limit", "a positive number")
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        no_bias = "false" if self.ATTENTION_BIAS else "true"
+
+        # Q layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", Q), withKey("unit", head_dim * n_heads),
+            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
+            withKey("weight_initializer", "ones")]))
+
+        # K layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
+            withKey("weight_initializer", "ones")]))
+
+        # V layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
+            withKey("weight_initializer", "ones")]))
+
+        # Attention core layer: sink attention, sliding window on "sliding_attention" layers
+        sliding_window = (self.SLIDING_WINDOW if self.LAYER_TYPES[layer_id] == "sliding_attention"
+                          else UINT_MAX)
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", sliding_window),
+            withKey("rope_theta", self.ROPE_THETA),
+            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("use_sink", "true"),
+            *self.ropeProperties(),
+            withKey("input_layers", [Q, K, V])]))
+
+        # O layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        return [createLayer(self.MOE_LAYER_TYPE, [
+            withKey("name", f"layer{layer_id}_ffn_down"),
+            withKey("input_layers", input_name),
+            withKey("unit", hidden_dim),
+            withKey("num_experts", self.NUM_EXPERTS),
+            withKey("num_experts_per_token", self.NUM_EXPERTS_PER_TOK),
+            withKey("swiglu_alpha", self.SWIGLU_ALPHA),
+            withKey("swiglu_limit", self.SWIGLU_LIMIT)])]
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(GptOssMoELayer)
+
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """The base map without the dense MLP, plus per layer i (E experts; targets are in
+        ``layer{i}_attention`` and ``layer{i}_ffn_down``):
+
+        ``self_attn.sinks`` [nQ]                  -> ``attention:sink``
+        ``mlp.router.weight`` [E, H] (transposed) -> ``gate``;  ``mlp.router.bias`` -> ``gate_bias``
+        ``mlp.experts.gate_up_proj`` [E, H, 2I]    -> ``expert_gate_e`` = [e, :, 0::2],
+                                                     ``expert_up_e`` = [e, :, 1::2]
+        ``mlp.experts.gate_up_proj_bias`` [E, 2I]  -> ``expert_gate_bias_e`` = [e, 0::2],
+                                                     ``expert_up_bias_e`` = [e, 1::2]
+        ``mlp.experts.down_proj`` [E, I, H]        -> ``expert_down_e`` = [e] (already [in, out])
+        ``mlp.experts.down_proj_bias`` [E, H]      -> ``expert_down_bias_e`` = [e]
+        """
+        m = super().getHFWeightMap()
+        for i in range(self.NUM_LAYERS):
+            hf, nn = f"model.layers.{i}.", f"layer{i}_"
+            for proj in ("up_proj", "gate_proj", "down_proj"):
+                del m[f"{hf}mlp.{proj}.weight"]
+            m[hf + "self_attn.sinks"] = HFWeight(nn + "attention:sink")
+            moe = nn + "ffn_down:"
+            m[hf + "mlp.router.weight"] = HFWeight(moe + "gate", True)
+            m[hf + "mlp.router.bias"] = HFWeight(moe + "gate_bias")
+            experts = range(self.NUM_EXPERTS)
+            m[hf + "mlp.experts.gate_up_proj"] = [
+                HFWeight(f"{moe}expert_{part}_{e}", index=(e, _ALL, cols))
+                for e in experts for part, cols in (("gate", _EVEN), ("up", _ODD))]
+            m[hf + "mlp.experts.gate_up_proj_bias"] = [
+                HFWeight(f"{moe}expert_{part}_bias_{e}", index=(e, cols))
+                for e in experts for part, cols in (("gate", _EVEN), ("up", _ODD))]
+            m[hf + "mlp.experts.down_proj"] = [
+                HFWeight(f"{moe}expert_down_{e}", index=(e,)) for e in experts]
+            m[hf + "mlp.experts.down_proj_bias"] = [
+                HFWeight(f"{moe}expert_down_bias_{e}", index=(e,)) for e in experts]
+        return m

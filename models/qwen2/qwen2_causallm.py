@@ -1,0 +1,146 @@
+"""Qwen2 (Applications/CausalLM/models/qwen2/qwen2_causallm.cpp; HF ``modeling_qwen2.py``).
+
+Qwen2Transformer is the Llama decoder of :class:`Transformer` with its own attention block:
+
+    q = x Wq + bq,  k = x Wk + bk,  v = x Wv + bv        (q/k/v always have a bias)
+    out = mha_core(q, k, v) Wo                           (o never has one; nor has the MLP)
+
+Layer names and insertion (= .bin) order per block: ``layer{i}_wq`` (weight, bias), ``_wk``
+(weight, bias), ``_wv`` (weight, bias), ``_attention`` (mha_core), ``_attention_out`` (weight).
+
+Sliding windows follow Hugging Face's Qwen2Config (fix of spec G13: the C++ gives every layer
+``sliding_window`` and ignores ``use_sliding_window``), see :func:`readQwenLayerTypes`.
+Also beyond the C++: ``rope_scaling`` / ``rope_parameters`` reach mha_core (HF Qwen2 reads
+them), the MLP has no bias whatever ``mlp_bias`` says, and an untied checkpoint's
+``lm_head.weight`` is loaded (G17).
+"""
+
+from __future__ import annotations
+
+from causallm.api import createLayer, withKey
+from causallm.config import JsonConfig
+from causallm.errors import CausalLMError
+from causallm.properties import UINT_MAX
+from models.causal_lm import CausalLM
+from models.transformer import HFWeight, Transformer
+
+QWEN_LAYER_TYPES = ("full_attention", "sliding_attention")
+QWEN_SLIDING_WINDOW_DEFAULT = 4096  # HF Qwen2Config / Qwen3Config ``sliding_window`` default
+QWEN_MAX_WINDOW_LAYERS_DEFAULT = 28  # HF ``max_window_layers`` default
+
+
+def readQwenLayerTypes(cfg: JsonConfig, num_layers: int) -> tuple[int, list[str]]:
+    """The sliding window and per-layer attention types of a Qwen2/Qwen3 config.json, as
+    transformers' ``Qwen2Config`` / ``Qwen3Config.__post_init__`` derive them:
+
+        window      = sliding_window (default 4096) if use_sliding_window (default false)
+                      else none
+        layer_types = config's ``layer_types`` if given, else
+                      ["sliding_attention" if window is set and i >= max_window_layers (28)
+                       else "full_attention" for i in 0..L-1]
+
+    Returns ``(window or UINT_MAX, layer_types)``; a ``sliding_attention`` layer attends to the
+    last ``window`` positions (its own included), every other layer to all of them.
+    Transformers fails on a sliding layer without a window; so does this (one line)."""
+    window = None
+    if cfg.get_bool("use_sliding_window", False):
+        if "sliding_window" not in cfg:
+            window = QWEN_SLIDING_WINDOW_DEFAULT
+        elif cfg.contains("sliding_window"):
+            window = cfg.get_int("sliding_window", minimum=1)
+    if cfg.contains("layer_types"):
+        layer_types = cfg["layer_types"]
+        if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+                or any(t not in QWEN_LAYER_TYPES for t in layer_types)):
+            raise cfg.error("layer_types", f"a list of {num_layers} (num_hidden_layers) strings, "
+                            f"each one of {', '.join(QWEN_LAYER_TYPES)}")
+        layer_types = list(layer_types)
+        if window is None and "sliding_attention" in layer_types:
+            raise CausalLMError(f"{cfg.path}: 'layer_types' has sliding_attention layers but no "
+                                f"sliding window is set ('use_sliding_window' is false or "
+                                f"'sliding_window' is null)")
+    else:
+        max_window_layers = cfg.get_int("max_window_layers", QWEN_MAX_WINDOW_LAYERS_DEFAULT,
+                                        minimum=0)
+        layer_types = ["sliding_attention" if window is not None and i >= max_window_layers
+                       else "full_attention" for i in range(num_layers)]
+    return (UINT_MAX if window is None else window), layer_types
+
+
+class Qwen2Transformer(Transformer):
+    """Transformer with Qwen2 attention (q/k/v biases, per-layer sliding windows)."""
+
+    architectures = "Qwen2Transformer"
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        # HF Qwen2Config has no attention_bias / mlp_bias: the biases are fixed (q/k/v yes, o and
+        # MLP no), so those keys are ignored. ATTENTION_BIAS False = "o has no bias" for the base
+        # weight map; createAttention gives q/k/v theirs.
+        self.ATTENTION_BIAS = False
+        self.MLP_BIAS = False
+        self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
+
+    def layerSlidingWindow(self, layer_id: int) -> int:
+        """mha_core ``sliding_window`` of layer ``layer_id`` (UINT_MAX = full attention)."""
+        return (self.SLIDING_WINDOW if self.layer_types[layer_id] == "sliding_attention"
+                else UINT_MAX)
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+
+        # Q layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", Q), withKey("unit", head_dim * n_heads),
+            withKey("disable_bias", "false"), withKey("input_layers", query_name),
+            withKey("weight_initializer", "ones")]))
+
+        # K layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", "false"), withKey("input_layers", key_name),
+            withKey("weight_initializer", "ones")]))
+
+        # V layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", "false"), withKey("input_layers", value_name),
+            withKey("weight_initializer", "ones")]))
+
+        # Attention core layer
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
+            withKey("rope_theta", self.ROPE_THETA),
+            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
+            *self.ropeProperties(),
+            withKey("input_layers", [Q, K, V])]))
+
+        # O layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "true"),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """The base map plus ``self_attn.{q,k,v}_proj.bias`` -> ``layer{i}_w{q,k,v}:bias``."""
+        m = super().getHFWeightMap()
+        for i in range(self.NUM_LAYERS):
+            for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
+                m[f"model.layers.{i}.self_attn.{proj}.bias"] = HFWeight(f"layer{i}_{name}:bias")
+        return m
+
+
+class Qwen2CausalLM(CausalLM, Qwen2Transformer):
+    """``Qwen2ForCausalLM``: CausalLM (LM head, generation) over Qwen2Transformer."""
+
+    architectures = "Qwen2CausalLM"

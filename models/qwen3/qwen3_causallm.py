@@ -1,0 +1,127 @@
+"""Qwen3 (Applications/CausalLM/models/qwen3/qwen3_causallm.cpp; HF ``modeling_qwen3.py``).
+
+Qwen3Transformer is the Llama decoder of :class:`Transformer` with per-head q/k RMS norms:
+
+    q = RMSNorm_d(x Wq [+ bq]) per head,  k = RMSNorm_d(x Wk [+ bk]) per head,  v = x Wv [+ bv]
+    out = mha_core(q, k, v) Wo [+ bo]                  (biases iff config ``attention_bias``)
+
+where RMSNorm_d normalises each head's d = head_dim values with one shared gamma (d,)
+(``reshaped_rms_norm``, eps = rms_norm_eps). head_dim is its own config key (default 128, as in
+HF), so nQ * head_dim need not equal hidden_size.
+
+Layer names and insertion (= .bin) order per block: ``layer{i}_wq``, ``_q_norm`` (gamma),
+``_wk``, ``_k_norm`` (gamma), ``_wv``, ``_attention`` (mha_core), ``_attention_out``.
+
+Beyond the C++ (which hard-codes no biases, one window for every layer and always-causal
+attention, G13/G23): ``attention_bias`` gives q/k/v/o their biases, sliding windows follow HF
+(:func:`models.qwen2.qwen2_causallm.readQwenLayerTypes`), ``is_causal`` and rope scaling
+reach mha_core, and the MLP has no bias whatever ``mlp_bias`` says.
+"""
+
+from __future__ import annotations
+
+from causallm.api import createLayer, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.properties import UINT_MAX
+from layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from models.causal_lm import CausalLM
+from models.qwen2.qwen2_causallm import readQwenLayerTypes
+from models.transformer import HFWeight, Transformer
+
+QWEN3_HEAD_DIM_DEFAULT = 128  # HF Qwen3Config ``head_dim`` default
+
+
+class Qwen3Transformer(Transformer):
+    """Transformer with Qwen3 attention (q/k per-head RMS norms, per-layer sliding windows)."""
+
+    architectures = "Qwen3Transformer"
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.HEAD_DIM = cfg.get_int("head_dim", QWEN3_HEAD_DIM_DEFAULT, minimum=1)
+        self.MLP_BIAS = False  # HF Qwen3MLP has no biases and no mlp_bias key
+        self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
+
+    def layerSlidingWindow(self, layer_id: int) -> int:
+        """mha_core ``sliding_window`` of layer ``layer_id`` (UINT_MAX = full attention)."""
+        return (self.SLIDING_WINDOW if self.layer_types[layer_id] == "sliding_attention"
+                else UINT_MAX)
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        layers = []
+        Q, Q_norm = f"layer{layer_id}_wq", f"layer{layer_id}_q_norm"
+        K, K_norm = f"layer{layer_id}_wk", f"layer{layer_id}_k_norm"
+        V = f"layer{layer_id}_wv"
+        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        no_bias = "false" if self.ATTENTION_BIAS else "true"
+
+        # Q layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", Q), withKey("unit", head_dim * n_heads),
+            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
+            withKey("weight_initializer", "ones")]))
+
+        # Q-reshaped-norm layer: q_norm(q_proj(x).view(..., n_heads, head_dim))
+        layers.append(createLayer("reshaped_rms_norm", [
+            withKey("name", Q_norm), withKey("input_layers", Q), withKey("packed", "false"),
+            withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
+
+        # K layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
+            withKey("weight_initializer", "ones")]))
+
+        # K-reshaped-norm layer: k_norm(k_proj(x).view(..., n_kv_heads, head_dim))
+        layers.append(createLayer("reshaped_rms_norm", [
+            withKey("name", K_norm), withKey("input_layers", K), withKey("packed", "false"),
+            withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
+
+        # V layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
+            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
+            withKey("weight_initializer", "ones")]))
+
+        # Attention core layer
+        layers.append(createLayer("mha_core", [
+            withKey("name", A),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
+            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
+            withKey("rope_theta", self.ROPE_THETA),
+            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
+            *self.ropeProperties(),
+            withKey("input_layers", [Q_norm, K_norm, V])]))
+
+        # O layer
+        layers.append(createLayer("fully_connected", [
+            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
+            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        return layers
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(ReshapedRMSNormLayer)
+
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """The base map plus ``self_attn.{q,k}_norm.weight`` -> ``layer{i}_{q,k}_norm:gamma``."""
+        m = super().getHFWeightMap()
+        for i in range(self.NUM_LAYERS):
+            for norm in ("q_norm", "k_norm"):
+                m[f"model.layers.{i}.self_attn.{norm}.weight"] = HFWeight(f"layer{i}_{norm}:gamma")
+        return m
+
+
+class Qwen3CausalLM(CausalLM, Qwen3Transformer):
+    """``Qwen3ForCausalLM``: CausalLM (LM head, generation) over Qwen3Transformer.
+
+    The C++ class overrides registerCustomLayers to call both parents; the cooperative
+    ``super()`` chain (Qwen3CausalLM -> CausalLM -> Qwen3Transformer -> Transformer) does that."""
+
+    architectures = "Qwen3ForCausalLM"

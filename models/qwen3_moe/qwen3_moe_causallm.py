@@ -1,0 +1,241 @@
+"""Qwen3-MoE (Applications/CausalLM/models/qwen3_moe/qwen3_moe_causallm.cpp; HF
+``modeling_qwen3_moe.py``).
+
+Qwen3MoECausalLM is :class:`Qwen3CausalLM` (q/k-normed attention) whose feed-forward is one
+``qwen_moe`` layer named ``layer{i}_ffn_down`` (router + experts, see layers/qwen_moe.py):
+
+    h = x + Attention(RMSNorm(x));   out = h + MoE(RMSNorm(h))       (MoE layers)
+                                     out = h + SwiGLU-MLP(RMSNorm(h)) (dense layers)
+
+Config keys: ``num_experts`` (``num_local_experts`` as transformers 5 writes it),
+``num_experts_per_tok``, ``moe_intermediate_size`` (INTERMEDIATE_SIZE, as in C++),
+``norm_topk_prob`` (default false, as transformers), ``decoder_sparse_step`` (1) and
+``mlp_only_layers`` ([]). Layer i is MoE iff ``i not in mlp_only_layers and num_experts > 0 and
+(i + 1) % decoder_sparse_step == 0`` (transformers' rule); the others get the base SwiGLU MLP of
+width ``intermediate_size`` (``layer{i}_ffn_up/_ffn_gate/_ffn_swiglu/_ffn_down``). A set
+``use_sliding_window`` gives every layer the window (Qwen3MoeConfig has no ``layer_types``).
+
+Beyond the C++ (spec §5.3, G14): ``norm_topk_prob=false`` is honoured, and so are
+``decoder_sparse_step`` and ``mlp_only_layers``.
+
+.bin order per MoE block (spec §7.4): attention as Qwen3, ``ffn_norm``, then the router
+``gate`` [H, E] (FP32) and per expert ``up``, ``gate`` [H, I], ``down`` [I, H].
+Hugging Face checkpoints: the Hub's per-expert tensors
+``mlp.experts.{e}.{gate,up,down}_proj.weight``, or transformers 5's fused
+``mlp.experts.gate_up_proj`` [E, 2I, H] (gate rows, then up rows) and ``mlp.experts.down_proj``
+[E, H, I] (``save_pretrained(save_original_format=False)``).
+
+nntr_config ``moe_expert_cache`` (N): experts kept in memory per layer (0 = all resident, the
+default here; Qwen3SlimMoeForCausalLM and Qwen3CachedSlimMoeForCausalLM turn it on). With N > 0
+the expert weights are never memory-mapped: ``load_weight`` records where each lies in the file
+(.bin or .safetensors) and the layers read the routed ones into an LRU of N; everything else
+loads as usual. Logits are identical either way. ``save_weight`` copies such experts from the
+file, but the graph's own expert weights (``model.getWeight``) are zero placeholders then:
+code that reads weights directly must build the model with ``moe_expert_cache`` 0.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from causallm.api import createLayer, registerFactory, withKey
+from causallm.config import JsonConfig
+from causallm.errors import CausalLMError
+from causallm.lazy_weights import FileSlice, bin_slices, safetensors_slice
+from causallm.weights import write_bin
+from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
+from models.qwen3.qwen3_causallm import Qwen3CausalLM
+from models.transformer import HFWeight, hfParts
+
+EXPERT_WEIGHTS = ("up", "gate", "down")  # a qwen_moe expert's weights, in request order
+
+
+class Qwen3MoECausalLM(Qwen3CausalLM):
+    """``Qwen3MoeForCausalLM``: Qwen3CausalLM with sparse MoE feed-forward layers."""
+
+    architectures = "Qwen3MoeForCausalLM"
+    MOE_LAYER = MoELayer  # its type string is what createMlp creates
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        experts_key = "num_experts" if cfg.contains("num_experts") else "num_local_experts"
+        for key in (experts_key, "num_experts_per_tok", "moe_intermediate_size"):
+            if not cfg.contains(key):
+                raise CausalLMError(f"{cfg.path}: Qwen3MoE needs 'num_experts' (or "
+                                    f"'num_local_experts'), 'num_experts_per_tok' and "
+                                    f"'moe_intermediate_size'; '{key}' is missing")
+        self.NUM_EXPERTS = cfg.get_int(experts_key, minimum=0)
+        self.NUM_EXPERTS_PER_TOK = cfg.get_int("num_experts_per_tok", minimum=1)
+        if self.NUM_EXPERTS and self.NUM_EXPERTS_PER_TOK > self.NUM_EXPERTS:
+            raise cfg.error("num_experts_per_tok", f"at most {experts_key} ({self.NUM_EXPERTS})")
+        self.DENSE_INTERMEDIATE_SIZE = self.INTERMEDIATE_SIZE  # config intermediate_size
+        self.INTERMEDIATE_SIZE = cfg.get_int("moe_intermediate_size", minimum=1)
+        self.NORM_TOPK_PROB = cfg.get_bool("norm_topk_prob", False)
+        self.DECODER_SPARSE_STEP = cfg.get_int("decoder_sparse_step", 1, minimum=1)
+        self.MLP_ONLY_LAYERS = (cfg.get_int_list("mlp_only_layers")
+                                if cfg.contains("mlp_only_layers") else [])
+        self.MOE_EXPERT_CACHE = (nntr_cfg.get_int("moe_expert_cache", minimum=0)
+                                 if nntr_cfg.contains("moe_expert_cache") else None)
+        self.hf_fused_experts = False  # set by load_hf_weight from the checkpoint's names
+        self.expert_slices: dict[str, FileSlice] = {}  # experts left on file, by weight name
+        self._hf_checkpoint = None
+        self._hf_experts_on_file = False
+
+    def isMoELayer(self, layer_id: int) -> bool:
+        """transformers' Qwen3MoeDecoderLayer rule for a sparse (MoE) feed-forward."""
+        return (layer_id not in self.MLP_ONLY_LAYERS and self.NUM_EXPERTS > 0
+                and (layer_id + 1) % self.DECODER_SPARSE_STEP == 0)
+
+    def layerSlidingWindow(self, layer_id: int) -> int:
+        return self.SLIDING_WINDOW  # UINT_MAX unless use_sliding_window: then every layer
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        if not self.isMoELayer(layer_id):
+            return super().createMlp(layer_id, dim, self.DENSE_INTERMEDIATE_SIZE, input_name)
+        props = [withKey("name", f"layer{layer_id}_ffn_down"), withKey("input_layers", input_name),
+                 withKey("unit", hidden_dim), withKey("num_experts", self.NUM_EXPERTS),
+                 withKey("num_experts_per_token", self.NUM_EXPERTS_PER_TOK),
+                 withKey("moe_activation", "swish"),
+                 withKey("norm_topk_prob", self.NORM_TOPK_PROB)]
+        if self.MOE_EXPERT_CACHE is not None:
+            props.append(withKey("moe_expert_cache", self.MOE_EXPERT_CACHE))
+        return [createLayer(self.MOE_LAYER.type, props)]
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(self.MOE_LAYER)
+
+    # -- weights ----------------------------------------------------------------------------
+    def moeLayers(self) -> list[tuple[str, MoELayer]]:
+        """(name, layer) of every MoE layer, in graph order."""
+        found = []
+
+        def collect(layer, ctx, _):
+            if isinstance(layer, MoELayer):
+                found.append((ctx.getName(), layer))
+        self.model.forEachLayer(collect)
+        return found
+
+    def expertCacheOn(self) -> bool:
+        return any(layer.cache_capacity > 0 for _, layer in self.moeLayers())
+
+    def getHFWeightMap(self) -> dict[str, HFWeight]:
+        """Qwen3's map with each MoE layer's ``mlp.*`` replaced by the router (``mlp.gate``,
+        [E, H] read transposed) and the experts, per expert or fused (see the module docstring)."""
+        m = super().getHFWeightMap()
+        E, I = self.NUM_EXPERTS, self.INTERMEDIATE_SIZE
+        for i in range(self.NUM_LAYERS):
+            if not self.isMoELayer(i):
+                continue
+            hf, L = f"model.layers.{i}.mlp.", f"layer{i}_ffn_down"
+            for proj in ("up_proj", "gate_proj", "down_proj"):
+                del m[f"{hf}{proj}.weight"]
+            m[hf + "gate.weight"] = HFWeight(f"{L}:gate", True)
+            if self.hf_fused_experts:
+                m[hf + "experts.gate_up_proj"] = [
+                    part for e in range(E) for part in (
+                        HFWeight(f"{L}:expert_gate_{e}", True, index=(e, slice(0, I))),
+                        HFWeight(f"{L}:expert_up_{e}", True, index=(e, slice(I, 2 * I))))]
+                m[hf + "experts.down_proj"] = [HFWeight(f"{L}:expert_down_{e}", True, index=(e,))
+                                               for e in range(E)]
+            else:
+                for e in range(E):
+                    for w in EXPERT_WEIGHTS:
+                        m[f"{hf}experts.{e}.{w}_proj.weight"] = HFWeight(f"{L}:expert_{w}_{e}",
+                                                                         True)
+        return m
+
+    def load_weight(self, weight_path: str) -> None:
+        """As Transformer.load_weight; with the expert cache on, a .bin's experts stay on file."""
+        if not self.is_initialized:
+            raise CausalLMError("load_weight: call initialize() first")
+        if (os.path.isdir(weight_path) or weight_path.endswith(".safetensors")
+                or not self.expertCacheOn()):
+            super().load_weight(weight_path)
+            return
+        specs = self.model.getWeightSpecs()
+        slices = {}
+        for spec, part in zip(specs, bin_slices(weight_path, [(s.full_name, s.shape, s.dtype)
+                                                              for s in specs])):
+            if ":expert_" in spec.full_name:
+                slices[spec.full_name] = part
+            else:
+                self.model.setWeight(spec.full_name, part.read())
+        self.attachExpertSources(slices)
+        self.model.warmup()
+
+    def load_hf_weight(self, path: str) -> None:
+        """Per-expert or fused checkpoints; with the expert cache on, the expert tensors are
+        located in their files instead of read (their graph weights stay untouched zeros)."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        self._hf_checkpoint = super().openHFCheckpoint(folder)
+        self.hf_fused_experts = any(n.endswith(".mlp.experts.gate_up_proj")
+                                    for n in self._hf_checkpoint.keys())
+        self._hf_experts_on_file = self.expertCacheOn()
+        try:
+            super().load_hf_weight(path)
+        finally:
+            ckpt, self._hf_checkpoint = self._hf_checkpoint, None
+        if self._hf_experts_on_file:
+            self.attachExpertSources({
+                part.target: safetensors_slice(ckpt.file_of(name), name, part.index,
+                                               part.transpose)
+                for name, entry in self.getHFWeightMap().items() for part in hfParts(entry)
+                if ":expert_" in part.target})
+
+    def openHFCheckpoint(self, folder: str):
+        ckpt = (self._hf_checkpoint if self._hf_checkpoint is not None
+                else super().openHFCheckpoint(folder))
+        return _ExpertsOnFile(ckpt) if self._hf_experts_on_file else ckpt
+
+    def attachExpertSources(self, slices: dict[str, FileSlice]) -> None:
+        """Give every MoE layer its experts' FileSlices (``scope:expert_{up,gate,down}_{e}``)."""
+        self.expert_slices = slices
+        for name, layer in self.moeLayers():
+            layer.setExpertSources([tuple(slices[f"{name}:expert_{w}_{e}"] for w in EXPERT_WEIGHTS)
+                                    for e in range(layer.num_experts)])
+
+    def save_weight(self, weight_path: str, dtype: str | None = None,
+                    layer_dtype_map: dict | None = None) -> None:
+        """Transformer.save_weight; experts left on file are copied from it one at a time."""
+        if not self.is_initialized or not self.expert_slices:
+            super().save_weight(weight_path, dtype, layer_dtype_map)
+            return
+        layer_dtype_map = layer_dtype_map or {}
+        specs = self.model.getWeightSpecs()
+        arrays = [self.expert_slices[s.full_name] if s.full_name in self.expert_slices
+                  else self.model.getWeight(s.full_name) for s in specs]
+        dtypes = [layer_dtype_map.get(s.full_name.split(":", 1)[0]) or dtype or s.dtype
+                  for s in specs]
+        write_bin(weight_path, arrays, dtypes)
+
+
+class _ExpertsOnFile:
+    """A checkpoint whose expert tensors (``.mlp.experts.``) read as zero placeholders, all
+    views of one zero buffer (as large as the largest of them), so neither the placeholders nor
+    the file's map take memory per expert."""
+
+    def __init__(self, ckpt) -> None:
+        self.ckpt = ckpt
+        self._zeros = np.zeros(0, dtype=np.float32)
+
+    def keys(self) -> list[str]:
+        return self.ckpt.keys()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def get(self, name: str) -> np.ndarray:
+        if ".mlp.experts." in name:
+            shape = self.ckpt.shape(name)
+            n = int(np.prod(shape))
+            if self._zeros.size < n:
+                self._zeros = np.zeros(n, dtype=np.float32)
+            return self._zeros[:n].reshape(shape)
+        return self.ckpt.get(name)
+
+    def file_of(self, name: str) -> str:
+        return self.ckpt.file_of(name)
