@@ -56,7 +56,20 @@ class Tokenizer:
         except Exception as e:  # UnicodeDecodeError or the tokenizers parser's own exception
             reason = " ".join(str(e).split()) or type(e).__name__
             raise CausalLMError(f"{path}: not a valid tokenizer.json ({reason})") from None
+        # a tokenizer.json may carry the padding/truncation it was last used with (e.g. pad to
+        # 128); transformers resets both for a plain call, and so do we
+        hf_tokenizer.no_padding()
+        hf_tokenizer.no_truncation()
         return cls(hf_tokenizer, path)
+
+    def EnableTruncation(self, max_length: int) -> None:
+        """Cut encodings to ``max_length`` tokens, special tokens kept (sentence-transformers'
+        ``max_seq_length``)."""
+        try:
+            self._tokenizer.enable_truncation(max_length)
+        except Exception as e:  # a limit shorter than the special tokens
+            raise CausalLMError(f"{self.path}: cannot truncate to {max_length} tokens "
+                                f"({e})") from None
 
     def Encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``.

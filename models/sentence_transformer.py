@@ -139,17 +139,9 @@ class SentenceTransformer(Transformer):
                 self.MAX_SEQ_LENGTH = st.get_int("max_seq_length", minimum=1)
 
     def configureTokenizer(self) -> None:
-        """As sentence-transformers calls its tokenizer: no padding, truncation (special tokens
-        kept) at ``max_seq_length``, else ``MAX_SEQ_LEN``. tokenizer.json may ship either set
-        (all-MiniLM-L6-v2's pads to 128); transformers replaces them per call, so this does."""
-        hf = self.tokenizer._tokenizer  # the tokenizers.Tokenizer this model owns
-        hf.no_padding()
-        limit = self.MAX_SEQ_LENGTH or self.MAX_SEQ_LEN
-        try:
-            hf.enable_truncation(limit)
-        except Exception as e:  # a limit shorter than the special tokens
-            raise CausalLMError(f"{self.tokenizer.path}: cannot truncate to {limit} tokens "
-                                f"({e})") from None
+        """As sentence-transformers calls its tokenizer: truncation (special tokens kept) at
+        ``max_seq_length``, else ``MAX_SEQ_LEN`` (padding is always off, see Tokenizer)."""
+        self.tokenizer.EnableTruncation(self.MAX_SEQ_LENGTH or self.MAX_SEQ_LEN)
 
     @staticmethod
     def getLastComponent(type_name: str) -> str:

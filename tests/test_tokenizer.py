@@ -240,3 +240,16 @@ def test_one_decoder_per_row_interleaved(tokenizer, stream_path):
                 outputs[b] += decoders_[b].step(np.int64(ids[step]))
     outputs = [out + dec.flush() for out, dec in zip(outputs, decoders_)]
     assert outputs == TEXTS[:3]
+
+
+def test_padding_and_truncation_in_tokenizer_json_are_ignored():
+    """A tokenizer.json saved with padding on (all-MiniLM's pads to 128) encodes unpadded, as a
+    plain transformers call does."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "bert-st-mean", "tokenizer.json")
+    assert json.load(open(path))["padding"] is not None
+    tok = Tokenizer.FromFile(path)
+    ids = tok.Encode("short text")
+    assert len(ids) < 10 and tok.TokenToId("[PAD]") not in ids
