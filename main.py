@@ -20,6 +20,8 @@ import time
 
 import orjson
 
+import causallm  # noqa: F401  (first: it sizes the thread pools before numpy loads)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL_DIR = os.path.join(HERE, "res", "tiny-llama")
 
