@@ -16,9 +16,10 @@ from causallm.properties import float_, uint
 
 def embedding_lookup(layer, context, table, step):
     """Gather rows of ``table`` for the step's ids; shared by embedding_layer and the tied layer."""
-    bad = embedding(context.inputs[0], table, context.outputs[0], step, layer.scale)
-    if bad != -1:
-        raise context.error(f"token id {bad} is out of range for in_dim {table.shape[0]}")
+    if embedding(context.inputs[0], table, context.outputs[0], step, layer.scale) != -1:
+        ids = context.inputs[0][:, 0, :step]
+        bad = ids[~((ids >= 0) & (ids < table.shape[0]))][0]
+        raise context.error(f"token id {bad:g} is out of range for in_dim {table.shape[0]}")
 
 
 def finalize_embedding(layer, context):

@@ -21,7 +21,11 @@ Transformers stores the experts fused (``gate_up_proj`` (E, H, 2I) with gate in 
 columns and up in the odd ones, ``down_proj`` (E, I, H)); models/gpt_oss maps them here.
 
 Properties: ``num_experts`` (E), ``num_experts_per_token`` (k), ``unit`` (I), all required;
-``swiglu_alpha`` (1.702) and ``swiglu_limit`` (7.0), which nntrainer hard-codes.
+``swiglu_alpha`` (1.702) and ``swiglu_limit`` (7.0), which nntrainer hard-codes;
+``moe_expert_cache`` (0; capped at E), experts kept in memory: with N > 0, once the model hands
+over where each expert's six weights lie in the weight file (``setExpertSources``), a step reads
+the experts it routes to into a :class:`causallm.lazy_weights.ExpertCache` of N experts (least
+recently used out) and never touches the others; 0 (or no sources) uses the loaded weights.
 
 Fixed against nntrainer (spec §10, G15): the clamps are applied (nntrainer's ``gpt_oss_moe``
 skips them) and the router bias is added (its cached variant drops it).
@@ -56,6 +60,7 @@ class GptOssMoELayer(Layer):
         "unit": uint(required=True),
         "swiglu_alpha": float_(1.702),
         "swiglu_limit": float_(7.0),
+        "moe_expert_cache": uint(0),
     }
 
     def finalize(self, context):
@@ -72,6 +77,9 @@ class GptOssMoELayer(Layer):
         if p["swiglu_limit"] <= 0:
             raise context.error(f"swiglu_limit must be positive, got {p['swiglu_limit']}")
         self.hidden, self.alpha, self.limit = H, p["swiglu_alpha"], p["swiglu_limit"]
+        self.num_experts = E
+        self.cache_capacity = min(p["moe_expert_cache"], E)
+        self.expert_cache = None
 
         act = context.activation_dtype
         context.requestWeight("gate", (H, E), "FP32")
@@ -98,8 +106,21 @@ class GptOssMoELayer(Layer):
         self.coefs = np.zeros((E, B * S), dtype=np.float32)
         context.setOutputDimensions([x])
 
+    def setExpertSources(self, sources: list) -> None:
+        """``sources[e]``: expert e's (up, up_bias, gate, gate_bias, down, down_bias), each with
+        a ``read()`` giving the float32 weight (e.g. a FileSlice). With ``moe_expert_cache`` > 0
+        the experts are read from them from now on."""
+        if len(sources) != self.num_experts or any(len(s) != WEIGHTS_PER_EXPERT for s in sources):
+            raise ValueError(f"setExpertSources: need {self.num_experts} tuples of "
+                             f"{WEIGHTS_PER_EXPERT} weights")
+        if self.cache_capacity > 0:
+            self.expert_cache = ExpertCache(sources, self.cache_capacity)
+
     def expert_weights(self, context, e):
-        """(up, up_bias, gate, gate_bias, down, down_bias) of expert e."""
+        """(up, up_bias, gate, gate_bias, down, down_bias) of expert e: from the expert cache
+        when it is on, else the loaded weights."""
+        if self.expert_cache is not None:
+            return self.expert_cache.get(e)
         start = 2 + WEIGHTS_PER_EXPERT * e
         return context.weights[start:start + WEIGHTS_PER_EXPERT]
 
@@ -129,33 +150,8 @@ class GptOssMoELayer(Layer):
 class CachedSlimGptOssMoELayer(GptOssMoELayer):
     """``gpt_oss_moe_slim_cached`` (models/gpt_oss_cached_slim CachedSlimGptOssMoELayer): the
     properties, weights (same order and shapes) and math of ``gpt_oss_moe`` - the router bias
-    included, which nntrainer's cached layer drops (G15) - with the experts read on demand.
-
-    ``moe_expert_cache`` (default 16, nntrainer's LRU size; capped at E; 0 = every expert
-    resident): once the model hands over where each expert's six weights lie in the weight file
-    (``setExpertSources``), a step reads the experts it routes to into a
-    :class:`causallm.lazy_weights.ExpertCache` of that many experts (least recently used out)
-    and never touches the others. Without sources the experts come from the loaded weights."""
+    included, which nntrainer's cached layer drops (G15) - with the expert cache on by default:
+    ``moe_expert_cache`` 16, nntrainer's LRU size."""
 
     type = "gpt_oss_moe_slim_cached"
     properties = {**GptOssMoELayer.properties, "moe_expert_cache": uint(CACHED_SLIM_CAPACITY)}
-
-    def finalize(self, context):
-        super().finalize(context)
-        self.num_experts = self.props["num_experts"]
-        self.cache_capacity = min(self.props["moe_expert_cache"], self.num_experts)
-        self.expert_cache = None
-
-    def setExpertSources(self, sources: list) -> None:
-        """``sources[e]``: expert e's (up, up_bias, gate, gate_bias, down, down_bias), each with
-        a ``read()`` giving the float32 weight (e.g. a FileSlice)."""
-        if len(sources) != self.num_experts or any(len(s) != WEIGHTS_PER_EXPERT for s in sources):
-            raise ValueError(f"setExpertSources: need {self.num_experts} tuples of "
-                             f"{WEIGHTS_PER_EXPERT} weights")
-        if self.cache_capacity > 0:
-            self.expert_cache = ExpertCache(sources, self.cache_capacity)
-
-    def expert_weights(self, context, e):
-        if self.expert_cache is not None:
-            return self.expert_cache.get(e)
-        return super().expert_weights(context, e)

@@ -137,8 +137,10 @@ class MHACoreLayer(Layer):
 
     def _rope_tables(self, context):
         p, d, T = self.props, self.head_dim, self.max_timestep
-        if not p["use_rope"]:
-            return (np.ones((T, d // 2), dtype=np.float32), np.zeros((T, d // 2), dtype=np.float32))
+        if not p["use_rope"]:  # the identity rotation; read-only like rope_tables' (one compile)
+            cos, sin = np.ones((T, d // 2), dtype=np.float32), np.zeros((T, d // 2), dtype=np.float32)
+            cos.flags.writeable = sin.flags.writeable = False
+            return cos, sin
         if p["rope_theta"] <= 0:
             raise context.error(f"rope_theta must be positive, got {p['rope_theta']}")
         inv_freq, scaling = rope_inv_freq(

@@ -71,8 +71,8 @@ def test_linear_kernels(layout, has_bias, nrows, ro):
 @pytest.mark.parametrize("path", ["numba", "blas"])
 @pytest.mark.parametrize("layout", ["io", "oi"])
 def test_linear_dispatch(layout, path):
-    nrows = 1 if path == "numba" else -(-K.BLAS_MIN_ROWS // B)
-    assert (B * nrows < K.BLAS_MIN_ROWS) == (path == "numba")
+    nrows = 1 if path == "numba" else K.BLAS_MIN_ROWS
+    assert (nrows < K.BLAS_MIN_ROWS) == (path == "numba")
     k_in, n_out, x_row, y_row = 203, 1003, 2, 1
     x = rand(B, nrows + 3, k_in, seed=4)
     w = rand(k_in, n_out, seed=5, scale=0.1)

@@ -12,7 +12,7 @@ W is the logical [in, out] = (K, N) matrix, stored one of two ways:
 
 ``linear`` picks one: the numba kernel of the layout for a few rows (decode, memory bound),
 numpy's BLAS sgemm from Python for many rows (prefill, compute bound). Measured crossover:
-see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py.
+see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py. For decode, linear_oi is the faster layout.
 
 The kernels are parallel over output columns (``prange``) and write only into ``y``; they
 never allocate. ``fastmath`` here lets LLVM reorder the dot-product sums (to vectorize them),
@@ -26,12 +26,13 @@ from numba import njit, prange
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _TILE = 4096  # linear_io: y values (B*nrows rows x block columns) a task keeps in L1: 16 KiB
 
-# B * nrows at or above which linear() uses numpy BLAS instead of the numba kernels.
-# bench/bench_kernels.py, 2-core AMD EPYC (Zen 4) VM, OpenBLAS 0.3.31, 1 thread, 1024->3072
-# and 3072->1024: OpenBLAS sgemm costs ~1.5-2.5 ms from 2 rows on (it packs all of W), while
-# linear_oi grows ~0.15-0.2 ms per row, so BLAS only wins from ~12-16 rows (B=1) and
-# ~32 rows in total (B=2, two sgemm calls). For one row numba streams cold weights faster
-# than sgemv (~30 vs ~20-25 GB/s).
+# Rows per batch (nrows) from which linear() uses numpy BLAS instead of the numba kernels.
+# bench/bench_kernels.py on a 2-core AMD EPYC (Zen 4) VM, OpenBLAS 0.3.31, 1024->3072 and
+# 3072->1024, 1 and 2 threads: OpenBLAS sgemm costs about as much for 2 rows as for 12 (it
+# packs all of W), while linear_oi adds ~0.1-0.2 ms per row, so BLAS wins from 16-32 rows,
+# and the count that matters is the rows of each sgemm call (one per batch), not B * nrows:
+# B=2 crosses over at the same nrows as B=1. For one row numba streams cold weights at
+# ~31-35 GB/s against ~21-33 GB/s for sgemv.
 BLAS_MIN_ROWS = 16
 
 
@@ -119,11 +120,11 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias for b < B, i < nrows; w is the logical (K, N).
 
     w is either C-contiguous (K, N) [in, out], or the transpose view ``wt.T`` of a C-contiguous
-    (N, K) [out, in] array. Below ``BLAS_MIN_ROWS`` rows in total the numba kernel of that
-    layout runs; otherwise numpy's BLAS (sgemm accepts both layouts without copying) writes
-    straight into y, and the bias is added afterwards.
+    (N, K) [out, in] array. Below ``BLAS_MIN_ROWS`` rows the numba kernel of that layout
+    runs (one pass over W for all batches); otherwise numpy's BLAS (sgemm accepts both layouts
+    without copying) writes each batch straight into y, and the bias is added afterwards.
     """
-    if x.shape[0] * nrows < BLAS_MIN_ROWS:
+    if nrows < BLAS_MIN_ROWS:
         if w.flags.c_contiguous:
             linear_io(x, w, bias, y, x_row, y_row, nrows)
         else:
