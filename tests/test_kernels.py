@@ -314,3 +314,33 @@ def test_set_num_threads_clamps():
         assert K.set_num_threads(top + 5) == top and K.get_num_threads() == top
     finally:
         K.set_num_threads(before)
+
+
+def test_serial_and_parallel_kernels_agree_exactly():
+    """The one-thread variants run the same per-task code as the parallel ones (the dispatchers
+    pick one by the size of the work), so the results are bit-identical."""
+    from causallm.kernels import attention as att
+    from causallm.kernels import linear as lin
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 67)).astype(np.float32)
+    w = rng.standard_normal((67, 301)).astype(np.float32)
+    bias = rng.standard_normal(301).astype(np.float32)
+    for par, ser, weight in ((lin.linear_io, lin.linear_io_serial, w),
+                             (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T))):
+        y1, y2 = np.zeros((2, 3, 301), np.float32), np.zeros((2, 3, 301), np.float32)
+        par(x, weight, bias, y1, 0, 0, 3)
+        ser(x, weight, bias, y2, 0, 0, 3)
+        np.testing.assert_array_equal(y1, y2)
+    B, T, H, KV, D = 2, 16, 6, 2, 80
+    q = rng.standard_normal((B, 5, H * D)).astype(np.float32)
+    kc = rng.standard_normal((B, T, KV * D)).astype(np.float32)
+    vc = rng.standard_normal((B, T, KV * D)).astype(np.float32)
+    cos, sin = np.cos(np.ones((T, D // 2), np.float32)), np.sin(np.ones((T, D // 2), np.float32))
+    outs = []
+    for kernel in (att.attention_parallel, att.attention_serial):
+        out = np.zeros_like(q)
+        scratch = np.zeros((B * H, T + D), np.float32)
+        kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), scratch, 7, 5, H, KV, D, 4,
+               True, 0.0, D ** -0.5)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])

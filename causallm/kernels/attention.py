@@ -62,14 +62,15 @@ def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim
                 vd[j] = vs[j]
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
-              n_kv, head_dim, window, causal, softcap, scale):
-    """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc).
+# Work (B * n_heads * rows * keys * head_dim) below which attention runs on one thread: a
+# parallel region costs ~10-50 us to start and waits for its slowest thread.
+PARALLEL_MIN_WORK = 1 << 18
 
-    Parallel over (b, h). q is read (into scratch) before out is written, so out may be q.
-    """
-    B = q.shape[0]
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
+            n_kv, head_dim, window, causal, softcap, scale, task):
+    """Rows i < nrows of query head h = task % n_heads of batch b = task // n_heads."""
     T = k_cache.shape[1]
     d = head_dim
     half = d // 2
@@ -77,60 +78,90 @@ def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n
     use_sink = sinks.shape[0] == n_heads
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
-    for task in prange(B * n_heads):
-        b = task // n_heads
-        h = task % n_heads
-        g = h // group
-        score = scratch[task, :T]
-        qr = scratch[task, T:T + d]
-        for i in range(nrows):
-            p = pos0 + i
-            # rotate the query into scratch
-            qh = q[b, i, h * d:(h + 1) * d]
-            c = cos[p]
-            s = sin[p]
-            for j in range(half):
-                a = qh[j]
-                bb = qh[j + half]
-                qr[j] = a * c[j] - bb * s[j]
-                qr[j + half] = bb * c[j] + a * s[j]
-            if causal:
-                lo = max(0, p - window + 1)
-                hi = p + 1
-            else:
-                lo = max(0, p - window + 1)
-                hi = min(pos0 + nrows, p + window)
-            n = hi - lo
-            # scores and their max
-            m = np.float32(0.0)
-            for t in range(n):
-                kt = k_cache[b, lo + t, g * d:(g + 1) * d]
-                acc = np.float32(0.0)
-                for j in range(d):
-                    acc += qr[j] * kt[j]
-                sc = acc * scale32
-                if cap > 0:
-                    sc = np.tanh(sc / cap) * cap
-                score[t] = sc
-                if t == 0 or sc > m:
-                    m = sc
-            if use_sink and sinks[h] > m:
-                m = sinks[h]
-            # softmax numerators and denominator
-            denom = np.float32(0.0)
-            for t in range(n):
-                e = np.exp(score[t] - m)
-                score[t] = e
-                denom += e
-            if use_sink:
-                denom += np.exp(sinks[h] - m)
-            inv = np.float32(1.0) / denom
-            # weighted sum of values
-            o = out[b, i, h * d:(h + 1) * d]
+    b = task // n_heads
+    h = task % n_heads
+    g = h // group
+    score = scratch[task, :T]
+    qr = scratch[task, T:T + d]
+    for i in range(nrows):
+        p = pos0 + i
+        # rotate the query into scratch
+        qh = q[b, i, h * d:(h + 1) * d]
+        c = cos[p]
+        s = sin[p]
+        for j in range(half):
+            a = qh[j]
+            bb = qh[j + half]
+            qr[j] = a * c[j] - bb * s[j]
+            qr[j + half] = bb * c[j] + a * s[j]
+        if causal:
+            lo = max(0, p - window + 1)
+            hi = p + 1
+        else:
+            lo = max(0, p - window + 1)
+            hi = min(pos0 + nrows, p + window)
+        n = hi - lo
+        # scores and their max
+        m = np.float32(0.0)
+        for t in range(n):
+            kt = k_cache[b, lo + t, g * d:(g + 1) * d]
+            acc = np.float32(0.0)
             for j in range(d):
-                o[j] = 0
-            for t in range(n):
-                pt = score[t] * inv
-                vt = v_cache[b, lo + t, g * d:(g + 1) * d]
-                for j in range(d):
-                    o[j] += pt * vt[j]
+                acc += qr[j] * kt[j]
+            sc = acc * scale32
+            if cap > 0:
+                sc = np.tanh(sc / cap) * cap
+            score[t] = sc
+            if t == 0 or sc > m:
+                m = sc
+        if use_sink and sinks[h] > m:
+            m = sinks[h]
+        # softmax numerators and denominator
+        denom = np.float32(0.0)
+        for t in range(n):
+            e = np.exp(score[t] - m)
+            score[t] = e
+            denom += e
+        if use_sink:
+            denom += np.exp(sinks[h] - m)
+        inv = np.float32(1.0) / denom
+        # weighted sum of values
+        o = out[b, i, h * d:(h + 1) * d]
+        for j in range(d):
+            o[j] = 0
+        for t in range(n):
+            pt = score[t] * inv
+            vt = v_cache[b, lo + t, g * d:(g + 1) * d]
+            for j in range(d):
+                o[j] += pt * vt[j]
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows,
+                       n_heads, n_kv, head_dim, window, causal, softcap, scale):
+    """attention() with the (b, h) tasks spread over the thread pool."""
+    for task in prange(q.shape[0] * n_heads):
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
+                n_kv, head_dim, window, causal, softcap, scale, task)
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows,
+                     n_heads, n_kv, head_dim, window, causal, softcap, scale):
+    """attention() on one thread (little work)."""
+    for task in range(q.shape[0] * n_heads):
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
+                n_kv, head_dim, window, causal, softcap, scale, task)
+
+
+def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
+              n_kv, head_dim, window, causal, softcap, scale):
+    """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc).
+
+    One task per (b, h), on the thread pool when there is enough work. q is read (into
+    scratch) before out is written, so out may be q.
+    """
+    work = q.shape[0] * n_heads * nrows * min(pos0 + nrows, window) * head_dim
+    kernel = attention_parallel if work >= PARALLEL_MIN_WORK else attention_serial
+    kernel(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads, n_kv,
+           head_dim, window, causal, softcap, scale)

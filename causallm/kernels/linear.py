@@ -36,74 +36,94 @@ _TILE = 4096  # linear_io: y values (B*nrows rows x block columns) a task keeps 
 BLAS_MIN_ROWS = 16
 
 
+# Weights (K * N elements) below which the decode kernels run on one thread: a parallel region
+# costs ~10-50 us to start and waits for its slowest thread, more than a small matrix takes.
+PARALLEL_MIN_WEIGHTS = 1 << 19
+
+
+@njit(cache=True)
+def _io_blocking(B, nrows, N):
+    """Column block width and count for linear_io: as wide as the L1 tile allows (long runs of
+    each W row stream better from DRAM) but at least 8 blocks when N >= 2048."""
+    max_cols = max(256, _TILE // max(1, B * nrows))
+    cols = min(max_cols, max(256, ((N + 7) // 8 + 15) // 16 * 16))
+    return cols, (N + cols - 1) // cols
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _io_block(x, w, bias, y, x_row, y_row, nrows, n0, n1):
+    """Columns [n0, n1) of y = x @ w + bias, w (K, N) C-contiguous: each group of 8 rows of w
+    is read once and added into every output row's block (y is the accumulator)."""
+    B = x.shape[0]
+    K = w.shape[0]
+    k8 = K - K % 8
+    for b in range(B):
+        for i in range(nrows):
+            yb = y[b, y_row + i, n0:n1]
+            if bias.shape[0] > 0:
+                bb = bias[n0:n1]
+                for n in range(yb.shape[0]):
+                    yb[n] = bb[n]
+            else:
+                for n in range(yb.shape[0]):
+                    yb[n] = 0
+    for k in range(0, k8, 8):
+        w0 = w[k, n0:n1]
+        w1 = w[k + 1, n0:n1]
+        w2 = w[k + 2, n0:n1]
+        w3 = w[k + 3, n0:n1]
+        w4 = w[k + 4, n0:n1]
+        w5 = w[k + 5, n0:n1]
+        w6 = w[k + 6, n0:n1]
+        w7 = w[k + 7, n0:n1]
+        for b in range(B):
+            for i in range(nrows):
+                xr = x[b, x_row + i, k:k + 8]
+                x0, x1, x2, x3 = xr[0], xr[1], xr[2], xr[3]
+                x4, x5, x6, x7 = xr[4], xr[5], xr[6], xr[7]
+                yb = y[b, y_row + i, n0:n1]
+                for n in range(yb.shape[0]):
+                    yb[n] += ((x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n])
+                              + (x4 * w4[n] + x5 * w5[n] + x6 * w6[n] + x7 * w7[n]))
+    for k in range(k8, K):
+        wk = w[k, n0:n1]
+        for b in range(B):
+            for i in range(nrows):
+                xk = x[b, x_row + i, k]
+                yb = y[b, y_row + i, n0:n1]
+                for n in range(yb.shape[0]):
+                    yb[n] += xk * wk[n]
+
+
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
 def linear_io(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias, w (K, N) C-contiguous [in, out].
 
-    Parallel over blocks of output columns. Within a block, each group of 8 rows of w is
-    read once and added into every output row's block (y is the accumulator), so W is
-    streamed once per call whatever B * nrows is. Blocks are as wide as the L1 tile allows
-    (long contiguous runs of each W row stream better from DRAM) but at least 8 per matrix
-    when N >= 2048, so up to 8 threads have work.
+    Parallel over blocks of output columns; W is streamed once per call whatever B * nrows is.
     """
-    B = x.shape[0]
-    K, N = w.shape
-    k8 = K - K % 8
-    max_cols = max(256, _TILE // max(1, B * nrows))
-    cols = min(max_cols, max(256, ((N + 7) // 8 + 15) // 16 * 16))
-    nblocks = (N + cols - 1) // cols
+    cols, nblocks = _io_blocking(x.shape[0], nrows, w.shape[1])
     for blk in prange(nblocks):
-        n0 = blk * cols
-        n1 = min(n0 + cols, N)
-        for b in range(B):
-            for i in range(nrows):
-                yb = y[b, y_row + i, n0:n1]
-                if bias.shape[0] > 0:
-                    bb = bias[n0:n1]
-                    for n in range(yb.shape[0]):
-                        yb[n] = bb[n]
-                else:
-                    for n in range(yb.shape[0]):
-                        yb[n] = 0
-        for k in range(0, k8, 8):
-            w0 = w[k, n0:n1]
-            w1 = w[k + 1, n0:n1]
-            w2 = w[k + 2, n0:n1]
-            w3 = w[k + 3, n0:n1]
-            w4 = w[k + 4, n0:n1]
-            w5 = w[k + 5, n0:n1]
-            w6 = w[k + 6, n0:n1]
-            w7 = w[k + 7, n0:n1]
-            for b in range(B):
-                for i in range(nrows):
-                    xr = x[b, x_row + i, k:k + 8]
-                    x0, x1, x2, x3 = xr[0], xr[1], xr[2], xr[3]
-                    x4, x5, x6, x7 = xr[4], xr[5], xr[6], xr[7]
-                    yb = y[b, y_row + i, n0:n1]
-                    for n in range(yb.shape[0]):
-                        yb[n] += ((x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n])
-                                  + (x4 * w4[n] + x5 * w5[n] + x6 * w6[n] + x7 * w7[n]))
-        for k in range(k8, K):
-            wk = w[k, n0:n1]
-            for b in range(B):
-                for i in range(nrows):
-                    xk = x[b, x_row + i, k]
-                    yb = y[b, y_row + i, n0:n1]
-                    for n in range(yb.shape[0]):
-                        yb[n] += xk * wk[n]
+        _io_block(x, w, bias, y, x_row, y_row, nrows, blk * cols,
+                  min(blk * cols + cols, w.shape[1]))
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
-    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in].
+@njit(cache=True, fastmath=_FASTMATH)
+def linear_io_serial(x, w, bias, y, x_row, y_row, nrows):
+    """linear_io on one thread (small matrices)."""
+    cols, nblocks = _io_blocking(x.shape[0], nrows, w.shape[1])
+    for blk in range(nblocks):
+        _io_block(x, w, bias, y, x_row, y_row, nrows, blk * cols,
+                  min(blk * cols + cols, w.shape[1]))
 
-    Parallel over output columns n: each is a dot product of a contiguous row of wt with the
-    input row, so W is streamed once per call (a wt row stays in L1 across the B*nrows rows).
-    """
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _oi_cols(x, wt, bias, y, x_row, y_row, nrows, n0, n1):
+    """Columns [n0, n1) of y = x @ wt.T + bias: each a dot product of a contiguous row of wt
+    with the input row (a wt row stays in L1 across the B * nrows rows)."""
     B = x.shape[0]
-    N, K = wt.shape
+    K = wt.shape[1]
     has_bias = bias.shape[0] > 0
-    for n in prange(N):
+    for n in range(n0, n1):
         wn = wt[n]
         for b in range(B):
             for i in range(nrows):
@@ -116,19 +136,41 @@ def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
                 y[b, y_row + i, n] = acc
 
 
+_OI_COLS = 64  # output columns per parallel task
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
+    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in].
+
+    Parallel over blocks of output columns; W is streamed once per call.
+    """
+    N = wt.shape[0]
+    for blk in prange((N + _OI_COLS - 1) // _OI_COLS):
+        _oi_cols(x, wt, bias, y, x_row, y_row, nrows, blk * _OI_COLS,
+                 min(blk * _OI_COLS + _OI_COLS, N))
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def linear_oi_serial(x, wt, bias, y, x_row, y_row, nrows):
+    """linear_oi on one thread (small matrices)."""
+    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, 0, wt.shape[0])
+
+
 def linear(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias for b < B, i < nrows; w is the logical (K, N).
 
     w is either C-contiguous (K, N) [in, out], or the transpose view ``wt.T`` of a C-contiguous
     (N, K) [out, in] array. Below ``BLAS_MIN_ROWS`` rows the numba kernel of that layout
-    runs (one pass over W for all batches); otherwise numpy's BLAS (sgemm accepts both layouts
+    runs (one pass over W for all batches; on one thread below ``PARALLEL_MIN_WEIGHTS``); otherwise numpy's BLAS (sgemm accepts both layouts
     without copying) writes each batch straight into y, and the bias is added afterwards.
     """
     if nrows < BLAS_MIN_ROWS:
+        big = w.size >= PARALLEL_MIN_WEIGHTS
         if w.flags.c_contiguous:
-            linear_io(x, w, bias, y, x_row, y_row, nrows)
+            (linear_io if big else linear_io_serial)(x, w, bias, y, x_row, y_row, nrows)
         else:
-            linear_oi(x, w.T, bias, y, x_row, y_row, nrows)
+            (linear_oi if big else linear_oi_serial)(x, w.T, bias, y, x_row, y_row, nrows)
         return
     for b in range(x.shape[0]):
         out = y[b, y_row:y_row + nrows]
