@@ -319,8 +319,9 @@ def test_set_num_threads_clamps():
 def test_serial_and_parallel_kernels_agree_exactly():
     """The one-thread variants run the same per-task code as the parallel ones (the dispatchers
     pick one by the size of the work), so the results are bit-identical."""
-    from causallm.kernels import attention as att
-    from causallm.kernels import linear as lin
+    import importlib
+    att = importlib.import_module("causallm.kernels.attention")
+    lin = importlib.import_module("causallm.kernels.linear")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 67)).astype(np.float32)
     w = rng.standard_normal((67, 301)).astype(np.float32)
