@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
+from causallm.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
 
 # safetensors dtype string -> (bytes per element, little-endian numpy dtype or None if unreadable)
 _ST_DTYPES = {
@@ -236,6 +237,10 @@ class Checkpoint:
 
     Opens `model.safetensors`; else the shards that `model.safetensors.index.json` lists in its
     "weight_map" (name -> file); else the folder's only `*.safetensors` file.
+
+    MXFP4 (gpt-oss experts): a uint8 pair `X_blocks` [E, R, G, B] + `X_scales` [E, R, G] is
+    one tensor `X` of dtype "MXFP4" and shape [E, 2BG, R], which get() dequantizes to float32
+    as transformers does (causallm/mxfp4.py); the pair's own names are hidden.
     """
 
     def __init__(self, folder):
@@ -257,6 +262,12 @@ class Checkpoint:
                 raise CausalLMError(f"{self.folder}: no model.safetensors.index.json to choose "
                                     f"between {', '.join(found)}")
             self._single(os.path.join(self.folder, found[0]))
+        self._mxfp4 = find_mxfp4_pairs({n: (f.dtype(n), f.shape(n))
+                                        for n, f in self._where.items()})
+        self._hidden = {part for pair in self._mxfp4.values() for part in pair}
+        blocks_of = {pair[0]: name for name, pair in self._mxfp4.items()}
+        self._names = [blocks_of.get(n, n) for n in self._where  # X in the place of X_blocks
+                       if n in blocks_of or n not in self._hidden]
 
     def _single(self, path):
         f = SafetensorsFile(path)
@@ -284,32 +295,41 @@ class Checkpoint:
             self._where[name] = shards[file]
 
     def _file(self, name):
-        try:
+        if name in self._mxfp4:
+            return self._where[self._mxfp4[name][0]]
+        if name in self._where and name not in self._hidden:  # parts: only through their X
             return self._where[name]
-        except KeyError:
-            raise CausalLMError(f"{self.folder}: checkpoint has no tensor named '{name}'") from None
+        raise CausalLMError(f"{self.folder}: checkpoint has no tensor named '{name}'")
 
     def keys(self):
-        return list(self._where)
+        return list(self._names)
 
     def __contains__(self, name):
-        return name in self._where
+        return name in self._mxfp4 or (name in self._where and name not in self._hidden)
 
     def __len__(self):
-        return len(self._where)
+        return len(self._names)
 
     def shape(self, name):
+        if name in self._mxfp4:
+            blocks = self._mxfp4[name][0]
+            return mxfp4_shape(self._file(name).shape(blocks), name)
         return self._file(name).shape(name)
 
     def dtype(self, name):
-        return self._file(name).dtype(name)
+        return MXFP4_DTYPE if name in self._mxfp4 else self._file(name).dtype(name)
 
     def get(self, name):
-        """The tensor as read-only float32 (see SafetensorsFile.get)."""
+        """The tensor as read-only float32 (see SafetensorsFile.get); an MXFP4 tensor is
+        dequantized whole, each expert an F-contiguous matrix (``dequantize_mxfp4``)."""
+        if name in self._mxfp4:
+            blocks, scales = self._mxfp4[name]
+            return _readonly(dequantize_mxfp4(self._where[blocks].get(blocks),
+                                              self._where[scales].get(scales)))
         return self._file(name).get(name)
 
     def file_of(self, name):
-        """Path of the file that holds `name`."""
+        """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""
         return self._file(name).path
 
 

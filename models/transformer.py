@@ -3,7 +3,8 @@
 ``constructModel`` lists the graph as the C++ does: ``input0`` -> ``embedding0`` -> N blocks of
 ``createTransformerDecoderBlock`` (pre-norm attention + pre-norm SwiGLU MLP, each with a residual
 add) -> ``output_norm``. Subclasses override ``setupParameters``, ``createAttention``,
-``createMlp``, ``createTransformerDecoderBlock`` and ``registerCustomLayers`` like their C++ twins.
+``createMlp``, ``createTransformerDecoderBlock`` and ``registerCustomLayers`` like their C++ twins,
+and two hooks the C++ writes inline: ``createNorm`` (the norm layer) and ``layerSlidingWindow``.
 
 Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
 ``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama
@@ -139,6 +140,7 @@ class Transformer:
                             f"a divisor of num_attention_heads ({self.NUM_HEADS})")
         self.SLIDING_WINDOW = cfg.get_int("sliding_window", UINT_MAX, minimum=1)
         self.SLIDING_WINDOW_PATTERN = cfg.get_int("sliding_window_pattern", 1, minimum=1)
+        self.layer_types = None  # per-layer attention types, for families whose config has them
         self.MAX_POSITION_EMBEDDINGS = cfg.get_int("max_position_embeddings", 40960, minimum=1)
         self.ROPE_THETA, self.ROPE_SCALING = self.readRope(cfg)
         self.TIE_WORD_EMBEDDINGS = cfg.get_bool("tie_word_embeddings", False)
@@ -240,20 +242,15 @@ class Transformer:
             input_name = "embedding0" if i == 0 else f"layer{i - 1}_decoder_output"
             layers += self.createTransformerDecoderBlock(i, input_name)
 
-        layers.append(createLayer("rms_norm", [
-            withKey("name", "output_norm"), withKey("epsilon", self.NORM_EPS),
-            withKey("input_layers", f"layer{self.NUM_LAYERS - 1}_decoder_output"),
-            withKey("packed", "false")]))
+        layers.append(self.createNorm("output_norm",
+                                      f"layer{self.NUM_LAYERS - 1}_decoder_output"))
 
         for layer in layers:
             self.model.addLayer(layer)
 
     def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
         layers = []
-        layers.append(createLayer("rms_norm", [
-            withKey("name", f"layer{layer_id}_attention_norm"),
-            withKey("input_layers", input_name), withKey("epsilon", self.NORM_EPS),
-            withKey("packed", "false")]))
+        layers.append(self.createNorm(f"layer{layer_id}_attention_norm", input_name))
 
         layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
                                        f"layer{layer_id}_attention_norm",
@@ -264,10 +261,8 @@ class Transformer:
             withKey("name", f"layer{layer_id}_decoder_add"),
             withKey("input_layers", f"{input_name},layer{layer_id}_attention_out")]))
 
-        layers.append(createLayer("rms_norm", [
-            withKey("name", f"layer{layer_id}_ffn_norm"),
-            withKey("input_layers", f"layer{layer_id}_decoder_add"),
-            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+        layers.append(self.createNorm(f"layer{layer_id}_ffn_norm",
+                                      f"layer{layer_id}_decoder_add"))
 
         layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE,
                                  f"layer{layer_id}_ffn_norm")
@@ -276,6 +271,22 @@ class Transformer:
             withKey("name", f"layer{layer_id}_decoder_output"),
             withKey("input_layers", f"layer{layer_id}_decoder_add,layer{layer_id}_ffn_down")]))
         return layers
+
+    def createNorm(self, name: str, input_name: str):
+        """The decoder's norm layer ``name`` over ``input_name``: ``rms_norm`` (a family with
+        LayerNorm overrides this)."""
+        return createLayer("rms_norm", [
+            withKey("name", name), withKey("input_layers", input_name),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")])
+
+    def layerSlidingWindow(self, layer_id: int) -> int:
+        """mha_core ``sliding_window`` of layer ``layer_id`` (UINT_MAX = full attention): the
+        window on every layer but each SLIDING_WINDOW_PATTERN-th, as the C++; where a family
+        sets ``layer_types``, on its ``sliding_attention`` layers."""
+        if self.layer_types is not None:
+            return (self.SLIDING_WINDOW if self.layer_types[layer_id] == "sliding_attention"
+                    else UINT_MAX)
+        return self.SLIDING_WINDOW if (layer_id + 1) % self.SLIDING_WINDOW_PATTERN else UINT_MAX
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str) -> list:
@@ -304,8 +315,7 @@ class Transformer:
             withKey("num_heads", n_heads),
             withKey("num_heads_kv", n_heads // self.GQA_SIZE),
             withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", self.SLIDING_WINDOW
-                    if (layer_id + 1) % self.SLIDING_WINDOW_PATTERN else UINT_MAX),
+            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
             withKey("rope_theta", self.ROPE_THETA),
             withKey("max_new_tokens", self.NUM_TO_GENERATE),
             withKey("is_causal", "true" if self.IS_CAUSAL else "false"),

@@ -32,21 +32,20 @@ than absolute and ``is_decoder`` are rejected.
 
 from __future__ import annotations
 
-from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.api import createLayer, createModel, withKey
 from causallm.config import JsonConfig
-from causallm.properties import UINT_MAX
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
+from models.layer_norm_transformer import LayerNormTransformer
 from models.sentence_transformer import SentenceTransformer
-from models.transformer import HFWeight, Transformer
+from models.transformer import HFWeight
 
 BERT_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu",
                     "relu": "relu", "silu": "swish", "swish": "swish"}
 """HF ``hidden_act`` -> NNTrainer ``activation`` (gelu is the exact erf form)."""
 
 
-class BertTransformer(Transformer):
-    """The BERT encoder stack (see the module docstring); no pooling, no head."""
+class BertTransformer(LayerNormTransformer):
+    """The BERT encoder stack (see the module docstring; the attention and MLP are
+    :class:`LayerNormTransformer`'s); no pooling, no head."""
 
     # -- parameters -------------------------------------------------------------------------
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
@@ -91,9 +90,7 @@ class BertTransformer(Transformer):
             withKey("type_vocab_size", self.TYPE_VOCAB_SIZE),
             withKey("weight_dtype", self.EMBEDDING_DTYPE)]))
 
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", "embedding_norm"), withKey("input_layers", "embedding_position"),
-            withKey("axis", 3), withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+        layers.append(self.createNorm("embedding_norm", "embedding_position"))
 
         for i in range(self.NUM_LAYERS):
             input_name = "embedding_norm" if i == 0 else f"layer{i - 1}_decoder_output"
@@ -111,10 +108,7 @@ class BertTransformer(Transformer):
             withKey("name", f"layer{i}_decoder_add"),
             withKey("input_layers", f"{input_name},layer{i}_attention_out")]))
 
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", f"layer{i}_attention_norm"),
-            withKey("input_layers", f"layer{i}_decoder_add"), withKey("axis", 3),
-            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+        layers.append(self.createNorm(f"layer{i}_attention_norm", f"layer{i}_decoder_add"))
 
         layers += self.createMlp(i, self.DIM, self.INTERMEDIATE_SIZE, f"layer{i}_attention_norm")
 
@@ -122,61 +116,8 @@ class BertTransformer(Transformer):
             withKey("name", f"layer{i}_ffn_add"),
             withKey("input_layers", f"layer{i}_attention_norm,layer{i}_ffn_down")]))
 
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", f"layer{i}_decoder_output"),
-            withKey("input_layers", f"layer{i}_ffn_add"), withKey("axis", 3),
-            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
+        layers.append(self.createNorm(f"layer{i}_decoder_output", f"layer{i}_ffn_add"))
         return layers
-
-    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
-        layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
-
-        for name, unit, source in ((Q, head_dim * n_heads, query_name),
-                                   (K, head_dim * n_heads // self.GQA_SIZE, key_name),
-                                   (V, head_dim * n_heads // self.GQA_SIZE, value_name)):
-            layers.append(createLayer("fully_connected", [
-                withKey("name", name), withKey("unit", unit), withKey("disable_bias", "false"),
-                withKey("input_layers", source), withKey("weight_initializer", "ones")]))
-
-        # bidirectional, no RoPE: positions came in with the position embeddings
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", UINT_MAX),
-            withKey("use_rope", "false"),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "false"),
-            withKey("input_layers", [Q, K, V])]))
-
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "false"),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
-        return layers
-
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
-        i = layer_id
-        fc = [withKey("disable_bias", "false"), withKey("weight_initializer", "ones")]
-        return [
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
-            createLayer("activation", [withKey("name", f"layer{i}_ffn_act"),
-                                       withKey("activation", self.HIDDEN_ACT),
-                                       withKey("input_layers", f"layer{i}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
-                                            withKey("unit", dim),
-                                            withKey("input_layers", f"layer{i}_ffn_act"), *fc]),
-        ]
-
-    def registerCustomLayers(self) -> None:
-        super().registerCustomLayers()
-        registerFactory(LayerNormalizationLayer)
-        registerFactory(PositionalEmbeddingLayer)
 
     # -- weights ----------------------------------------------------------------------------
     def getHFWeightMap(self) -> dict[str, HFWeight]:

@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import os
 
-from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.api import createLayer, createModel, withKey
 from causallm.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.properties import UINT_MAX
 from causallm.weights import Checkpoint
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
 from models.causal_lm import CausalLM, GenerationResult
-from models.transformer import HFWeight, Transformer
+from models.layer_norm_transformer import LayerNormTransformer
+from models.transformer import HFWeight
 
 GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
                     "relu": "relu"}
@@ -72,8 +70,9 @@ def gpt2BaseConfig(cfg: JsonConfig) -> JsonConfig:
     }, cfg.path, cfg.exists)
 
 
-class GPT2Transformer(Transformer):
-    """Transformer with GPT-2's embeddings, LayerNorms, biased attention and GELU MLP."""
+class GPT2Transformer(LayerNormTransformer):
+    """Transformer with GPT-2's embeddings, LayerNorms, biased attention and GELU MLP (the
+    blocks: :class:`LayerNormTransformer`, pre-norm as the base decoder block)."""
 
     architectures = "GPT2Transformer"
 
@@ -86,7 +85,7 @@ class GPT2Transformer(Transformer):
         act = cfg.get_str("activation_function", "gelu_new")
         if act not in GPT2_ACTIVATIONS:
             raise cfg.error("activation_function", f"one of {', '.join(GPT2_ACTIVATIONS)}")
-        self.ACTIVATION = GPT2_ACTIVATIONS[act]
+        self.HIDDEN_ACT = GPT2_ACTIVATIONS[act]
         self.SCALE_ATTN_WEIGHTS = cfg.get_bool("scale_attn_weights", True)
         self.SCALE_ATTN_BY_INVERSE_LAYER_IDX = cfg.get_bool("scale_attn_by_inverse_layer_idx",
                                                             False)
@@ -96,6 +95,10 @@ class GPT2Transformer(Transformer):
         self.MAX_TIMESTEP = min(self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
                                 self.MAX_POSITION_EMBEDDINGS)
         self.HF_PREFIX = "transformer."
+
+    def kvCacheRows(self) -> int:
+        """mha_core ``max_timestep``: MAX_TIMESTEP (positions stop at n_positions)."""
+        return self.MAX_TIMESTEP
 
     def attentionScalar(self, layer_id: int) -> float:
         """mha_core ``query_pre_attn_scalar`` a (scores are scaled by a^-1/2): head_dim, or 1
@@ -130,96 +133,11 @@ class GPT2Transformer(Transformer):
             layers += self.createTransformerDecoderBlock(i, input_name)
 
         # final LayerNorm (ln_f)
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", "output_norm"), withKey("axis", 3), withKey("epsilon", self.NORM_EPS),
-            withKey("input_layers", f"layer{self.NUM_LAYERS - 1}_decoder_output"),
-            withKey("packed", "false")]))
+        layers.append(self.createNorm("output_norm",
+                                      f"layer{self.NUM_LAYERS - 1}_decoder_output"))
 
         for layer in layers:
             self.model.addLayer(layer)
-
-    def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
-        layers = []
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", f"layer{layer_id}_attention_norm"),
-            withKey("input_layers", input_name), withKey("axis", 3),
-            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
-
-        layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
-                                       f"layer{layer_id}_attention_norm",
-                                       f"layer{layer_id}_attention_norm",
-                                       f"layer{layer_id}_attention_norm")
-
-        layers.append(createLayer("addition", [
-            withKey("name", f"layer{layer_id}_decoder_add"),
-            withKey("input_layers", f"{input_name},layer{layer_id}_attention_out")]))
-
-        layers.append(createLayer("layer_normalization", [
-            withKey("name", f"layer{layer_id}_ffn_norm"),
-            withKey("input_layers", f"layer{layer_id}_decoder_add"), withKey("axis", 3),
-            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")]))
-
-        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE,
-                                 f"layer{layer_id}_ffn_norm")
-
-        layers.append(createLayer("addition", [
-            withKey("name", f"layer{layer_id}_decoder_output"),
-            withKey("input_layers", f"layer{layer_id}_decoder_add,layer{layer_id}_ffn_down")]))
-        return layers
-
-    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
-        layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
-
-        # Q, K, V layers: the three column blocks of c_attn, each with its bias
-        for name, input_name in ((Q, query_name), (K, key_name), (V, value_name)):
-            layers.append(createLayer("fully_connected", [
-                withKey("name", name), withKey("unit", head_dim * n_heads),
-                withKey("disable_bias", "false"), withKey("input_layers", input_name),
-                withKey("weight_initializer", "ones")]))
-
-        # Attention core layer: causal, no RoPE (positions came in with wpe)
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads),
-            withKey("max_timestep", self.MAX_TIMESTEP),
-            withKey("sliding_window", UINT_MAX),
-            withKey("use_rope", "false"),
-            withKey("query_pre_attn_scalar", self.attentionScalar(layer_id)),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "true"),
-            withKey("input_layers", [Q, K, V])]))
-
-        # O layer (c_proj)
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "false"),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
-        return layers
-
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
-        layers = []
-        # c_fc
-        layers.append(createLayer("fully_connected", [
-            withKey("name", f"layer{layer_id}_ffn_up"), withKey("unit", hidden_dim),
-            withKey("disable_bias", "false"), withKey("input_layers", input_name),
-            withKey("weight_initializer", "ones")]))
-        layers.append(createLayer("activation", [
-            withKey("name", f"layer{layer_id}_ffn_act"), withKey("activation", self.ACTIVATION),
-            withKey("input_layers", f"layer{layer_id}_ffn_up")]))
-        # c_proj
-        layers.append(createLayer("fully_connected", [
-            withKey("name", f"layer{layer_id}_ffn_down"), withKey("unit", dim),
-            withKey("disable_bias", "false"), withKey("input_layers", f"layer{layer_id}_ffn_act"),
-            withKey("weight_initializer", "ones")]))
-        return layers
-
-    def registerCustomLayers(self) -> None:
-        super().registerCustomLayers()
-        registerFactory(LayerNormalizationLayer)
-        registerFactory(PositionalEmbeddingLayer)
 
     # -- weights ----------------------------------------------------------------------------
     def getHFWeightMap(self) -> dict[str, HFWeight | list[HFWeight]]:

@@ -20,18 +20,29 @@ factor 32, beta 32/1, truncate false, original 4096, theta 150000), as do ``laye
 ``sliding_window`` (128), ``rms_norm_eps`` (1e-5) and ``attention_bias`` (true); the experts clamp
 and add the router bias as transformers does (G15); ``swiglu_alpha`` / ``swiglu_limit`` are read.
 The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
-:meth:`GptOssForCausalLM.getHFWeightMap`.
+:meth:`GptOssForCausalLM.getHFWeightMap`. The Hub's checkpoints (openai/gpt-oss-20b, -120b)
+store the experts as MXFP4 ``_blocks`` / ``_scales`` pairs (config.json
+``quantization_config``); causallm.weights.Checkpoint shows each pair as the float32 tensor
+transformers dequantizes it to (causallm/mxfp4.py), so the same map reads them, and the expert
+cache is on by default for them (see the class).
 """
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
+
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.lazy_weights import safetensors_slice
+from causallm.mxfp4 import MXFP4_DTYPE
 from causallm.properties import UINT_MAX
 from layers.gpt_oss_moe import GptOssMoELayer
 from models.causal_lm import CausalLM
-from models.transformer import HFWeight
+from models.experts_on_file import HF_EXPERTS, ExpertsOnFileMixin, OnFileWeight
+from models.transformer import HFWeight, hfParts
 
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 GPT_OSS_SLIDING_WINDOW = 128           # HF GptOssConfig defaults, used when config.json lacks them
@@ -60,11 +71,48 @@ def readGptOssLayerTypes(cfg: JsonConfig, num_layers: int) -> list[str]:
     return list(layer_types)
 
 
-class GptOssForCausalLM(CausalLM):
-    """``GptOssForCausalLM``: sink attention with sliding windows, yarn RoPE, MoE feed-forward."""
+def readQuantMethod(cfg: JsonConfig) -> str | None:
+    """config.json ``quantization_config.quant_method``: None, or "mxfp4" (openai/gpt-oss-20b
+    and -120b store the experts as MXFP4, read by causallm/mxfp4.py); others are errors."""
+    if not cfg.contains("quantization_config"):
+        return None
+    method = cfg.get_dict("quantization_config").get("quant_method")
+    if method != "mxfp4":
+        raise CausalLMError(f"{cfg.path}: 'quantization_config' has quant_method {method!r}; "
+                            f"only \"mxfp4\" checkpoints can be read")
+    return method
+
+
+class ColumnSlice:
+    """``source.read()[..., columns]`` as a C-contiguous float32 array, read on demand
+    (``columns`` = ``slice(0, None, 2)`` is an expert's gate in gpt-oss's gate_up_proj)."""
+
+    __slots__ = ("source", "columns")
+
+    def __init__(self, source, columns: slice) -> None:
+        self.source, self.columns = source, columns
+
+    def read(self) -> np.ndarray:
+        return np.ascontiguousarray(self.source.read()[..., self.columns])
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+
+class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
+    """``GptOssForCausalLM``: sink attention with sliding windows, yarn RoPE, MoE feed-forward.
+
+    nntr_config ``moe_expert_cache`` N > 0 keeps the experts in their file and at most N per
+    layer in memory (models/experts_on_file.py); the default is 0 (all resident), except for
+    an MXFP4 checkpoint (config.json ``quantization_config``): every expert dequantized to
+    float32 would take 8x its file size (~80 GB for gpt-oss-20b), so there the default is the
+    experts of one token, ``num_experts_per_tok``, announced on stderr."""
 
     architectures = "GptOssForCausalLM"
     MOE_LAYER_TYPE = GptOssMoELayer.type  # the feed-forward layer createMlp creates
+    EXPERT_LAYER = GptOssMoELayer
+    EXPERT_WEIGHTS = ("up", "up_bias", "gate", "gate_bias", "down", "down_bias")  # request order
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
@@ -94,6 +142,14 @@ class GptOssForCausalLM(CausalLM):
         self.SWIGLU_LIMIT = cfg.get_float("swiglu_limit", SWIGLU_LIMIT)
         if self.SWIGLU_LIMIT <= 0:
             raise cfg.error("swiglu_limit", "a positive number")
+        self.QUANT_METHOD = readQuantMethod(cfg)
+        if (self.QUANT_METHOD == "mxfp4" and self.MOE_EXPERT_CACHE is None
+                and self.MOE_LAYER_TYPE == GptOssMoELayer.type):
+            self.MOE_EXPERT_CACHE = self.NUM_EXPERTS_PER_TOK
+            print(f"[gpt-oss] {cfg.path}: MXFP4 experts are read from the file when routed to, "
+                  f"{self.MOE_EXPERT_CACHE} per layer kept in memory (nntr_config "
+                  f"\"moe_expert_cache\": N keeps N, 0 dequantizes them all at load)",
+                  file=sys.stderr)
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str) -> list:
@@ -150,7 +206,9 @@ class GptOssForCausalLM(CausalLM):
             withKey("num_experts", self.NUM_EXPERTS),
             withKey("num_experts_per_token", self.NUM_EXPERTS_PER_TOK),
             withKey("swiglu_alpha", self.SWIGLU_ALPHA),
-            withKey("swiglu_limit", self.SWIGLU_LIMIT)])]
+            withKey("swiglu_limit", self.SWIGLU_LIMIT),
+            *([withKey("moe_expert_cache", self.MOE_EXPERT_CACHE)]
+              if self.MOE_EXPERT_CACHE is not None else [])])]
 
     def registerCustomLayers(self) -> None:
         super().registerCustomLayers()
@@ -189,4 +247,22 @@ class GptOssForCausalLM(CausalLM):
                 HFWeight(f"{moe}expert_down_{e}", index=(e,)) for e in experts]
             m[hf + "mlp.experts.down_proj_bias"] = [
                 HFWeight(f"{moe}expert_down_bias_{e}", index=(e,)) for e in experts]
+        if self._experts_on_file:  # added after ExpertsOnFileMixin.getHFWeightMap ran: mark
+            for name, entry in m.items():  # them too, so no strided part is copied from zeros
+                if HF_EXPERTS in name:
+                    m[name] = [OnFileWeight(*part) for part in hfParts(entry)]
         return m
+
+    def expertSource(self, ckpt, name: str, part: HFWeight):
+        """Where expert part ``part`` of ``name`` lies, in the layout its loaded weight has: a
+        part ``(e,)`` is expert e's block (a FileSlice, or for MXFP4 an Mxfp4Slice, whose
+        read() is the F-contiguous transpose of the dequantized rows, as Checkpoint.get gives
+        it); every other column of it (index ``(e, columns)`` or ``(e, :, columns)``) is a
+        ColumnSlice, C-contiguous, of that block, or for MXFP4 of the Mxfp4Slice of just those
+        columns (only those rows are dequantized)."""
+        path = ckpt.file_of(name)
+        if len(part.index) == 1:
+            return safetensors_slice(path, name, part.index)
+        if ckpt.dtype(name) == MXFP4_DTYPE:
+            return ColumnSlice(safetensors_slice(path, name, part.index), _ALL)
+        return ColumnSlice(safetensors_slice(path, name, part.index[:1]), part.index[-1])

@@ -80,12 +80,8 @@ class Qwen2Transformer(Transformer):
         # weight map; createAttention gives q/k/v theirs.
         self.ATTENTION_BIAS = False
         self.MLP_BIAS = False
+        # per-layer windows: Transformer.layerSlidingWindow reads layer_types
         self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
-
-    def layerSlidingWindow(self, layer_id: int) -> int:
-        """mha_core ``sliding_window`` of layer ``layer_id`` (UINT_MAX = full attention)."""
-        return (self.SLIDING_WINDOW if self.layer_types[layer_id] == "sliding_attention"
-                else UINT_MAX)
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str) -> list:

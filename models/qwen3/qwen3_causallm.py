@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.config import JsonConfig
-from causallm.properties import UINT_MAX
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
 from models.qwen2.qwen2_causallm import readQwenLayerTypes
@@ -41,12 +40,8 @@ class Qwen3Transformer(Transformer):
         super().setupParameters(cfg, generation_cfg, nntr_cfg)
         self.HEAD_DIM = cfg.get_int("head_dim", QWEN3_HEAD_DIM_DEFAULT, minimum=1)
         self.MLP_BIAS = False  # HF Qwen3MLP has no biases and no mlp_bias key
+        # per-layer windows: Transformer.layerSlidingWindow reads layer_types
         self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
-
-    def layerSlidingWindow(self, layer_id: int) -> int:
-        """mha_core ``sliding_window`` of layer ``layer_id`` (UINT_MAX = full attention)."""
-        return (self.SLIDING_WINDOW if self.layer_types[layer_id] == "sliding_attention"
-                else UINT_MAX)
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str) -> list:

@@ -27,36 +27,32 @@ Hugging Face checkpoints: the Hub's per-expert tensors
 
 nntr_config ``moe_expert_cache`` (N): experts kept in memory per layer (0 = all resident, the
 default here; Qwen3SlimMoeForCausalLM and Qwen3CachedSlimMoeForCausalLM turn it on). With N > 0
-the expert weights are never memory-mapped: ``load_weight`` records where each lies in the file
-(.bin or .safetensors) and the layers read the routed ones into an LRU of N; everything else
-loads as usual. Logits are identical either way. ``save_weight`` copies such experts from the
-file, but the graph's own expert weights (``model.getWeight``) are zero placeholders then:
-code that reads weights directly must build the model with ``moe_expert_cache`` 0.
+the experts stay in the weight file (.bin or .safetensors, per-expert or fused) and the layers
+read the routed ones into an LRU of N (models/experts_on_file.py: loading, saving, and the zero
+placeholders ``model.getWeight`` then gives for the experts). Logits are identical either way.
 """
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
-
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.lazy_weights import FileSlice, bin_slices, safetensors_slice
-from causallm.weights import write_bin
-from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
+from layers.qwen_moe import MoELayer
+from models.experts_on_file import ExpertsOnFileMixin
 from models.qwen3.qwen3_causallm import Qwen3CausalLM
-from models.transformer import HFWeight, hfParts
+from models.transformer import HFWeight
 
 EXPERT_WEIGHTS = ("up", "gate", "down")  # a qwen_moe expert's weights, in request order
 
 
-class Qwen3MoECausalLM(Qwen3CausalLM):
-    """``Qwen3MoeForCausalLM``: Qwen3CausalLM with sparse MoE feed-forward layers."""
+class Qwen3MoECausalLM(ExpertsOnFileMixin, Qwen3CausalLM):
+    """``Qwen3MoeForCausalLM``: Qwen3CausalLM with sparse MoE feed-forward layers (their
+    experts optionally left on file, see models/experts_on_file.py)."""
 
     architectures = "Qwen3MoeForCausalLM"
     MOE_LAYER = MoELayer  # its type string is what createMlp creates
+    EXPERT_LAYER = MoELayer  # the slim variants' layers are MoELayers too
+    EXPERT_WEIGHTS = EXPERT_WEIGHTS
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
@@ -77,12 +73,7 @@ class Qwen3MoECausalLM(Qwen3CausalLM):
         self.DECODER_SPARSE_STEP = cfg.get_int("decoder_sparse_step", 1, minimum=1)
         self.MLP_ONLY_LAYERS = (cfg.get_int_list("mlp_only_layers")
                                 if cfg.contains("mlp_only_layers") else [])
-        self.MOE_EXPERT_CACHE = (nntr_cfg.get_int("moe_expert_cache", minimum=0)
-                                 if nntr_cfg.contains("moe_expert_cache") else None)
-        self.hf_fused_experts = False  # set by load_hf_weight from the checkpoint's names
-        self.expert_slices: dict[str, FileSlice] = {}  # experts left on file, by weight name
-        self._hf_checkpoint = None
-        self._hf_experts_on_file = False
+        self.hf_fused_experts = False  # set by openHFCheckpoint from the checkpoint's names
 
     def isMoELayer(self, layer_id: int) -> bool:
         """transformers' Qwen3MoeDecoderLayer rule for a sparse (MoE) feed-forward."""
@@ -109,19 +100,6 @@ class Qwen3MoECausalLM(Qwen3CausalLM):
         registerFactory(self.MOE_LAYER)
 
     # -- weights ----------------------------------------------------------------------------
-    def moeLayers(self) -> list[tuple[str, MoELayer]]:
-        """(name, layer) of every MoE layer, in graph order."""
-        found = []
-
-        def collect(layer, ctx, _):
-            if isinstance(layer, MoELayer):
-                found.append((ctx.getName(), layer))
-        self.model.forEachLayer(collect)
-        return found
-
-    def expertCacheOn(self) -> bool:
-        return any(layer.cache_capacity > 0 for _, layer in self.moeLayers())
-
     def getHFWeightMap(self) -> dict[str, HFWeight]:
         """Qwen3's map with each MoE layer's ``mlp.*`` replaced by the router (``mlp.gate``,
         [E, H] read transposed) and the experts, per expert or fused (see the module docstring)."""
@@ -148,94 +126,9 @@ class Qwen3MoECausalLM(Qwen3CausalLM):
                                                                          True)
         return m
 
-    def load_weight(self, weight_path: str) -> None:
-        """As Transformer.load_weight; with the expert cache on, a .bin's experts stay on file."""
-        if not self.is_initialized:
-            raise CausalLMError("load_weight: call initialize() first")
-        if (os.path.isdir(weight_path) or weight_path.endswith(".safetensors")
-                or not self.expertCacheOn()):
-            super().load_weight(weight_path)
-            return
-        specs = self.model.getWeightSpecs()
-        slices = {}
-        for spec, part in zip(specs, bin_slices(weight_path, [(s.full_name, s.shape, s.dtype)
-                                                              for s in specs])):
-            if ":expert_" in spec.full_name:
-                slices[spec.full_name] = part
-            else:
-                self.model.setWeight(spec.full_name, part.read())
-        self.attachExpertSources(slices)
-        self.model.warmup()
-
-    def load_hf_weight(self, path: str) -> None:
-        """Per-expert or fused checkpoints; with the expert cache on, the expert tensors are
-        located in their files instead of read (their graph weights stay untouched zeros)."""
-        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        self._hf_checkpoint = super().openHFCheckpoint(folder)
-        self.hf_fused_experts = any(n.endswith(".mlp.experts.gate_up_proj")
-                                    for n in self._hf_checkpoint.keys())
-        self._hf_experts_on_file = self.expertCacheOn()
-        try:
-            super().load_hf_weight(path)
-        finally:
-            ckpt, self._hf_checkpoint = self._hf_checkpoint, None
-        if self._hf_experts_on_file:
-            self.attachExpertSources({
-                part.target: safetensors_slice(ckpt.file_of(name), name, part.index,
-                                               part.transpose)
-                for name, entry in self.getHFWeightMap().items() for part in hfParts(entry)
-                if ":expert_" in part.target})
-
     def openHFCheckpoint(self, folder: str):
-        ckpt = (self._hf_checkpoint if self._hf_checkpoint is not None
-                else super().openHFCheckpoint(folder))
-        return _ExpertsOnFile(ckpt) if self._hf_experts_on_file else ckpt
-
-    def attachExpertSources(self, slices: dict[str, FileSlice]) -> None:
-        """Give every MoE layer its experts' FileSlices (``scope:expert_{up,gate,down}_{e}``)."""
-        self.expert_slices = slices
-        for name, layer in self.moeLayers():
-            layer.setExpertSources([tuple(slices[f"{name}:expert_{w}_{e}"] for w in EXPERT_WEIGHTS)
-                                    for e in range(layer.num_experts)])
-
-    def save_weight(self, weight_path: str, dtype: str | None = None,
-                    layer_dtype_map: dict | None = None) -> None:
-        """Transformer.save_weight; experts left on file are copied from it one at a time."""
-        if not self.is_initialized or not self.expert_slices:
-            super().save_weight(weight_path, dtype, layer_dtype_map)
-            return
-        layer_dtype_map = layer_dtype_map or {}
-        specs = self.model.getWeightSpecs()
-        arrays = [self.expert_slices[s.full_name] if s.full_name in self.expert_slices
-                  else self.model.getWeight(s.full_name) for s in specs]
-        dtypes = [layer_dtype_map.get(s.full_name.split(":", 1)[0]) or dtype or s.dtype
-                  for s in specs]
-        write_bin(weight_path, arrays, dtypes)
-
-
-class _ExpertsOnFile:
-    """A checkpoint whose expert tensors (``.mlp.experts.``) read as zero placeholders, all
-    views of one zero buffer (as large as the largest of them), so neither the placeholders nor
-    the file's map take memory per expert."""
-
-    def __init__(self, ckpt) -> None:
-        self.ckpt = ckpt
-        self._zeros = np.zeros(0, dtype=np.float32)
-
-    def keys(self) -> list[str]:
-        return self.ckpt.keys()
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.ckpt
-
-    def get(self, name: str) -> np.ndarray:
-        if ".mlp.experts." in name:
-            shape = self.ckpt.shape(name)
-            n = int(np.prod(shape))
-            if self._zeros.size < n:
-                self._zeros = np.zeros(n, dtype=np.float32)
-            return self._zeros[:n].reshape(shape)
-        return self.ckpt.get(name)
-
-    def file_of(self, name: str) -> str:
-        return self.ckpt.file_of(name)
+        """The checkpoint; its names tell per-expert from fused experts (``hf_fused_experts``,
+        read by getHFWeightMap)."""
+        ckpt = super().openHFCheckpoint(folder)
+        self.hf_fused_experts = any(n.endswith(".mlp.experts.gate_up_proj") for n in ckpt.keys())
+        return ckpt

@@ -1,0 +1,87 @@
+"""LayerNormTransformer: the blocks GPT-2 and BERT share (neither model is in nntrainer's
+CausalLM; both follow its model files). Each subclass builds its own embeddings (with learned
+``positional_embedding``) and block order; this class gives them:
+
+- norms (``createNorm``): ``layer_normalization`` over the hidden axis,
+  LN(x) = (x - mean) / sqrt(var + eps) * gamma + beta, eps = NORM_EPS;
+- attention without RoPE (positions came in with the embeddings)::
+
+      q|k|v = x Wq|Wk|Wv + b                       ``layer{i}_wq``, ``_wk``, ``_wv``
+      a     = softmax(q k^T / sqrt(s) [+ causal mask]) v   per head, ``_attention`` (mha_core)
+      out   = a Wo + bo                             ``_attention_out``
+
+  with s = ``attentionScalar(layer_id)`` (head_dim unless a subclass scales otherwise), the
+  causal mask iff IS_CAUSAL, and ``kvCacheRows()`` KV-cache rows;
+- an ungated MLP: ``down(act(x Wup + bup)) + bdown``, act = HIDDEN_ACT (``layer{i}_ffn_up``,
+  ``_ffn_act``, ``_ffn_down``).
+
+Biases follow ATTENTION_BIAS / MLP_BIAS (both families set them).
+"""
+
+from __future__ import annotations
+
+from causallm.api import createLayer, registerFactory, withKey
+from causallm.properties import UINT_MAX
+from layers.layer_normalization import LayerNormalizationLayer
+from layers.positional_embedding import PositionalEmbeddingLayer
+from models.transformer import Transformer
+
+
+class LayerNormTransformer(Transformer):
+    """Transformer with LayerNorm, RoPE-free attention and an ungated MLP (module docstring)."""
+
+    def kvCacheRows(self) -> int:
+        """mha_core ``max_timestep``: INIT_SEQ_LEN + NUM_TO_GENERATE (read when the graph is
+        built, after every setupParameters)."""
+        return self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
+
+    def attentionScalar(self, layer_id: int) -> float:
+        """mha_core ``query_pre_attn_scalar`` s of layer ``layer_id`` (scores are scaled by
+        s^-1/2): 0, mha_core's default, which is head_dim."""
+        return 0.0
+
+    def createNorm(self, name: str, input_name: str):
+        return createLayer("layer_normalization", [
+            withKey("name", name), withKey("input_layers", input_name), withKey("axis", 3),
+            withKey("epsilon", self.NORM_EPS), withKey("packed", "false")])
+
+    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
+                        query_name: str, key_name: str, value_name: str) -> list:
+        """The base attention (``_wq``, ``_wk``, ``_wv``, ``_attention``, ``_attention_out``) with
+        an mha_core without RoPE: positions came in with the position embeddings."""
+        layers = super().createAttention(layer_id, seq_len, n_heads, head_dim, query_name,
+                                         key_name, value_name)
+        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
+        layers[3] = createLayer("mha_core", [
+            withKey("name", f"layer{layer_id}_attention"),
+            withKey("num_heads", n_heads),
+            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
+            withKey("max_timestep", self.kvCacheRows()),
+            withKey("sliding_window", UINT_MAX),
+            withKey("use_rope", "false"),
+            withKey("query_pre_attn_scalar", self.attentionScalar(layer_id)),
+            withKey("max_new_tokens", self.NUM_TO_GENERATE),
+            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
+            withKey("input_layers", [Q, K, V])])
+        return layers
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+        i = layer_id
+        fc = [withKey("disable_bias", "false" if self.MLP_BIAS else "true"),
+              withKey("weight_initializer", "ones")]
+        return [
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
+                                            withKey("unit", hidden_dim),
+                                            withKey("input_layers", input_name), *fc]),
+            createLayer("activation", [withKey("name", f"layer{i}_ffn_act"),
+                                       withKey("activation", self.HIDDEN_ACT),
+                                       withKey("input_layers", f"layer{i}_ffn_up")]),
+            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
+                                            withKey("unit", dim),
+                                            withKey("input_layers", f"layer{i}_ffn_act"), *fc]),
+        ]
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(LayerNormalizationLayer)
+        registerFactory(PositionalEmbeddingLayer)
