@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 
 import main
-from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.api import createLayer, registerFactory, withKey
 from causallm.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.embedding_sum import position_add
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool, l2_normalize
 from factory import Factory
+from graphs import build, feature_input
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
 from layers.layer_normalization import LayerNormalizationLayer
@@ -113,22 +114,6 @@ def test_position_add_kernel(typed):
 
 
 # ------------------------------------------------------------------------------ layers
-def feature_input(name, rows, width):
-    return createLayer("input", [withKey("name", name),
-                                 withKey("input_shape", f"1:{rows}:{width}")])
-
-
-def build(layers, batch=1):
-    model = createModel()
-    if batch != 1:
-        model.setProperty([withKey("batch_size", batch)])
-    for layer in layers:
-        model.addLayer(layer)
-    model.compile()
-    model.initialize()
-    return model
-
-
 def infer(model, x, from_, to):
     batch = x.shape[0]
     return model.incremental_inference(batch, [x.reshape(batch, -1)], None, None, from_, to)[0]

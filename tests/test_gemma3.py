@@ -26,106 +26,61 @@ import numpy as np
 import pytest
 
 import main
+import parity
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import JsonConfig, load_model_configs
+from causallm.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.kernels.softcap import softcap
 from causallm.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from models.gemma3.function import apply_function_gemma_template, function_gemma_prompt
 from models.gemma3.gemma3_causallm import Gemma3CausalLM, Gemma3Transformer
+from parity import FIXTURES, expected
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 GEMMA3_FIXTURES = ["gemma3-swa-tied", "gemma3-softcap"]
 S, F = "sliding_attention", "full_attention"
 
 
 def load(name, **nntr):
-    cfg, gen, nntr_cfg = load_model_configs(os.path.join(FIXTURES, name))
-    nntr_cfg.update(nntr)
-    model = Gemma3CausalLM(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(os.path.join(FIXTURES, name))
-    return model
-
-
-def expected(name):
-    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
-
-
-def assert_logits_close(ours, ref, what):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= 2e-4 * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
+    return parity.load(Gemma3CausalLM, name, **nntr)
 
 
 # ------------------------------------------------------------------------------ parity
 @pytest.mark.parametrize("name", GEMMA3_FIXTURES)
 def test_prompt_ids_match_tokenizer_json(name):
-    ref = expected(name)
-    model = load(name, init_seq_len=64, num_to_generate=64)
-    assert model.tokenizer.Encode(str(ref["prompt"])) == ref["prompt_ids"].tolist()
+    parity.check_prompt_ids(load(name), expected(name))
 
 
 @pytest.mark.parametrize("name", GEMMA3_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
-    model = load(name, init_seq_len=64, num_to_generate=64)
-    ids = ref["prompt_ids"].astype(np.float32)[None, :]
-    P = ids.shape[1]
-    assert P > model.SLIDING_WINDOW  # the whole prompt in one step, longer than the window
-    logits = model.model.incremental_inference(1, [ids], None, P, 0, P)[0][0]
-    assert_logits_close(logits, ref["prefill_logits"], "prefill")
-    tokens = ref["tokens"]
-    assert len(tokens) >= 24 and int(np.argmax(logits)) == tokens[0]
-    for k in range(1, len(tokens)):  # teacher-forced cached decode
-        step = np.array([[tokens[k - 1]]], dtype=np.float32)
-        pos = P + k - 1
-        logits = model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0]
-        assert_logits_close(logits, ref["step_logits"][k], f"decode step {k}")
-        assert int(np.argmax(logits)) == tokens[k], f"greedy token {k}"
+    model = load(name)
+    assert len(ref["prompt_ids"]) > model.SLIDING_WINDOW  # one prefill step longer than the window
+    assert len(ref["tokens"]) >= 24
+    parity.check_prefill_and_cached_decode(model, ref)
 
 
 @pytest.mark.parametrize("name", GEMMA3_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
-    ref = expected(name)
-    model = load(name, init_seq_len=64, num_to_generate=64)
-    n = len(ref["tokens"])
-    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    parity.check_greedy(load(name), expected(name))
 
 
 @pytest.mark.parametrize("name", GEMMA3_FIXTURES)
 def test_one_shot_forward_matches_no_cache_reference(name):
     """prompt + tokens[:-1] (several windows long) in one step = transformers' no-cache forward."""
     ref = expected(name)
-    seq = np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]]).astype(np.float32)[None, :]
-    model = load(name, init_seq_len=seq.shape[1], num_to_generate=8)
-    logits = model.model.incremental_inference(1, [seq], None, seq.shape[1], 0, seq.shape[1])[0][0]
-    assert_logits_close(logits, ref["full_logits_last"], "one-shot forward")
+    model = load(name, init_seq_len=len(parity.full_sequence(ref)), num_to_generate=8)
+    parity.check_one_shot(model, ref)
 
 
 @pytest.mark.parametrize("name,chunk", [("gemma3-swa-tied", 5), ("gemma3-softcap", 11)])
 def test_chunked_prefill_gives_transformers_tokens(name, chunk):
     """Prompt chunks shorter (5) and longer (11) than the window leave the same cache."""
-    ref = expected(name)
-    model = load(name, init_seq_len=chunk, num_to_generate=64)
-    n = len(ref["tokens"])
-    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    parity.check_chunked_prefill(load(name, init_seq_len=chunk), expected(name))
 
 
 def test_cli_greedy_json_gives_transformers_tokens(capsys):
-    ref = expected("gemma3-softcap")
-    capsys.readouterr()
-    rc = main.main([os.path.join(FIXTURES, "gemma3-softcap"), str(ref["prompt"]), "--greedy",
-                    "-n", "24", "--json"])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    record = json.loads(out.splitlines()[-1])
-    assert record["architecture"] == "Gemma3ForCausalLM"
-    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"][:24].tolist()
+    parity.check_cli("gemma3-softcap", "Gemma3ForCausalLM", 24, capsys)
 
 
 # ------------------------------------------------------------------------------ graph, weights
@@ -147,18 +102,12 @@ def test_graph_names_and_bin_order_follow_the_cpp():
 def test_bin_round_trip_and_hf_map_inverse(tmp_path):
     """save_weight -> load_weight of the .bin gives the same logits; gamma holds 1 + w."""
     ref = expected("gemma3-swa-tied")
-    model = load("gemma3-swa-tied", init_seq_len=64, num_to_generate=8)
+    model = load("gemma3-swa-tied", num_to_generate=8)
     path = str(tmp_path / "gemma3.bin")
     model.save_weight(path)
-    cfg, gen, nntr = load_model_configs(os.path.join(FIXTURES, "gemma3-swa-tied"))
-    nntr.update(init_seq_len=64, num_to_generate=8)
-    again = Gemma3CausalLM(cfg, gen, nntr)
-    again.initialize()
-    again.load_weight(path)
-    ids = ref["prompt_ids"].astype(np.float32)[None, :]
-    P = ids.shape[1]
-    logits = again.model.incremental_inference(1, [ids], None, P, 0, P)[0][0]
-    assert_logits_close(logits, ref["prefill_logits"], "prefill from .bin")
+    again = load("gemma3-swa-tied", weights=path, num_to_generate=8)
+    parity.assert_logits_close(parity.prefill(again, ref["prompt_ids"]), ref["prefill_logits"],
+                               "prefill from .bin")
     # tied: the head adds no bytes; every gamma is stored as 1 + w
     n_floats = sum(int(np.prod(s.shape)) for s in again.model.getWeightSpecs()
                    if s.full_name != "output_of_causallm:Embedding")

@@ -12,24 +12,23 @@ Nothing here imports torch or transformers.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-import main
-from causallm.api import createLayer, createModel, registerFactory, withKey
+import parity
+from causallm.api import createLayer, registerFactory
 from causallm.config import load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.layer_norm import layer_norm
 from causallm.weights import Checkpoint, write_safetensors
+from graphs import build, feature_input
 from layers.layer_normalization import LayerNormalizationLayer
 from layers.positional_embedding import PositionalEmbeddingLayer
 from models.gpt2.gpt2_causallm import GPT2CausalLM
+from parity import FIXTURES, ROOT, expected, prefill
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 GPT2_FIXTURES = ["gpt2-tied", "gpt2-untied-scaled"]
 F32 = np.float32
 
@@ -66,25 +65,9 @@ def test_layer_norm_kernel_matches_twin(in_place):
 
 # ------------------------------------------------------------------ the layers, through a graph
 
-def build(layers, batch=1):
-    model = createModel()
-    if batch != 1:
-        model.setProperty([withKey("batch_size", batch)])
-    for layer in layers:
-        model.addLayer(layer)
-    model.compile()
-    model.initialize()
-    return model
-
-
-def features(rows, width, name="in"):
-    return createLayer("input", [withKey("name", name),
-                                 withKey("input_shape", f"1:{rows}:{width}")])
-
-
 def test_layer_normalization_is_torch_layer_norm():
     rng = np.random.default_rng(2)
-    model = build([features(4, 16), createLayer("layer_normalization", [
+    model = build([feature_input("in", 4, 16), createLayer("layer_normalization", [
         "name=ln", "input_layers=in", "axis=3", "epsilon=0.01"])], batch=2)
     gamma, beta = rng.standard_normal(16).astype(F32), rng.standard_normal(16).astype(F32)
     model.setWeight("ln:gamma", gamma)
@@ -96,7 +79,7 @@ def test_layer_normalization_is_torch_layer_norm():
 
 
 def test_layer_normalization_default_epsilon_and_weight_order():
-    model = build([features(1, 2), createLayer("layer_normalization", [
+    model = build([feature_input("in", 1, 2), createLayer("layer_normalization", [
         "name=ln", "input_layers=in", "axis=3"])])
     assert [s.full_name for s in model.getWeightSpecs()] == ["ln:gamma", "ln:beta"]
     model.setWeight("ln:gamma", np.ones(2, F32))
@@ -110,14 +93,14 @@ def test_layer_normalization_default_epsilon_and_weight_order():
 @pytest.mark.parametrize("axis", ["1", "2", "1,3"])
 def test_layer_normalization_other_axes_are_one_line_errors(axis):
     with pytest.raises(CausalLMError, match=r"layer 'ln'.*only axis=3") as e:
-        build([features(2, 4), createLayer("layer_normalization", [
+        build([feature_input("in", 2, 4), createLayer("layer_normalization", [
             "name=ln", "input_layers=in", f"axis={axis}"])])
     assert "\n" not in str(e.value)
 
 
 def test_positional_embedding_adds_the_rows_of_absolute_positions():
     rng = np.random.default_rng(3)
-    model = build([features(4, 8), createLayer("positional_embedding", [
+    model = build([feature_input("in", 4, 8), createLayer("positional_embedding", [
         "name=pe", "input_layers=in", "max_position_embeddings=6"])], batch=2)
     table = rng.standard_normal((6, 8)).astype(F32)
     model.setWeight("pe:Embedding", table)
@@ -134,90 +117,39 @@ def test_positional_embedding_adds_the_rows_of_absolute_positions():
 # ------------------------------------------------------------------ the model against transformers
 
 def load(name, **nntr):
-    cfg, gen, nntr_cfg = load_model_configs(os.path.join(FIXTURES, name))
-    nntr_cfg.update(nntr)
-    model = GPT2CausalLM(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(os.path.join(FIXTURES, name))
-    return model
-
-
-def expected(name):
-    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
-
-
-def assert_logits_close(ours, ref, what):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= 2e-4 * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
-
-
-def prefill(model, ids):
-    ids = np.asarray(ids, dtype=F32)[None, :]
-    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+    return parity.load(GPT2CausalLM, name, **nntr)
 
 
 @pytest.mark.parametrize("name", GPT2_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
-    model = load(name, init_seq_len=64, num_to_generate=64)
-    assert model.tokenizer.Encode(str(ref["prompt"])) == ref["prompt_ids"].tolist()
-    logits = prefill(model, ref["prompt_ids"])
-    assert_logits_close(logits, ref["prefill_logits"], "prefill")
-    tokens = ref["tokens"]
-    assert len(tokens) >= 24 and int(np.argmax(logits)) == tokens[0]
-    P = len(ref["prompt_ids"])
-    for k in range(1, len(tokens)):  # teacher-forced cached decode, one position at a time
-        step = np.array([[tokens[k - 1]]], dtype=F32)
-        pos = P + k - 1
-        logits = model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0]
-        assert_logits_close(logits, ref["step_logits"][k], f"decode step {k}")
-        assert int(np.argmax(logits)) == tokens[k], f"greedy token {k}"
+    model = load(name)
+    parity.check_prompt_ids(model, ref)
+    assert len(ref["tokens"]) >= 24
+    parity.check_prefill_and_cached_decode(model, ref)
 
 
 @pytest.mark.parametrize("name", GPT2_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
-    ref = expected(name)
-    model = load(name, init_seq_len=64, num_to_generate=64)
-    n = len(ref["tokens"])
-    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    parity.check_greedy(load(name), expected(name))
 
 
 @pytest.mark.parametrize("name", GPT2_FIXTURES)
 def test_one_shot_and_chunked_prefill_match_no_cache_reference(name):
     ref = expected(name)
-    seq = np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]])
-    model = load(name, init_seq_len=len(seq), num_to_generate=8)
-    assert_logits_close(prefill(model, seq), ref["full_logits_last"], "one-shot forward")
-    chunked = load(name, init_seq_len=7, num_to_generate=64)  # positions keep counting per chunk
-    n = len(ref["tokens"])
-    result = chunked.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n,
-                                     do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    model = load(name, init_seq_len=len(parity.full_sequence(ref)), num_to_generate=8)
+    parity.check_one_shot(model, ref)
+    parity.check_chunked_prefill(load(name, init_seq_len=7), ref)  # positions count on per chunk
 
 
 def test_cli_gives_transformers_tokens():
-    ref = expected("gpt2-tied")
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", "gpt2-tied"),
-                        str(ref["prompt"]), "--greedy", "-n", "32", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
-    assert p.returncode == 0, p.stderr
-    record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[1])
-    assert record["architecture"] == "GPT2LMHeadModel"
-    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"].tolist()[:32]
+    record = parity.check_cli("gpt2-tied", "GPT2LMHeadModel", 32)
     assert record["finish_reason"] == "length"
 
 
 def test_cli_in_process_untied(capsys):
-    ref = expected("gpt2-untied-scaled")
-    rc = main.main([os.path.join(FIXTURES, "gpt2-untied-scaled"), str(ref["prompt"]),
-                    "--greedy", "-n", "24", "--json"])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    record = json.loads(out.rstrip("\n").rsplit("\n", 1)[1])
-    assert record["generated_ids"] == ref["tokens"].tolist()[:24]
+    record = parity.cli_record("gpt2-untied-scaled", 24, capsys)
+    assert record["generated_ids"] == expected("gpt2-untied-scaled")["tokens"].tolist()[:24]
 
 
 # ------------------------------------------------------------------ weights, positions, configs
@@ -269,11 +201,7 @@ def test_nntrainer_bin_round_trip_gives_the_same_logits(tmp_path):
     ref = expected("gpt2-tied")
     r = hf_to_bin.convert(os.path.join(FIXTURES, "gpt2-tied"), str(tmp_path / "m.bin"))
     from_hf = load("gpt2-tied", init_seq_len=32, num_to_generate=8)
-    cfg, gen, nntr = load_model_configs(os.path.join(FIXTURES, "gpt2-tied"))
-    nntr.update(init_seq_len=32, num_to_generate=8)
-    from_bin = GPT2CausalLM(cfg, gen, nntr)
-    from_bin.initialize()
-    from_bin.load_weight(r.path)
+    from_bin = load("gpt2-tied", weights=r.path, init_seq_len=32, num_to_generate=8)
     np.testing.assert_array_equal(prefill(from_bin, ref["prompt_ids"]),
                                   prefill(from_hf, ref["prompt_ids"]))
 

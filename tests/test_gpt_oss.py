@@ -11,25 +11,26 @@ imports torch or transformers.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import parity
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.config import load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
 from causallm.properties import UINT_MAX
 from causallm.weights import Checkpoint
+from graphs import build, feature_input
 from layers.gpt_oss_moe import CHUNK_ROWS, CachedSlimGptOssMoELayer, GptOssMoELayer
 from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
 from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
+from parity import FIXTURES, ROOT, assert_logits_close, expected, prefill
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "gpt-oss-tiny"
-FOLDER = os.path.join(ROOT, "tests", "fixtures", NAME)
+FOLDER = os.path.join(FIXTURES, NAME)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hf_to_bin  # noqa: E402
 
@@ -39,27 +40,10 @@ ALPHA, LIMIT = 1.702, 7.0
 
 
 def load(cls=GptOssForCausalLM, folder=FOLDER, weights=None, cfg_changes=None, **nntr):
-    cfg, gen, nntr_cfg = load_model_configs(folder)
-    cfg.update(cfg_changes or {})
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
-    model = cls(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(weights or folder)
-    return model
+    return parity.load(cls, folder, cfg_changes, weights, **nntr)
 
 
-REF = np.load(os.path.join(FOLDER, "expected.npz"))
-
-
-def prefill(model, ids):
-    ids = np.asarray(ids, dtype=F32)[None, :]
-    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
-
-
-def assert_logits_close(ours, ref, what, rtol=2e-4):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= rtol * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
+REF = expected(NAME)
 
 
 def logit_error(model):
@@ -149,17 +133,9 @@ def test_clamped_glu_and_scatter_add_match_formula():
 def moe_graph(rows, H, E, k, I, batch=1, layer_type="gpt_oss_moe", props=()):
     registerFactory(GptOssMoELayer)
     registerFactory(CachedSlimGptOssMoELayer)
-    model = createModel()
-    if batch != 1:
-        model.setProperty([withKey("batch_size", batch)])
-    model.addLayer(createLayer("input", [withKey("name", "x"),
-                                         withKey("input_shape", f"1:{rows}:{H}")]))
-    model.addLayer(createLayer(layer_type, [
+    return build([feature_input("x", rows, H), createLayer(layer_type, [
         withKey("name", "moe"), withKey("input_layers", "x"), withKey("unit", I),
-        withKey("num_experts", E), withKey("num_experts_per_token", k), *props]))
-    model.compile()
-    model.initialize()
-    return model
+        withKey("num_experts", E), withKey("num_experts_per_token", k), *props])], batch)
 
 
 def set_moe_weights(model, seed, H, E, I):
@@ -239,8 +215,7 @@ def test_gpt_oss_moe_bad_properties_are_one_line_errors(props, needle):
 # ------------------------------------------------------------------ parity with transformers
 
 def test_prompt_ids_match_tokenizer_json():
-    model = load()
-    assert model.tokenizer.Encode(str(REF["prompt"])) == REF["prompt_ids"].tolist()
+    parity.check_prompt_ids(load(), REF)
 
 
 def test_graph_follows_the_config():
@@ -267,41 +242,20 @@ def test_graph_follows_the_config():
 
 @pytest.mark.parametrize("cls", CLASSES)
 def test_prefill_and_cached_decode_match_transformers(cls):
-    model = load(cls)
-    ids = REF["prompt_ids"]
-    P = len(ids)
-    logits = prefill(model, ids)
-    assert_logits_close(logits, REF["prefill_logits"], "prefill")
-    tokens = REF["tokens"]
-    assert int(np.argmax(logits)) == tokens[0]
-    for k in range(1, len(tokens)):  # teacher-forced cached decode
-        step = np.array([[tokens[k - 1]]], dtype=F32)
-        pos = P + k - 1
-        logits = model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0]
-        assert_logits_close(logits, REF["step_logits"][k], f"decode step {k}")
-        assert int(np.argmax(logits)) == tokens[k], f"greedy token {k}"
+    parity.check_prefill_and_cached_decode(load(cls), REF)
 
 
 def test_greedy_generation_gives_transformers_tokens():
-    model = load()
-    n = len(REF["tokens"])
-    result = model.generate_tokens([REF["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == REF["tokens"].tolist()
+    parity.check_greedy(load(), REF)
 
 
 def test_one_shot_forward_matches_no_cache_reference():
-    seq = np.concatenate([REF["prompt_ids"], REF["tokens"][:-1]])
-    model = load(init_seq_len=len(seq), num_to_generate=8)
-    logits = prefill(model, seq)
-    assert_logits_close(logits, REF["full_logits_last"], "one-shot forward")
+    parity.check_one_shot(load(init_seq_len=len(parity.full_sequence(REF)), num_to_generate=8), REF)
 
 
 @pytest.mark.parametrize("init_seq_len", [5, 8, 13])
 def test_chunked_prefill_across_the_window_gives_the_same_tokens(init_seq_len):
-    model = load(GptOssCachedSlimCausalLM, init_seq_len=init_seq_len)
-    n = len(REF["tokens"])
-    result = model.generate_tokens([REF["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == REF["tokens"].tolist()
+    parity.check_chunked_prefill(load(GptOssCachedSlimCausalLM, init_seq_len=init_seq_len), REF)
 
 
 @pytest.mark.parametrize("what", ["clamp", "sinks", "router_bias", "yarn", "window"])
@@ -446,9 +400,7 @@ def test_cached_slim_reads_experts_on_demand(source, capacity, tmp_path):
         weights = str(tmp_path / "m.bin")
         load(GptOssCachedSlimCausalLM, moe_expert_cache=0).save_weight(weights)
     model = load(GptOssCachedSlimCausalLM, weights=weights, moe_expert_cache=capacity)
-    n = len(REF["tokens"])
-    result = model.generate_tokens([REF["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == REF["tokens"].tolist()
+    parity.check_greedy(model, REF)
     layers = model.moeLayers()
     assert [name for name, _ in layers] == [f"layer{i}_ffn_down" for i in range(3)]
     up0 = model.model.getWeight("layer1_ffn_down:expert_up_0")
@@ -478,11 +430,4 @@ def test_cached_slim_insertion_order_is_v_k_q():
 # ------------------------------------------------------------------ the CLI
 
 def test_cli_gives_transformers_tokens():
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", NAME),
-                        str(REF["prompt"]), "--greedy", "-n", "24", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
-    assert p.returncode == 0, p.stderr
-    record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[1])
-    assert record["architecture"] == "GptOssForCausalLM"
-    assert record["prompt_ids"] == REF["prompt_ids"].tolist()
-    assert record["generated_ids"] == REF["tokens"][:24].tolist()
+    parity.check_cli(NAME, "GptOssForCausalLM", 24)

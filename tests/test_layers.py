@@ -17,6 +17,7 @@ import pytest
 from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, withKey
 from causallm.config import JsonConfig
 from causallm.errors import CausalLMError
+from graphs import build, feature_input
 from layers.embedding_layer import EmbeddingLayer
 from layers.lm_head import LmHeadLayer
 from layers.mha_core import MHACoreLayer
@@ -35,25 +36,9 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
 # ------------------------------------------------------------------------------ helpers
-def feature_input(name, rows, width):
-    """An input layer holding ``rows`` rows of ``width`` features: buffer (B, rows, width)."""
-    return createLayer("input", [withKey("name", name), withKey("input_shape", f"1:{rows}:{width}")])
-
-
 def id_input(rows, name="input0"):
     """An input layer of token ids: buffer (B, 1, rows)."""
     return createLayer("input", [withKey("name", name), withKey("input_shape", f"1:1:{rows}")])
-
-
-def build(layers, batch=1):
-    model = createModel()
-    if batch != 1:
-        model.setProperty([withKey("batch_size", batch)])
-    for layer in layers:
-        model.addLayer(layer)
-    model.compile()
-    model.initialize()
-    return model
 
 
 def run(model, inputs, from_, to, width):
@@ -664,19 +649,25 @@ def _config_styles(case):
     return styles
 
 
+def _compiled_attention(t):
+    """The mha_core node of Transformer t's layer-0 attention block, compiled on an input "x"
+    of t.INIT_SEQ_LEN rows of t.DIM features."""
+    layers = t.createAttention(0, t.INIT_SEQ_LEN, t.NUM_HEADS, t.HEAD_DIM, "x", "x", "x")
+    model = createModel()
+    model.addLayer(feature_input("x", t.INIT_SEQ_LEN, t.DIM))
+    for layer in layers:
+        model.addLayer(layer)
+    model.compile()
+    (attn,) = [n for n in layers if n.getType() == "mha_core"]
+    return attn
+
+
 @pytest.mark.parametrize("case", [c for c in HF_ROPE_CASES if c["head_dim"] in (16, 80)],
                          ids=_case_id)
 def test_transformer_rope_properties_reproduce_transformers(case):
     d = case["head_dim"]
     for style, config in _config_styles(case).items():
-        t = _transformer_from_config({**config, "head_dim": d})
-        layers = t.createAttention(0, t.INIT_SEQ_LEN, t.NUM_HEADS, t.HEAD_DIM, "x", "x", "x")
-        model = createModel()
-        model.addLayer(feature_input("x", t.INIT_SEQ_LEN, t.DIM))
-        for layer in layers:
-            model.addLayer(layer)
-        model.compile()
-        (attn,) = [n for n in layers if n.getType() == "mha_core"]
+        attn = _compiled_attention(_transformer_from_config({**config, "head_dim": d}))
         assert attn.layer.max_timestep == 64, style
         try:
             check_tables_against_hf(attn.layer, case, 64)
@@ -692,14 +683,7 @@ def test_transformer_rope_properties_yarn_null_factor():
     t = _transformer_from_config({"head_dim": 16, "max_position_embeddings": 256, "rope_theta": 10000.0,
                                   "rope_scaling": {"rope_type": "yarn", "factor": None,
                                                    "original_max_position_embeddings": 64}})
-    layers = t.createAttention(0, t.INIT_SEQ_LEN, t.NUM_HEADS, t.HEAD_DIM, "x", "x", "x")
-    model = createModel()
-    model.addLayer(feature_input("x", t.INIT_SEQ_LEN, t.DIM))
-    for layer in layers:
-        model.addLayer(layer)
-    model.compile()
-    (attn,) = [n for n in layers if n.getType() == "mha_core"]
-    check_tables_against_hf(attn.layer, case, 64)
+    check_tables_against_hf(_compiled_attention(t).layer, case, 64)
 
 
 # ------------------------------------------------------------------------------ mha_core errors

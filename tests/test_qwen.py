@@ -14,23 +14,21 @@ transformers; the expected sliding-window rules below were read off transformers
 Qwen2Config / Qwen3Config.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import parity
 from causallm.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
 from causallm.properties import UINT_MAX
 from causallm.weights import Checkpoint
 from models.qwen2.qwen2_causallm import Qwen2CausalLM, Qwen2Transformer, readQwenLayerTypes
 from models.qwen3.qwen3_causallm import Qwen3CausalLM, Qwen3Transformer
+from parity import FIXTURES, ROOT, assert_logits_close, expected, full_sequence, prefill
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hf_to_bin  # noqa: E402
 
@@ -44,29 +42,7 @@ WINDOWS = {"qwen2-gqa4": [UINT_MAX] * 2, "qwen2-swa8": [UINT_MAX, 8, 8],
 
 
 def load(name, cfg_changes=None, weights=None, **nntr):
-    folder = os.path.join(FIXTURES, name)
-    cfg, gen, nntr_cfg = load_model_configs(folder)
-    cfg.update(cfg_changes or {})
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
-    model = CLASSES[name](cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(weights or folder)
-    return model
-
-
-def expected(name):
-    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
-
-
-def assert_logits_close(ours, ref, what):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= 2e-4 * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
-
-
-def prefill(model, ids):
-    ids = np.asarray(ids, dtype=np.float32)[None, :]
-    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+    return parity.load(CLASSES[name], name, cfg_changes, weights, **nntr)
 
 
 def sliding_windows(model):
@@ -83,28 +59,14 @@ def sliding_windows(model):
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
     model = load(name)
-    assert model.tokenizer.Encode(str(ref["prompt"])) == ref["prompt_ids"].tolist()
-    P = len(ref["prompt_ids"])
-    logits = prefill(model, ref["prompt_ids"])
-    assert_logits_close(logits, ref["prefill_logits"], "prefill")
-    tokens = ref["tokens"]
-    assert len(tokens) >= 25 and int(np.argmax(logits)) == tokens[0]
-    # teacher-forced cached decode: each step's logits against transformers'
-    for k in range(1, len(tokens)):
-        step = np.array([[tokens[k - 1]]], dtype=np.float32)
-        pos = P + k - 1
-        logits = model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0]
-        assert_logits_close(logits, ref["step_logits"][k], f"decode step {k}")
-        assert int(np.argmax(logits)) == tokens[k], f"greedy token {k}"
+    parity.check_prompt_ids(model, ref)
+    assert len(ref["tokens"]) >= 25
+    parity.check_prefill_and_cached_decode(model, ref)
 
 
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
-    ref = expected(name)
-    model = load(name)
-    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=len(ref["tokens"]),
-                                   do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    parity.check_greedy(load(name), expected(name))
 
 
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
@@ -112,10 +74,7 @@ def test_one_shot_forward_matches_no_cache_reference(name):
     """Prefill of prompt + tokens[:-1] in one step (longer than every window) equals
     transformers' no-cache forward."""
     ref = expected(name)
-    seq = np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]])
-    model = load(name, init_seq_len=len(seq), num_to_generate=8)
-    logits = prefill(model, seq)
-    assert_logits_close(logits, ref["full_logits_last"], "one-shot forward")
+    parity.check_one_shot(load(name, init_seq_len=len(full_sequence(ref)), num_to_generate=8), ref)
 
 
 @pytest.mark.parametrize("name", list(SLIDING))
@@ -123,25 +82,13 @@ def test_one_shot_forward_matches_no_cache_reference(name):
 def test_chunked_prefill_across_the_window(name, chunk):
     """A prompt prefilled in chunks shorter than the window (and not dividing the prompt) gives
     transformers' tokens."""
-    ref = expected(name)
-    model = load(name, init_seq_len=chunk)
-    n = len(ref["tokens"])
-    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
-    assert result.generated_ids[0] == ref["tokens"].tolist()
+    parity.check_chunked_prefill(load(name, init_seq_len=chunk), expected(name))
 
 
 @pytest.mark.parametrize("name", ["qwen2-swa8", "qwen3-hd80"])  # one per architecture
 def test_greedy_cli_gives_transformers_tokens(name):
-    ref = expected(name)
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", name),
-                        str(ref["prompt"]), "--greedy", "-n", "24", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
-    assert p.returncode == 0, p.stderr
-    record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[1])
     arch = "Qwen2ForCausalLM" if name.startswith("qwen2") else "Qwen3ForCausalLM"
-    assert record["architecture"] == arch
-    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"][:24].tolist()
+    parity.check_cli(name, arch, 24)
 
 
 # --------------------------------------------------------------------------- sliding windows (G13)
@@ -161,7 +108,7 @@ def test_fixtures_tell_the_window_rules_apart(name, change):
     """Each of these other readings of the config changes the prompt's logits well beyond the
     parity tolerance, so the parity tests above pin the rule transformers uses."""
     ref = expected(name)
-    seq = np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]])
+    seq = full_sequence(ref)
     model = load(name, change, init_seq_len=len(seq), num_to_generate=8)
     diff = float(np.abs(prefill(model, seq) - ref["full_logits_last"]).max())
     assert diff > 0.05, diff

@@ -24,6 +24,7 @@ import sys
 import numpy as np
 import pytest
 
+import parity
 from causallm.api import createLayer, createModel, withKey
 from causallm.config import load_model_configs
 from causallm.errors import CausalLMError
@@ -31,17 +32,17 @@ from causallm.kernels.linear import BLAS_MIN_ROWS
 from causallm.kernels.moe import expert_ffn, expert_ffn_io, expert_ffn_oi, moe_group, moe_topk
 from causallm.registry import registerFactory
 from causallm.weights import write_safetensors
+from graphs import build, feature_input
 from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
 from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import Qwen3CachedSlimMoECausalLM
 from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
+from parity import FIXTURES, ROOT, expected, teacher_forced
 
 for _cls in (MoELayer, SlimMoELayer, CachedSlimMoELayer):
     registerFactory(_cls)
 
 F32 = np.float32
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 MOE_FIXTURES = ["qwen3moe-e8k2-dense", "qwen3moe-e8k3-fused"]
 # (class, nntr_config overrides): all resident; slim (k experts kept); cached slim with 3
 VARIANTS = {"resident": (Qwen3MoECausalLM, {}),
@@ -164,17 +165,10 @@ def test_expert_ffn_matches_numpy(n, layout):
 
 # ------------------------------------------------------------------------------ layer
 def moe_graph(H, E, k, I, rows, batch, layer_type="qwen_moe", **props):
-    model = createModel()
-    if batch != 1:
-        model.setProperty([withKey("batch_size", batch)])
-    model.addLayer(createLayer("input", [withKey("name", "x"), withKey("input_shape", f"1:{rows}:{H}")]))
-    model.addLayer(createLayer(layer_type, [
+    return build([feature_input("x", rows, H), createLayer(layer_type, [
         withKey("name", "moe"), withKey("input_layers", "x"), withKey("unit", I),
         withKey("num_experts", E), withKey("num_experts_per_token", k),
-        withKey("moe_activation", "swish"), *[withKey(a, b) for a, b in props.items()]]))
-    model.compile()
-    model.initialize()
-    return model
+        withKey("moe_activation", "swish"), *[withKey(a, b) for a, b in props.items()]])], batch)
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -233,35 +227,7 @@ def test_qwen_moe_layer_bad_properties_are_one_line_errors(k, activation, needle
 # ------------------------------------------------------------------------------ parity
 def load(name, variant="resident", weights=None, **nntr):
     cls, extra = VARIANTS[variant]
-    cfg, gen, nntr_cfg = load_model_configs(os.path.join(FIXTURES, name))
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **extra, **nntr})
-    model = cls(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(weights or os.path.join(FIXTURES, name))
-    return model
-
-
-def expected(name):
-    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
-
-
-def assert_logits_close(ours, ref, what):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= 2e-4 * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
-
-
-def teacher_forced(model, ref):
-    """Prefill logits then one cached step per expected token: (n_tokens, V)."""
-    ids = ref["prompt_ids"].astype(F32)[None, :]
-    P = ids.shape[1]
-    out = [model.model.incremental_inference(1, [ids], None, P, 0, P)[0][0]]
-    tokens = ref["tokens"]
-    for k in range(1, len(tokens)):
-        pos = P + k - 1
-        step = np.array([[tokens[k - 1]]], dtype=F32)
-        out.append(model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0])
-    return np.stack(out)
+    return parity.load(cls, name, weights=weights, **{**extra, **nntr})
 
 
 def moe_caches(model):
@@ -272,11 +238,7 @@ def moe_caches(model):
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
     assert len(ref["tokens"]) >= 25
-    resident = teacher_forced(load(name), ref)
-    assert_logits_close(resident[0], ref["prefill_logits"], "prefill")
-    for k in range(len(resident)):
-        assert_logits_close(resident[k], ref["step_logits"][k], f"decode step {k}")
-        assert int(np.argmax(resident[k])) == ref["tokens"][k], f"greedy token {k}"
+    resident = parity.check_prefill_and_cached_decode(load(name), ref)
     for variant in ("slim", "cached3"):  # experts read from the file into the LRU
         model = load(name, variant)
         assert np.array_equal(teacher_forced(model, ref), resident), variant
@@ -288,21 +250,15 @@ def test_prefill_and_cached_decode_match_transformers(name):
 @pytest.mark.parametrize("name", MOE_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
     ref = expected(name)
-    n = len(ref["tokens"])
     for variant in ("resident", "cached3"):
-        model = load(name, variant)
-        result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n,
-                                       do_sample=False)
-        assert result.generated_ids[0] == ref["tokens"].tolist(), variant
+        parity.check_greedy(load(name, variant), ref, variant)
 
 
 @pytest.mark.parametrize("name", MOE_FIXTURES)
 def test_one_shot_forward_matches_no_cache_reference(name):
     ref = expected(name)
-    seq = np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]]).astype(F32)[None, :]
-    model = load(name, init_seq_len=seq.shape[1], num_to_generate=8)
-    logits = model.model.incremental_inference(1, [seq], None, seq.shape[1], 0, seq.shape[1])[0][0]
-    assert_logits_close(logits, ref["full_logits_last"], "one-shot forward")
+    model = load(name, init_seq_len=len(parity.full_sequence(ref)), num_to_generate=8)
+    parity.check_one_shot(model, ref)
 
 
 def test_graph_follows_mlp_only_layers_and_decoder_sparse_step():
@@ -448,13 +404,4 @@ def test_expert_cache_keeps_peak_rss_low_with_identical_logits(tmp_path):
 
 # ------------------------------------------------------------------------------ CLI
 def test_greedy_cli_gives_transformers_tokens():
-    name = "qwen3moe-e8k2-dense"
-    ref = expected(name)
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", name),
-                        str(ref["prompt"]), "--greedy", "-n", "24", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
-    assert p.returncode == 0, p.stderr
-    record = json.loads(p.stdout.strip().splitlines()[-1])
-    assert record["architecture"] == "Qwen3MoeForCausalLM"
-    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"][:24].tolist()
+    parity.check_cli("qwen3moe-e8k2-dense", "Qwen3MoeForCausalLM", 24)

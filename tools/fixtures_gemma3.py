@@ -22,33 +22,27 @@ least MIN_DISTINCT (14) different ids.
                       final_logit_softcapping 3.0 and attn_logit_softcapping 1.0 (which
                       transformers' Gemma 3 does not apply).
 
-Each folder, once written, is reloaded by transformers and must reproduce the prefill logits.
+Each folder, once written, is reloaded by transformers and must reproduce the prefill and
+full-sequence logits.
 
 Usage:  python tools/fixtures_gemma3.py [--out tests/fixtures] [--only NAME ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from make_fixtures import (MIN_MARGIN, NORM_STD, WEIGHT_STD, _torch_dtype,  # noqa: E402
-                           greedy, last_logits, min_margin, write_json)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_common import (BOS, EOS, NORM_STD, VOCAB, WEIGHT_STD, check_reload,  # noqa: E402
+                            random_model, run_cli, search, summary, write_folder, write_json)
 
 MIN_DISTINCT = 14  # greedy tokens must not settle into a short loop
 
-TOKENIZER_DIR = os.path.join(ROOT, "tests", "fixtures", "llama-gqa3")
 COMMON = dict(hidden_activation="gelu_pytorch_tanh", initializer_range=0.02, attention_dropout=0.0,
-              use_cache=True, bos_token_id=4001, eos_token_id=4002, pad_token_id=0,
-              vocab_size=4003, rms_norm_eps=1e-6, max_position_embeddings=512)
+              use_cache=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0,
+              vocab_size=VOCAB, rms_norm_eps=1e-6, max_position_embeddings=512)
 
 FIXTURES = {
     "gemma3-swa-tied": dict(
@@ -82,22 +76,16 @@ V4_KEYS = ("rope_theta", "rope_local_base_freq", "rope_scaling", "sliding_window
 and layer_types (the v4-style writer puts them back in their place)."""
 
 
-def random_model(spec: dict, seed: int):
-    """A float32 Gemma3ForCausalLM with the fixture's random weights (rounded to spec dtype)."""
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+def gemma_init(name: str) -> tuple[float, float]:
+    """(mean, std): Gemma's RMSNorm weights w (the gain is 1 + w) N(0, 0.1^2), the rest
+    N(0, 0.12^2)."""
+    return 0.0, (NORM_STD if "norm" in name else WEIGHT_STD)
 
-    cfg = Gemma3TextConfig(**COMMON, **json.loads(json.dumps(spec["config"])))
-    torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(cfg).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            std = NORM_STD if "norm" in name else WEIGHT_STD
-            p.copy_(std * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(_torch_dtype(spec["dtype"])).to(torch.float32))
-    model.config._attn_implementation = "eager"
-    return model
+
+def build(spec: dict, seed: int):
+    """A float32 Gemma3ForCausalLM with the fixture's random weights (rounded to spec dtype)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    return random_model(Gemma3TextConfig, Gemma3ForCausalLM, spec, seed, gemma_init, **COMMON)
 
 
 def v4_style_config(path: str, spec: dict) -> None:
@@ -114,72 +102,21 @@ def v4_style_config(path: str, spec: dict) -> None:
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))
-    prompt_ids = np.array(tok.encode(spec["prompt"]).ids, dtype=np.int64)
-    eos = COMMON["eos_token_id"]
-    for seed in range(spec["seed"], spec["seed"] + 300):
-        model = random_model(spec, seed)
-        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
-        if (min_margin(step_logits) >= MIN_MARGIN and eos not in tokens
-                and len(set(tokens.tolist())) >= MIN_DISTINCT):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN}")
-    prefill = last_logits(model, prompt_ids)
-    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
-    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
-    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    model.to(_torch_dtype(spec["dtype"])).save_pretrained(out)
-    model.to(torch.float32)
+    run = search(name, spec, build, min_distinct=MIN_DISTINCT, tries=300)
+    out = write_folder(name, spec, run, out_root)
     if spec["v4_config"]:
         v4_style_config(os.path.join(out, "config.json"), spec)
-    GenerationConfig(bos_token_id=COMMON["bos_token_id"], eos_token_id=eos, do_sample=False,
-                     max_new_tokens=spec["n_new"]).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), out)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=prompt_ids, prefill_logits=step_logits[0],
-        tokens=tokens, step_logits=step_logits, full_logits_last=full_last,
-        transformers_version=np.array(transformers.__version__))
-
     # The folder as written (config.json included) must reproduce the logits when reloaded.
-    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    back, err = check_reload(name, out, run)
     assert type(back).__name__ == "Gemma3ForCausalLM", type(back).__name__
-    assert back.config.layer_types == model.config.layer_types, name
-    assert back.config.rope_parameters == model.config.rope_parameters, name
-    err = float(np.abs(last_logits(back, prompt_ids) - step_logits[0]).max())
-    assert err < 1e-5, f"{name}: reloaded folder differs by {err}"
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    return dict(name=name, seed=seed, prompt_len=len(prompt_ids), n_new=len(tokens),
-                layer_types=model.config.layer_types, margin=round(min_margin(step_logits), 4),
-                distinct=len(set(tokens.tolist())), reload_err=err, bytes=size)
+    assert back.config.layer_types == run.model.config.layer_types, name
+    assert back.config.rope_parameters == run.model.config.rope_parameters, name
+    return summary(name, run, out, err, layer_types=run.model.config.layer_types)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", choices=list(FIXTURES), help="fixtures to make")
-    args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    for name in args.only or list(FIXTURES):
-        print(json.dumps(make_fixture(name, FIXTURES[name], args.out)))
-    return 0
+    return run_cli(__doc__, FIXTURES,
+                   lambda name, args: make_fixture(name, FIXTURES[name], args.out), argv)
 
 
 if __name__ == "__main__":

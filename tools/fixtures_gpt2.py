@@ -18,28 +18,21 @@ prefill_logits, tokens, step_logits, full_logits_last, transformers_version).
 Weights ~ N(0, 0.12^2), biases N(0, 0.1^2), LayerNorm gains 1 + N(0, 0.1^2), rounded to the
 stored dtype before anything is computed. A seed is kept only if every greedy step wins by at
 least MIN_MARGIN and EOS never appears. The written folder is reloaded with transformers and
-must reproduce the prefill logits.
+must reproduce the prefill and full-sequence logits.
 
 Usage:  python tools/fixtures_gpt2.py [--only NAME ...] [--out tests/fixtures]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import (  # noqa: E402
-    BIAS_STD, MIN_MARGIN, NORM_STD, WEIGHT_STD, _torch_dtype, greedy, last_logits, min_margin,
-    write_json,
+from fixture_common import (  # noqa: E402
+    BIAS_STD, BOS, EOS, NORM_STD, TOKENIZER_JSON, VOCAB, WEIGHT_STD, check_reload, encode,
+    random_model, run_cli, search, summary, write_folder, write_json,
 )
-
-BOS, EOS, VOCAB = 4001, 4002, 4003
 
 FIXTURES = {
     "gpt2-tied": dict(
@@ -61,26 +54,20 @@ FIXTURES = {
 }
 
 
-def random_model(spec: dict, seed: int):
-    """A float32 GPT2LMHeadModel with the fixture's random weights (rounded to spec dtype)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+def gpt2_init(name: str) -> tuple[float, float]:
+    """(mean, std): LayerNorm gains 1 + N(0, 0.1^2), biases N(0, 0.1^2), the rest N(0, 0.12^2)."""
+    if ".ln_" in name and name.endswith(".weight"):
+        return 1.0, NORM_STD
+    if name.endswith(".bias"):
+        return 0.0, BIAS_STD
+    return 0.0, WEIGHT_STD
 
-    cfg = GPT2Config(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, **spec["config"])
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(cfg).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name and name.endswith(".weight"):
-                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
-                p.copy_(BIAS_STD * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(_torch_dtype(spec["dtype"])).to(torch.float32))
-    model.config._attn_implementation = "eager"
-    return model
+
+def build(spec: dict, seed: int):
+    """A float32 GPT2LMHeadModel with the fixture's random weights (rounded to spec dtype)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return random_model(GPT2Config, GPT2LMHeadModel, spec, seed, gpt2_init, vocab_size=VOCAB,
+                        bos_token_id=BOS, eos_token_id=EOS)
 
 
 def hub_style_config(model) -> dict:
@@ -118,75 +105,23 @@ def to_hub_layout(folder: str, n_layer: int, n_positions: int) -> None:
 
 def make_fixture(name: str, spec: dict, tokenizer_path: str, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tok = Tokenizer.from_file(tokenizer_path)
-    prompt_ids = np.array(tok.encode(spec["prompt"]).ids, dtype=np.int64)
-    assert len(prompt_ids) + spec["n_new"] <= spec["config"]["n_positions"], name
-    for seed in range(spec["seed"], spec["seed"] + 200):
-        model = random_model(spec, seed)
-        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
-        if min_margin(step_logits) >= MIN_MARGIN and EOS not in tokens:
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN}")
-    prefill = last_logits(model, prompt_ids)
-    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
-    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
-    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    model.to(_torch_dtype(spec["dtype"])).save_pretrained(out)
-    model.to(torch.float32)
+    n_prompt = len(encode(tokenizer_path, spec["prompt"]))
+    assert n_prompt + spec["n_new"] <= spec["config"]["n_positions"], name
+    run = search(name, spec, build, tokenizer_path)
+    out = write_folder(name, spec, run, out_root, tokenizer_path)
     cfg = spec["config"]
     if spec["hub_style"]:
-        write_json(os.path.join(out, "config.json"), hub_style_config(model))
+        write_json(os.path.join(out, "config.json"), hub_style_config(run.model))
         to_hub_layout(out, cfg["n_layer"], cfg["n_positions"])
-    GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, do_sample=False,
-                     max_new_tokens=spec["n_new"]).save_pretrained(out)
-    tok.save(os.path.join(out, "tokenizer.json"), pretty=False)
-    shutil.copy(os.path.join(os.path.dirname(tokenizer_path), "tokenizer_config.json"), out)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=prompt_ids, prefill_logits=step_logits[0],
-        tokens=tokens, step_logits=step_logits, full_logits_last=full_last,
-        transformers_version=np.array(transformers.__version__))
-
-    # The folder as written must reproduce the expected logits when transformers reloads it.
-    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    back, err = check_reload(name, out, run)
     assert type(back).__name__ == "GPT2LMHeadModel", type(back)
-    err = float(np.abs(last_logits(back, prompt_ids) - step_logits[0]).max())
-    assert err < 1e-5, f"{name}: reloaded folder differs by {err}"
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    return dict(name=name, seed=seed, prompt_len=len(prompt_ids), n_new=len(tokens),
-                margin=round(min_margin(step_logits), 4), distinct=len(set(tokens.tolist())),
-                reload_err=err, bytes=size)
+    return summary(name, run, out, err)
 
 
 def main(argv=None) -> int:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokenizer", default=os.path.join(here, "tests", "fixtures", "llama-gqa3",
-                                                      "tokenizer.json"))
-    ap.add_argument("--out", default=os.path.join(here, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="fixture names to make (default: all)")
-    args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-    for name in args.only or list(FIXTURES):
-        print(json.dumps(make_fixture(name, FIXTURES[name], args.tokenizer, args.out)))
-    return 0
+    return run_cli(__doc__, FIXTURES,
+                   lambda name, args: make_fixture(name, FIXTURES[name], args.tokenizer, args.out),
+                   argv, tokenizer=TOKENIZER_JSON)
 
 
 if __name__ == "__main__":

@@ -24,32 +24,22 @@ MIN_DISTINCT different ids.
                       layer_types [sliding, full, sliding] (they override max_window_layers),
                       theta 1e6, transformers-5 config.
 
-Each folder, once written, is reloaded by transformers and must reproduce the prefill logits.
+Each folder, once written, is reloaded by transformers and must reproduce the prefill and
+full-sequence logits.
 
 Usage:  python tools/fixtures_qwen.py [--out tests/fixtures] [--only NAME ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from make_fixtures import (BIAS_STD, MIN_MARGIN, NORM_STD, WEIGHT_STD, _torch_dtype,  # noqa: E402
-                           greedy, last_logits, min_margin, write_json)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_common import (COMMON, check_reload, random_model, run_cli, search,  # noqa: E402
+                            summary, write_folder, write_json)
 
 MIN_DISTINCT = 8  # greedy tokens must not settle into a short loop
-
-TOKENIZER_DIR = os.path.join(ROOT, "tests", "fixtures", "llama-gqa3")
-COMMON = dict(hidden_act="silu", initializer_range=0.02, attention_dropout=0.0, use_cache=True,
-              bos_token_id=4001, eos_token_id=4002, vocab_size=4003)
 
 FIXTURES = {
     "qwen2-gqa4": dict(
@@ -102,29 +92,9 @@ def hf_classes(family: str):
     return transformers.Qwen3Config, transformers.Qwen3ForCausalLM
 
 
-def random_model(spec: dict, seed: int):
+def build(spec: dict, seed: int):
     """A float32 Qwen2/Qwen3 ForCausalLM with the fixture's random weights (rounded to dtype)."""
-    import torch
-
-    config_cls, model_cls = hf_classes(spec["family"])
-    c = {**spec["config"], "rope_parameters": dict(spec["config"]["rope_parameters"])}
-    if "layer_types" in c:
-        c["layer_types"] = list(c["layer_types"])
-    cfg = config_cls(**COMMON, **c)
-    torch.manual_seed(seed)
-    model = model_cls(cfg).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
-                p.copy_(BIAS_STD * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(_torch_dtype(spec["dtype"])).to(torch.float32))
-    model.config._attn_implementation = "eager"
-    return model
+    return random_model(*hf_classes(spec["family"]), spec, seed, **COMMON)
 
 
 def v4_style_config(spec: dict) -> dict:
@@ -144,75 +114,18 @@ def v4_style_config(spec: dict) -> dict:
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))
-    prompt_ids = np.array(tok.encode(spec["prompt"]).ids, dtype=np.int64)
-    eos = COMMON["eos_token_id"]
-    for seed in range(spec["seed"], spec["seed"] + 200):
-        model = random_model(spec, seed)
-        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
-        if (min_margin(step_logits) >= MIN_MARGIN and eos not in tokens
-                and len(set(tokens.tolist())) >= MIN_DISTINCT):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} and "
-                         f"{MIN_DISTINCT} distinct tokens")
-    prefill = last_logits(model, prompt_ids)
-    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
-    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
-    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    model.to(_torch_dtype(spec["dtype"])).save_pretrained(out)
-    model.to(torch.float32)
+    run = search(name, spec, build, min_distinct=MIN_DISTINCT)
+    out = write_folder(name, spec, run, out_root)
     if spec["v4_config"]:
         write_json(os.path.join(out, "config.json"), v4_style_config(spec))
-    GenerationConfig(bos_token_id=COMMON["bos_token_id"], eos_token_id=eos, do_sample=False,
-                     max_new_tokens=spec["n_new"]).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), out)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=prompt_ids, prefill_logits=step_logits[0],
-        tokens=tokens, step_logits=step_logits, full_logits_last=full_last,
-        transformers_version=np.array(transformers.__version__))
-
-    # The folder as written must reproduce the expected logits when transformers reloads it.
-    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
-    err = float(np.abs(last_logits(back, prompt_ids) - step_logits[0]).max())
-    assert err < 1e-5, f"{name}: reloaded folder differs by {err}"
-    err_full = float(np.abs(last_logits(back, np.concatenate([prompt_ids, tokens[:-1]]))
-                            - full_last).max())
-    assert err_full < 1e-5, f"{name}: reloaded folder differs by {err_full} over the full sequence"
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    return dict(name=name, seed=seed, prompt_len=len(prompt_ids), n_new=len(tokens),
-                layer_types=list(back.config.layer_types), sliding_window=back.config.sliding_window,
-                margin=round(min_margin(step_logits), 4), distinct=len(set(tokens.tolist())),
-                reload_err=err, bytes=size)
+    back, err = check_reload(name, out, run)
+    return summary(name, run, out, err, layer_types=list(back.config.layer_types),
+                   sliding_window=back.config.sliding_window)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="fixture names to make (default: all)")
-    args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-    for name in args.only or list(FIXTURES):
-        print(json.dumps(make_fixture(name, FIXTURES[name], args.out)))
-    return 0
+    return run_cli(__doc__, FIXTURES,
+                   lambda name, args: make_fixture(name, FIXTURES[name], args.out), argv)
 
 
 if __name__ == "__main__":

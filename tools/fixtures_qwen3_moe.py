@@ -30,27 +30,20 @@ Usage:  python tools/fixtures_qwen3_moe.py [--out tests/fixtures] [--only NAME .
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-from make_fixtures import (MIN_MARGIN, NORM_STD, WEIGHT_STD, _torch_dtype,  # noqa: E402
-                           greedy, last_logits, min_margin, write_json)
+sys.path.insert(0, os.path.dirname(HERE))
+from fixture_common import (COMMON, check_reload, random_model, run_cli, search,  # noqa: E402
+                            summary, write_folder, write_json)
 
 MIN_DISTINCT = 8  # greedy tokens must not settle into a short loop
-
-TOKENIZER_DIR = os.path.join(ROOT, "tests", "fixtures", "llama-gqa3")
-COMMON = dict(hidden_act="silu", initializer_range=0.02, attention_dropout=0.0, use_cache=True,
-              bos_token_id=4001, eos_token_id=4002, vocab_size=4003)
 
 FIXTURES = {
     "qwen3moe-e8k2-dense": dict(
@@ -79,26 +72,10 @@ FIXTURES = {
 }
 
 
-def random_model(spec: dict, seed: int):
+def build(spec: dict, seed: int):
     """A float32 Qwen3MoeForCausalLM with the fixture's random weights (rounded to dtype)."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    c = {**spec["config"], "rope_parameters": dict(spec["config"]["rope_parameters"]),
-         "mlp_only_layers": list(spec["config"]["mlp_only_layers"])}
-    cfg = Qwen3MoeConfig(**COMMON, **c)
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(_torch_dtype(spec["dtype"])).to(torch.float32))
-    model.config._attn_implementation = "eager"
-    return model
+    return random_model(Qwen3MoeConfig, Qwen3MoeForCausalLM, spec, seed, **COMMON)
 
 
 def experts_used(model, ids: np.ndarray) -> list[set]:
@@ -155,83 +132,30 @@ def check_fused_layout(model, out: str, spec: dict) -> None:
         assert n, "no fused expert tensors found"
 
 
+def every_expert_used(model, prompt_ids: np.ndarray, tokens: np.ndarray) -> bool:
+    used = experts_used(model, np.concatenate([prompt_ids, tokens]))
+    return all(len(u) == model.config.num_experts for u in used)
+
+
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))
-    prompt_ids = np.array(tok.encode(spec["prompt"]).ids, dtype=np.int64)
-    eos = COMMON["eos_token_id"]
-    E = spec["config"]["num_experts"]
-    for seed in range(spec["seed"], spec["seed"] + 200):
-        model = random_model(spec, seed)
-        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
-        used = experts_used(model, np.concatenate([prompt_ids, tokens]))
-        if (min_margin(step_logits) >= MIN_MARGIN and eos not in tokens
-                and len(set(tokens.tolist())) >= MIN_DISTINCT
-                and all(len(u) == E for u in used)):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed met the margin / distinct-token / expert-use rules")
-    prefill = last_logits(model, prompt_ids)
-    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
-    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
-    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    model.to(_torch_dtype(spec["dtype"])).save_pretrained(
-        out, save_original_format=not spec["fused"])
-    model.to(torch.float32)
+    run = search(name, spec, build, min_distinct=MIN_DISTINCT, accept=every_expert_used)
+    out = write_folder(name, spec, run, out_root, save_original_format=not spec["fused"])
     if spec["hub_config"]:
         hub_style_config(os.path.join(out, "config.json"), spec)
     if spec["fused"]:
-        check_fused_layout(model, out, spec)
-    GenerationConfig(bos_token_id=COMMON["bos_token_id"], eos_token_id=eos, do_sample=False,
-                     max_new_tokens=spec["n_new"]).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), out)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=prompt_ids, prefill_logits=step_logits[0],
-        tokens=tokens, step_logits=step_logits, full_logits_last=full_last,
-        transformers_version=np.array(transformers.__version__))
-
-    # The folder as written must reproduce the expected logits when transformers reloads it.
-    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
-    err = float(np.abs(last_logits(back, prompt_ids) - step_logits[0]).max())
-    assert err < 1e-5, f"{name}: reloaded folder differs by {err}"
-    err_full = float(np.abs(last_logits(back, np.concatenate([prompt_ids, tokens[:-1]]))
-                            - full_last).max())
-    assert err_full < 1e-5, f"{name}: reloaded folder differs by {err_full} over the full sequence"
-    weight_files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    return dict(name=name, seed=seed, prompt_len=len(prompt_ids), n_new=len(tokens),
-                sliding_window=back.config.sliding_window, mlp_only_layers=back.config.mlp_only_layers,
-                experts_used=[len(u) for u in used], margin=round(min_margin(step_logits), 4),
-                distinct=len(set(tokens.tolist())), reload_err=err, weight_files=weight_files,
-                bytes=size)
+        check_fused_layout(run.model, out, spec)
+    back, err = check_reload(name, out, run)
+    used = experts_used(run.model, np.concatenate([run.prompt_ids, run.tokens]))
+    return summary(name, run, out, err, sliding_window=back.config.sliding_window,
+                   mlp_only_layers=back.config.mlp_only_layers,
+                   experts_used=[len(u) for u in used],
+                   weight_files=sorted(f for f in os.listdir(out) if f.endswith(".safetensors")))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="fixture names to make (default: all)")
-    args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    for name in args.only or list(FIXTURES):
-        print(json.dumps(make_fixture(name, FIXTURES[name], args.out)))
-    return 0
+    return run_cli(__doc__, FIXTURES,
+                   lambda name, args: make_fixture(name, FIXTURES[name], args.out), argv)
 
 
 if __name__ == "__main__":

@@ -22,26 +22,26 @@ float32 port picks the same tokens) and EOS never appears; otherwise the next se
 Also writes ``tests/fixtures/rope/hf_rope.json``: inv_freq and attention_scaling from
 transformers' RoPE init functions for a list of rope-parameter dicts (see ROPE_CASES).
 
+The steps every maker shares (seed search, folder writing, reload check) are in
+tools/fixture_common.py.
+
 Usage:  python tools/make_fixtures.py [--tokenizer res/tiny-llama/tokenizer.json] [--out tests/fixtures]
+                                      [--only NAME ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
 
 import numpy as np
 
-MIN_MARGIN = 5e-3
-WEIGHT_STD = 0.12
-BIAS_STD = 0.1
-NORM_STD = 0.1
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fixture_common import (COMMON, ROOT, check_reload, random_model, run_cli,  # noqa: E402
+                            search, summary, write_folder, write_json)
 
-COMMON = dict(hidden_act="silu", initializer_range=0.02, attention_dropout=0.0, pretraining_tp=1,
-              use_cache=True, bos_token_id=4001, eos_token_id=4002, vocab_size=4003)
+LLAMA_COMMON = {**COMMON, "pretraining_tp": 1}
 
 FIXTURES = {
     "llama-gqa3": dict(
@@ -100,62 +100,10 @@ ROPE_CASES = [
 ]
 
 
-def _torch_dtype(name: str):
-    import torch
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def random_model(spec: dict, seed: int):
-    """Build a float32 LlamaForCausalLM with the fixture's random weights (rounded to spec dtype)."""
-    import torch
+def build(spec: dict, seed: int):
+    """A float32 LlamaForCausalLM with the fixture's random weights (rounded to spec dtype)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**COMMON, **{**spec["config"], "rope_parameters": dict(spec["config"]["rope_parameters"])})
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
-                p.copy_(BIAS_STD * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(_torch_dtype(spec["dtype"])).to(torch.float32))
-    model.config._attn_implementation = "eager"
-    return model
-
-
-def greedy(model, prompt_ids: np.ndarray, n_new: int):
-    """Greedy decode n_new tokens with the KV cache; return (tokens (N,), step_logits (N, V))."""
-    import torch
-
-    with torch.no_grad():
-        out = model(torch.from_numpy(prompt_ids)[None], use_cache=True)
-        logits, cache = out.logits[0, -1], out.past_key_values
-        tokens, steps = [], []
-        for _ in range(n_new):
-            tok = int(torch.argmax(logits))
-            tokens.append(tok)
-            steps.append(logits.numpy().astype(np.float32))
-            out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-            logits, cache = out.logits[0, -1], out.past_key_values
-    return np.array(tokens, dtype=np.int64), np.stack(steps)
-
-
-def last_logits(model, ids: np.ndarray) -> np.ndarray:
-    """No-cache forward over ids (L,); return float32 logits (V,) of the last position."""
-    import torch
-
-    with torch.no_grad():
-        return model(torch.from_numpy(ids)[None], use_cache=False).logits[0, -1].numpy().astype(np.float32)
-
-
-def min_margin(step_logits: np.ndarray) -> float:
-    """Smallest (top1 - top2) logit gap over the greedy steps."""
-    top2 = np.sort(step_logits, axis=1)[:, -2:]
-    return float((top2[:, 1] - top2[:, 0]).min())
+    return random_model(LlamaConfig, LlamaForCausalLM, spec, seed, **LLAMA_COMMON)
 
 
 def v4_style_config(model) -> dict:
@@ -175,64 +123,18 @@ def v4_style_config(model) -> dict:
     return dict(sorted(out.items()))
 
 
-def write_json(path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-
-
 def make_model_fixture(name: str, spec: dict, tokenizer_path: str, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tok = Tokenizer.from_file(tokenizer_path)
-    prompt_ids = np.array(tok.encode(spec["prompt"]).ids, dtype=np.int64)
-    eos = COMMON["eos_token_id"]
-    seed = spec["seed"]
-    for seed in range(spec["seed"], spec["seed"] + 200):
-        model = random_model(spec, seed)
-        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
-        if min_margin(step_logits) >= MIN_MARGIN and eos not in tokens:
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN}")
-    prefill = last_logits(model, prompt_ids)
-    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
-    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
-    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
+    run = search(name, spec, build, tokenizer_path)
     save_kwargs = {"max_shard_size": spec["shard"]} if spec["shard"] else {}
-    model.to(_torch_dtype(spec["dtype"])).save_pretrained(out, **save_kwargs)
-    model.to(torch.float32)
+    out = write_folder(name, spec, run, out_root, tokenizer_path, **save_kwargs)
     if spec["v4_config"]:
-        write_json(os.path.join(out, "config.json"), v4_style_config(model))
-    GenerationConfig(bos_token_id=COMMON["bos_token_id"], eos_token_id=eos, do_sample=False,
-                     max_new_tokens=spec["n_new"]).save_pretrained(out)
-    tok.save(os.path.join(out, "tokenizer.json"), pretty=False)
-    shutil.copy(os.path.join(os.path.dirname(tokenizer_path), "tokenizer_config.json"), out)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=prompt_ids, prefill_logits=step_logits[0],
-        tokens=tokens, step_logits=step_logits, full_logits_last=full_last,
-        transformers_version=np.array(transformers.__version__))
-
-    # The folder as written must reproduce the expected logits when transformers reloads it.
-    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    err = float(np.abs(last_logits(back, prompt_ids) - step_logits[0]).max())
-    assert err < 1e-5, f"{name}: reloaded folder differs by {err}"
+        write_json(os.path.join(out, "config.json"), v4_style_config(run.model))
+    _, err = check_reload(name, out, run)
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     if spec["shard"]:
         assert len(files) == 2 and os.path.exists(os.path.join(out, "model.safetensors.index.json")), files
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    return dict(name=name, seed=seed, prompt_len=len(prompt_ids), n_new=len(tokens),
-                vocab=step_logits.shape[1], margin=round(min_margin(step_logits), 4),
-                distinct=len(set(tokens.tolist())), reload_err=err, weight_files=files, bytes=size)
+    return summary(name, run, out, err, vocab=run.step_logits.shape[1], weight_files=files)
 
 
 def rope_entries() -> list:
@@ -256,30 +158,18 @@ def rope_entries() -> list:
     return entries
 
 
+def make(name: str, args) -> dict:
+    if name != "rope":
+        return make_model_fixture(name, FIXTURES[name], args.tokenizer, args.out)
+    os.makedirs(os.path.join(args.out, "rope"), exist_ok=True)
+    entries = rope_entries()
+    write_json(os.path.join(args.out, "rope", "hf_rope.json"), entries)
+    return dict(name="rope", cases=len(entries))
+
+
 def main(argv=None) -> int:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokenizer", default=os.path.join(here, "res", "tiny-llama", "tokenizer.json"))
-    ap.add_argument("--out", default=os.path.join(here, "tests", "fixtures"))
-    ap.add_argument("--only", nargs="*", help="fixture names to make (default: all, plus rope)")
-    args = ap.parse_args(argv)
-
-    import torch
-    import transformers
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-    names = args.only if args.only else list(FIXTURES) + ["rope"]
-    for name in names:
-        if name == "rope":
-            os.makedirs(os.path.join(args.out, "rope"), exist_ok=True)
-            entries = rope_entries()
-            write_json(os.path.join(args.out, "rope", "hf_rope.json"), entries)
-            print(f"rope: {len(entries)} cases")
-        else:
-            print(json.dumps(make_model_fixture(name, FIXTURES[name], args.tokenizer, args.out)))
-    return 0
+    return run_cli(__doc__, list(FIXTURES) + ["rope"], make, argv,
+                   tokenizer=os.path.join(ROOT, "res", "tiny-llama", "tokenizer.json"))
 
 
 if __name__ == "__main__":

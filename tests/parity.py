@@ -1,0 +1,147 @@
+"""Parity checks shared by the causal-LM family tests (a helper module, not a test file).
+
+Each fixture ``tests/fixtures/<name>/`` is a Hugging Face model folder plus ``expected.npz``
+with what transformers computed from it in float32 (keys in tools/make_fixtures.py's docstring):
+
+    prompt_ids (P,)  prefill_logits (V,)  tokens (N,)  step_logits (N, V)  full_logits_last (V,)
+
+step_logits[k] are the logits that chose tokens[k] (step_logits[0] == prefill_logits), and
+full_logits_last is a no-cache forward over seq = prompt_ids + tokens[:-1], last position.
+Logits (V,) match when max |ours - ref| <= rtol * max(1, max |ref|). Nothing here imports torch
+or transformers.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from causallm.config import load_model_configs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+RTOL = 2e-4
+
+
+def load(cls, name, cfg_changes=None, weights=None, **nntr):
+    """cls built from fixture ``name`` (or a folder path), config.json keys replaced by
+    cfg_changes, nntr_config keys by nntr (init_seq_len and num_to_generate 64 unless given),
+    initialized, weights loaded from ``weights`` (a .bin or folder; default the fixture)."""
+    folder = os.path.join(FIXTURES, name)
+    cfg, gen, nntr_cfg = load_model_configs(folder)
+    cfg.update(cfg_changes or {})
+    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
+    model = cls(cfg, gen, nntr_cfg)
+    model.initialize()
+    model.load_weight(weights or folder)
+    return model
+
+
+def expected(name):
+    """The fixture's expected.npz."""
+    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
+
+
+def full_sequence(ref):
+    """prompt_ids + tokens[:-1] (P + N - 1,): the input of full_logits_last."""
+    return np.concatenate([ref["prompt_ids"], ref["tokens"][:-1]])
+
+
+def assert_logits_close(ours, ref, what, rtol=RTOL):
+    scale = max(1.0, float(np.abs(ref).max()))
+    err = float(np.abs(ours - ref).max())
+    assert err <= rtol * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
+
+
+def prefill(model, ids):
+    """One incremental_inference over ids (L,) at positions [0, L): logits (V,) of the last."""
+    ids = np.asarray(ids, dtype=np.float32)[None, :]
+    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+
+
+def decode_step(model, token, pos):
+    """One cached step feeding ``token`` at position ``pos``: its logits (V,)."""
+    step = np.array([[token]], dtype=np.float32)
+    return model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0]
+
+
+def check_prompt_ids(model, ref):
+    """The model's tokenizer encodes the prompt to transformers' ids."""
+    assert model.tokenizer.Encode(str(ref["prompt"])) == ref["prompt_ids"].tolist()
+
+
+def teacher_forced(model, ref):
+    """Prefill of the prompt, then one cached step per expected token (tokens[k - 1] at
+    position P + k - 1): the logits (N, V) of every step, row k to compare with step_logits[k]."""
+    tokens = ref["tokens"]
+    P = len(ref["prompt_ids"])
+    logits = [prefill(model, ref["prompt_ids"])]
+    for k in range(1, len(tokens)):
+        logits.append(decode_step(model, tokens[k - 1], P + k - 1))
+    return np.stack(logits)
+
+
+def check_prefill_and_cached_decode(model, ref, rtol=RTOL):
+    """teacher_forced: the prefill matches prefill_logits, and every step k matches
+    step_logits[k] and picks tokens[k]. Returns the logits (N, V)."""
+    logits = teacher_forced(model, ref)
+    assert_logits_close(logits[0], ref["prefill_logits"], "prefill", rtol)
+    for k, row in enumerate(logits):
+        assert_logits_close(row, ref["step_logits"][k], f"decode step {k}", rtol)
+        assert int(np.argmax(row)) == ref["tokens"][k], f"greedy token {k}"
+    return logits
+
+
+def check_greedy(model, ref, what="greedy tokens"):
+    """generate_tokens (prefill in chunks of init_seq_len, then cached greedy decode) gives
+    transformers' greedy tokens."""
+    result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=len(ref["tokens"]),
+                                   do_sample=False)
+    assert result.generated_ids[0] == ref["tokens"].tolist(), what
+
+
+def check_chunked_prefill(model, ref):
+    """check_greedy with a prompt longer than init_seq_len, so it is prefilled in chunks."""
+    assert model.INIT_SEQ_LEN < len(ref["prompt_ids"]), "the prompt fits in one chunk"
+    check_greedy(model, ref, "greedy tokens after a chunked prefill")
+
+
+def check_one_shot(model, ref, rtol=RTOL):
+    """One prefill over prompt_ids + tokens[:-1] matches transformers' no-cache forward
+    (full_logits_last). Returns the logits (V,)."""
+    logits = prefill(model, full_sequence(ref))
+    assert_logits_close(logits, ref["full_logits_last"], "one-shot forward", rtol)
+    return logits
+
+
+def cli_record(name, n, capsys=None):
+    """``main.py tests/fixtures/<name> PROMPT --greedy -n n --json`` (in a subprocess, or in
+    this process when given pytest's capsys): the JSON record of its last stdout line."""
+    args = [os.path.join("tests", "fixtures", name), str(expected(name)["prompt"]), "--greedy",
+            "-n", str(n), "--json"]
+    if capsys is None:
+        p = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
+                           text=True, encoding="utf-8", timeout=300)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout
+    else:
+        import main
+        capsys.readouterr()
+        args[0] = os.path.join(ROOT, args[0])
+        rc = main.main(args)
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+    return json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+
+
+def check_cli(name, architecture, n, capsys=None):
+    """The greedy CLI run (cli_record) names the architecture and gives transformers' prompt ids
+    and first n tokens. Returns the record."""
+    ref = expected(name)
+    record = cli_record(name, n, capsys)
+    assert record["architecture"] == architecture
+    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
+    assert record["generated_ids"] == ref["tokens"][:n].tolist()
+    return record

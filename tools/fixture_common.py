@@ -1,0 +1,249 @@
+"""What the fixture makers (tools/make_fixtures.py, tools/fixtures_*.py) share.
+
+A causal-LM fixture ``tests/fixtures/<name>/`` is a Hugging Face folder (config.json,
+generation_config.json, safetensors weights, tokenizer.json, tokenizer_config.json) of a tiny
+randomly initialised model, plus ``expected.npz`` (keys in tools/make_fixtures.py's docstring)
+with what transformers computes from it in float32 with eager attention. A maker builds it in
+four steps, each a function here:
+
+    search(name, spec, build, ...)    the first seed from spec["seed"] whose model (build(spec,
+                                      seed)) decodes spec["n_new"] greedy tokens of spec["prompt"],
+                                      each winning by >= MIN_MARGIN, no EOS, enough distinct ids
+                                      -> Run (seed, model, prompt_ids, tokens, step_logits, full_last)
+    write_folder(name, spec, run, ..) the folder: weights rounded to spec["dtype"], generation
+                                      config, tokenizer files, expected.npz
+    check_reload(name, out, run, tol) transformers reloads the folder and reproduces the prefill
+                                      and full-sequence logits to tol
+    summary(name, run, out, err, ..)  the dict the maker prints
+
+Random weights (random_model): parameter p ~ mean + std * N(0, 1) with (mean, std) = init(name)
+(standard_init: RMSNorm gains 1 + N(0, 0.1^2), biases N(0, 0.1^2), the rest N(0, 0.12^2)) so
+that logits are far from flat, then rounded to the fixture's dtype and widened back to float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES_DIR = os.path.join(ROOT, "tests", "fixtures")
+TOKENIZER_JSON = os.path.join(FIXTURES_DIR, "llama-gqa3", "tokenizer.json")  # the project's
+
+MIN_MARGIN = 5e-3
+WEIGHT_STD = 0.12
+BIAS_STD = 0.1
+NORM_STD = 0.1
+BOS, EOS, VOCAB = 4001, 4002, 4003
+COMMON = dict(hidden_act="silu", initializer_range=0.02, attention_dropout=0.0, use_cache=True,
+              bos_token_id=BOS, eos_token_id=EOS, vocab_size=VOCAB)
+"""Config keys shared by the Llama-like (silu) families."""
+
+
+def torch_dtype(name: str):
+    import torch
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def standard_init(name: str) -> tuple[float, float]:
+    """(mean, std) of parameter ``name``: RMSNorm gains 1 + N(0, 0.1^2), biases N(0, 0.1^2),
+    everything else N(0, 0.12^2)."""
+    if name.endswith("norm.weight"):
+        return 1.0, NORM_STD
+    if name.endswith(".bias"):
+        return 0.0, BIAS_STD
+    return 0.0, WEIGHT_STD
+
+
+def random_model(config_cls, model_cls, spec: dict, seed: int, init=standard_init, **common):
+    """model_cls(config_cls(**common, **spec["config"])) in float32, eval mode, eager attention,
+    every parameter drawn as mean + std * N(0, 1) with (mean, std) = init(name) from a generator
+    seeded with ``seed`` (torch's global seed too), then rounded to spec["dtype"]."""
+    import torch
+
+    cfg = config_cls(**common, **copy.deepcopy(spec["config"]))
+    torch.manual_seed(seed)
+    model = model_cls(cfg).to(torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            mean, std = init(name)
+            p.copy_(mean + std * torch.randn(p.shape, generator=gen))
+            p.copy_(p.to(torch_dtype(spec["dtype"])).to(torch.float32))
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def greedy(model, prompt_ids: np.ndarray, n_new: int):
+    """Greedy decode n_new tokens with the KV cache; return (tokens (N,), step_logits (N, V))."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.from_numpy(prompt_ids)[None], use_cache=True)
+        logits, cache = out.logits[0, -1], out.past_key_values
+        tokens, steps = [], []
+        for _ in range(n_new):
+            tok = int(torch.argmax(logits))
+            tokens.append(tok)
+            steps.append(logits.numpy().astype(np.float32))
+            out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+            logits, cache = out.logits[0, -1], out.past_key_values
+    return np.array(tokens, dtype=np.int64), np.stack(steps)
+
+
+def last_logits(model, ids: np.ndarray) -> np.ndarray:
+    """No-cache forward over ids (L,); return float32 logits (V,) of the last position."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(ids)[None], use_cache=False).logits[0, -1].numpy().astype(np.float32)
+
+
+def min_margin(step_logits: np.ndarray) -> float:
+    """Smallest (top1 - top2) logit gap over the greedy steps."""
+    top2 = np.sort(step_logits, axis=1)[:, -2:]
+    return float((top2[:, 1] - top2[:, 0]).min())
+
+
+def write_json(path: str, obj) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def encode(tokenizer_json: str, text: str) -> np.ndarray:
+    """The ids (int64) the tokenizer.json gives text, special tokens (BOS) included."""
+    from tokenizers import Tokenizer
+    return np.array(Tokenizer.from_file(tokenizer_json).encode(text).ids, dtype=np.int64)
+
+
+@dataclass
+class Run:
+    """A seed's model and what transformers computed from it: prompt_ids (P,), greedy tokens
+    (N,), step_logits (N, V) (step_logits[0] is the prefill), full_last (V,) = no-cache logits
+    of the last position of seq = prompt_ids + tokens[:-1]."""
+    seed: int
+    model: object
+    prompt_ids: np.ndarray
+    tokens: np.ndarray
+    step_logits: np.ndarray
+    full_last: np.ndarray
+
+    @property
+    def seq(self) -> np.ndarray:
+        return np.concatenate([self.prompt_ids, self.tokens[:-1]])
+
+
+def search(name: str, spec: dict, build, tokenizer_json: str = TOKENIZER_JSON,
+           min_distinct: int = 0, accept=None, tries: int = 200) -> Run:
+    """The first seed in [spec["seed"], spec["seed"] + tries) whose model build(spec, seed)
+    decodes spec["n_new"] greedy tokens of spec["prompt"] (encoded by tokenizer_json), each step
+    winning by >= MIN_MARGIN, without EOS, with >= min_distinct different ids and, if given,
+    accept(model, prompt_ids, tokens) true. The prefill and no-cache logits must agree with the
+    cached ones (1e-5 and 1e-4)."""
+    prompt_ids = encode(tokenizer_json, spec["prompt"])
+    for seed in range(spec["seed"], spec["seed"] + tries):
+        model = build(spec, seed)
+        tokens, step_logits = greedy(model, prompt_ids, spec["n_new"])
+        if (min_margin(step_logits) >= MIN_MARGIN and EOS not in tokens
+                and len(set(tokens.tolist())) >= min_distinct
+                and (accept is None or accept(model, prompt_ids, tokens))):
+            break
+    else:
+        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without EOS, "
+                         f"{min_distinct} distinct tokens{' and the extra rule' if accept else ''}")
+    prefill = last_logits(model, prompt_ids)
+    full_last = last_logits(model, np.concatenate([prompt_ids, tokens[:-1]]))
+    assert np.allclose(prefill, step_logits[0], atol=1e-5), name
+    assert np.allclose(full_last, step_logits[-1], atol=1e-4), name
+    return Run(seed, model, prompt_ids, tokens, step_logits, full_last)
+
+
+def write_folder(name: str, spec: dict, run: Run, out_root: str,
+                 tokenizer_json: str = TOKENIZER_JSON, **save_kwargs) -> str:
+    """Write out_root/name afresh: the model saved in spec["dtype"] (save_pretrained with
+    save_kwargs; the model is float32 again afterwards), a greedy generation_config.json,
+    tokenizer.json (re-saved compact) with the tokenizer_config.json beside tokenizer_json, and
+    expected.npz. Return the folder."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+    from transformers import GenerationConfig
+
+    out = os.path.join(out_root, name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    run.model.to(torch_dtype(spec["dtype"])).save_pretrained(out, **save_kwargs)
+    run.model.to(torch.float32)
+    GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, do_sample=False,
+                     max_new_tokens=spec["n_new"]).save_pretrained(out)
+    Tokenizer.from_file(tokenizer_json).save(os.path.join(out, "tokenizer.json"), pretty=False)
+    shutil.copy(os.path.join(os.path.dirname(tokenizer_json), "tokenizer_config.json"), out)
+    np.savez_compressed(
+        os.path.join(out, "expected.npz"),
+        prompt=np.array(spec["prompt"]), prompt_ids=run.prompt_ids,
+        prefill_logits=run.step_logits[0], tokens=run.tokens, step_logits=run.step_logits,
+        full_logits_last=run.full_last, transformers_version=np.array(transformers.__version__))
+    return out
+
+
+def check_reload(name: str, out: str, run: Run, tol: float = 1e-5):
+    """Reload the written folder with transformers (float32, eager attention) and check it
+    reproduces the prefill and the full-sequence logits to tol; return (model, max error)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+    err = max(float(np.abs(last_logits(back, run.prompt_ids) - run.step_logits[0]).max()),
+              float(np.abs(last_logits(back, run.seq) - run.full_last).max()))
+    assert err < tol, f"{name}: reloaded folder differs by {err}"
+    return back, err
+
+
+def folder_bytes(out: str) -> int:
+    return sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+
+
+def summary(name: str, run: Run, out: str, err: float, **extra) -> dict:
+    """What a maker prints for one fixture."""
+    return dict(name=name, seed=run.seed, prompt_len=len(run.prompt_ids), n_new=len(run.tokens),
+                **extra, margin=round(min_margin(run.step_logits), 4),
+                distinct=len(set(run.tokens.tolist())), reload_err=err, bytes=folder_bytes(out))
+
+
+def arg_parser(doc: str, names, tokenizer: str | None = None) -> argparse.ArgumentParser:
+    """[--tokenizer PATH (when a default is given)] [--out tests/fixtures] [--only NAME ...]"""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if tokenizer is not None:
+        ap.add_argument("--tokenizer", default=tokenizer)
+    ap.add_argument("--out", default=FIXTURES_DIR)
+    ap.add_argument("--only", nargs="*", choices=list(names),
+                    help="fixture names to make (default: all)")
+    return ap
+
+
+def quiet_torch() -> None:
+    """One torch thread (as the committed fixtures were made), no transformers warnings or
+    progress bars."""
+    import torch
+    import transformers
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def run_cli(doc: str, names, make, argv=None, tokenizer: str | None = None) -> int:
+    """Parse arg_parser's options, then print json.dumps(make(name, args)) for each name asked
+    for (all by default)."""
+    args = arg_parser(doc, names, tokenizer).parse_args(argv)
+    quiet_torch()
+    for name in args.only or list(names):
+        print(json.dumps(make(name, args)))
+    return 0
