@@ -265,8 +265,9 @@ def run(args: argparse.Namespace) -> int:
     do_sample = model.DO_SAMPLE
     if args.temp is not None or args.top_k is not None or args.top_p is not None:
         do_sample = True
-    if args.greedy or args.temp == 0:
+    if args.greedy:
         do_sample = False
+    do_sample = model.samples(do_sample)  # temperature 0 (--temp 0 or the config's) is greedy
 
     model.initialize()
     weight_path = (nntr_cfg.resolve_path(nntr_cfg.get_str("model_file_name"))

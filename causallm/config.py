@@ -22,7 +22,6 @@ from causallm.errors import CausalLMError
 _MISSING = object()
 
 NNTR_DEFAULTS: dict[str, Any] = {
-    "model_type": "CausalLM",
     "model_tensor_type": "FP32-FP32",
     "batch_size": 1,
     "init_seq_len": 2048,       # rows of the step buffer: the longest prefill chunk

@@ -86,6 +86,7 @@ class Model:
         def unknown(key: str, value: str) -> None:
             raise CausalLMError(f"model: unknown property '{key}' (known: "
                                 f"{', '.join(MODEL_PROPERTIES)})")
+        self._require(_DECLARED, "model.setProperty()")  # buffers are sized at compile()
         parse_into(MODEL_PROPERTIES, split_properties(props, "model"), self.props, "model", unknown)
         if self.props["batch_size"] < 1:
             raise CausalLMError("model: batch_size must be at least 1")
@@ -404,7 +405,11 @@ class Model:
             if step > buf.shape[1]:
                 raise CausalLMError(f"incremental_inference: a step of {step} tokens exceeds "
                                     f"the {buf.shape[1]} rows of input '{name}' (init_seq_len)")
-            data = np.asarray(data, dtype=np.float32).reshape(batch, -1)
+            data = np.asarray(data, dtype=np.float32)
+            if data.size % batch:
+                raise CausalLMError(f"incremental_inference: input '{name}' has {data.size} "
+                                    f"values, not a multiple of batch {batch}")
+            data = data.reshape(batch, -1)
             if not step <= data.shape[1] <= buf.shape[1]:
                 raise CausalLMError(f"incremental_inference: input '{name}' takes {step} to "
                                     f"{buf.shape[1]} values per batch; got {data.shape[1]}")

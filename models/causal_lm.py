@@ -89,17 +89,22 @@ class CausalLM(Transformer):
             self.EOS_TOKEN_ID = generation_cfg.get_int_list("eos_token_id")
         else:
             self.EOS_TOKEN_ID = cfg.get_int_list("eos_token_id", [])
-        self.BOS_TOKEN_ID = (generation_cfg.get_int_list("bos_token_id")[0]
-                             if generation_cfg.contains("bos_token_id")
-                             else (cfg.get_int_list("bos_token_id")[0]
-                                   if cfg.contains("bos_token_id") else None))
+        bos = (generation_cfg.get_int_list("bos_token_id", [])
+               or cfg.get_int_list("bos_token_id", []))
+        self.BOS_TOKEN_ID = bos[0] if bos else None
         g = GENERATION_DEFAULTS
         self.DO_SAMPLE = generation_cfg.get_bool("do_sample", g["do_sample"])
         self.TOP_K = generation_cfg.get_int("top_k", g["top_k"], minimum=0)
         self.TOP_P = generation_cfg.get_float("top_p", g["top_p"])
+        if not 0.0 <= self.TOP_P <= 1.0:
+            raise generation_cfg.error("top_p", "a number in [0, 1] (1.0 = off)")
         self.TEMPERATURE = generation_cfg.get_float("temperature", g["temperature"])
+        if not self.TEMPERATURE >= 0.0:
+            raise generation_cfg.error("temperature", "a number >= 0 (0 = greedy)")
         self.REPETITION_PENALTY = generation_cfg.get_float("repetition_penalty",
                                                            g["repetition_penalty"])
+        if not self.REPETITION_PENALTY > 0.0:
+            raise generation_cfg.error("repetition_penalty", "a number > 0 (1.0 = off)")
         self.SEED = None
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()
@@ -131,7 +136,13 @@ class CausalLM(Transformer):
         return super().getHFIgnoredTensors() | head
 
     # -- token selection --------------------------------------------------------------------
+    def samples(self, do_sample: bool) -> bool:
+        """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of
+        softmax(x / T) as T -> 0, and what ``--temp 0`` means), whatever ``do_sample`` says."""
+        return bool(do_sample) and self.TEMPERATURE != 0.0
+
     def makeSampler(self, do_sample: bool) -> Sampler:
+        do_sample = self.samples(do_sample)
         return Sampler(temperature=self.TEMPERATURE, top_k=self.TOP_K, top_p=self.TOP_P,
                        repetition_penalty=self.REPETITION_PENALTY,
                        bad_word_ids=self.BAD_WORD_IDS, seed=self.SEED, do_sample=do_sample)
@@ -168,6 +179,8 @@ class CausalLM(Transformer):
                 f"(init_seq_len {self.INIT_SEQ_LEN} + num_to_generate {self.NUM_TO_GENERATE}); "
                 f"raise init_seq_len in nntr_config.json")
         wanted = self.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
+        if wanted < 1:
+            raise CausalLMError(f"generate: max_new_tokens must be at least 1, got {wanted}")
         n_new = min(wanted, T - start_pos - P + 1)
         do_sample = self.DO_SAMPLE if do_sample is None else do_sample
         sampler = self.makeSampler(do_sample)

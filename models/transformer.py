@@ -221,8 +221,14 @@ class Transformer:
         if self.MEMORY_SWAP:
             model_props += [withKey("fsu", "true"), withKey("fsu_lookahead", self.FSU_LOOKAHEAD)]
         self.model.setProperty(model_props)
-        self.model.compile(ExecutionMode.INFERENCE)
-        self.model.initialize(ExecutionMode.INFERENCE)
+        try:
+            self.model.compile(ExecutionMode.INFERENCE)
+            self.model.initialize(ExecutionMode.INFERENCE)
+        except MemoryError as e:
+            raise CausalLMError(
+                f"{self.nntr_cfg.path}: not enough memory for the buffers of batch_size "
+                f"{self.BATCH_SIZE}, init_seq_len {self.INIT_SEQ_LEN} and num_to_generate "
+                f"{self.NUM_TO_GENERATE} ({e})") from None
         self.is_initialized = True
 
     def constructModel(self) -> None:
@@ -449,8 +455,10 @@ class Transformer:
 
     def run(self, prompt: str, do_sample: bool = False, system_prompt: str = "",
             tail_prompt: str = "", log_output: bool = True):
-        if not self.is_initialized:
-            raise CausalLMError("run: call initialize() first")
+        """What a model does with a prompt: CausalLM generates, SentenceTransformer embeds. The
+        bare Transformer (no head) has nothing to run, as in C++, and says so."""
+        raise CausalLMError(f"{type(self).__name__}.run: a bare Transformer has no head; use "
+                            f"CausalLM or SentenceTransformer")
 
 
 def set_threads(n: int) -> None:

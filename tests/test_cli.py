@@ -107,8 +107,9 @@ def test_greedy_cli_gives_transformers_tokens(name):
     assert record["generated_ids"] == tokens[:32]
     assert text == record["text"]  # what streamed is the final text
     assert record["finish_reason"] == "length" and record["do_sample"] is False
+    metric_keys = {"tokens", "ms", "tps"}  # present; their values are never asserted on
     for part in ("prefill", "generation"):
-        assert set(record[part]) >= {"tokens", "ms", "tps"}
+        assert set(record[part]) >= metric_keys
     assert record["prefill"]["tokens"] == len(prompt_ids)
     assert record["generation"]["tokens"] == 31  # the first token comes out of the prefill
     assert isinstance(record["peak_memory_kb"], int) and record["peak_memory_kb"] > 0

@@ -5,8 +5,11 @@ processes rows [0, nrows) of every batch (or the explicit row offsets it is give
 and scratch are passed in, never allocated on the per-token path. Kernels know nothing of
 layers or configs; each has a plain-numpy twin in tests/reference.py.
 
-Modules: linear (fully connected), norm (rms_norm), rope (tables), attention (KV cache write
-and attention), elementwise (swiglu, activations, add, multiply, softmax), embedding.
+Modules: linear (fully connected), norm (rms_norm), layer_norm, rope (tables), attention (KV
+cache write and attention), elementwise (swiglu, activations, add, multiply, softmax), softcap,
+embedding, embedding_sum (learned positions and token types), pooling (sentence embeddings),
+moe and gpt_oss_moe (routing and experts). The families' own kernels are imported from their
+modules; this package re-exports the common ones.
 """
 
 import numba
