@@ -155,12 +155,14 @@ class CausalLM(Transformer):
     # -- the generation loop ----------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
                         do_sample: bool | None = None, start_pos: int = 0,
-                        on_token=None) -> GenerationResult:
+                        on_token=None, context_ids: list[int] = ()) -> GenerationResult:
         """Prefill ``prompt_ids`` (one equal-length list per batch row) at positions
         ``[start_pos, start_pos + P)`` and generate up to ``max_new_tokens`` (default
         ``NUM_TO_GENERATE``) new tokens per row, stopping a row at an EOS id.
 
         ``on_token(b, token_id)`` is called for every new token of a running row.
+        ``context_ids`` are tokens already in the cache before ``start_pos`` (a loaded system
+        prompt): the repetition penalty counts them, as it counts every token of the context.
         """
         if not self.is_initialized:
             raise CausalLMError("generate: call initialize() and load_weight() first")
@@ -185,7 +187,7 @@ class CausalLM(Transformer):
         do_sample = self.DO_SAMPLE if do_sample is None else do_sample
         sampler = self.makeSampler(do_sample)
         ids = np.asarray(prompt_ids, dtype=np.float32)
-        histories = [list(row) for row in prompt_ids]
+        histories = [list(context_ids) + list(row) for row in prompt_ids]
         result = GenerationResult(prompt_ids=[list(r) for r in prompt_ids],
                                   generated_ids=[[] for _ in range(B)],
                                   finish_reasons=["length"] * B)
@@ -253,7 +255,7 @@ class CausalLM(Transformer):
         if not self.is_initialized:
             raise CausalLMError("run: call initialize() and load_weight() first")
         out = out or sys.stdout
-        start_pos = 0
+        start_pos, sys_ids = 0, []
         if self.USE_KVCACHE and system_prompt:
             path = self.PRE_COMPUTED_CACHE_PATH
             sys_ids = self.tokenizer.Encode(system_prompt)
@@ -286,7 +288,8 @@ class CausalLM(Transformer):
                 out.flush()
 
         result = self.generate_tokens([ids] * self.BATCH_SIZE, do_sample=do_sample,
-                                      start_pos=start_pos, on_token=on_token)
+                                      start_pos=start_pos, on_token=on_token,
+                                      context_ids=sys_ids[:start_pos])
         for b, decoder in enumerate(decoders):
             tail = decoder.flush()
             self.output_list[b] += tail

@@ -211,3 +211,33 @@ def test_changed_system_prompt_recomputes_the_cache(folder):
     saved = json.load(open(folder / "sys.cache.ids.json"))["token_ids"]
     assert saved == fresh.tokenizer.Encode(other)
     assert os.path.getsize(folder / "sys.cache") == LAYERS * 2 * len(saved) * KV_WIDTH * 2
+
+
+def test_repetition_penalty_counts_the_cached_system_prompt(folder, monkeypatch):
+    """The penalty sees every token of the context, the cached system prompt included (HF
+    penalises all input ids): run() hands the cached ids to generate_tokens as context, and
+    context ids are penalised like prompt ids."""
+    seen = []
+    original = CausalLM.generate_tokens
+
+    def spy(self, *args, **kwargs):
+        seen.append(list(kwargs.get("context_ids", ())))
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(CausalLM, "generate_tokens", spy)
+    for _ in range(2):  # computes and saves the cache, then loads it
+        model = make(folder)
+        model.REPETITION_PENALTY = 1.5
+        model.run(PROMPT, do_sample=False, system_prompt=SYSTEM, log_output=False)
+    sys_ids = model.tokenizer.Encode(SYSTEM)
+    assert seen == [sys_ids, sys_ids]
+    monkeypatch.undo()
+
+    # context ids count: penalising the tokens the model would say changes what it says
+    model = make(folder)
+    prompt = model.tokenizer.Encode(PROMPT)
+    said = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False).generated_ids[0]
+    model.REPETITION_PENALTY = 5.0
+    alone = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False)
+    with_context = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False,
+                                         context_ids=said)
+    assert with_context.generated_ids[0] != alone.generated_ids[0]
