@@ -192,10 +192,11 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
 
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
                         do_sample: bool | None = None, start_pos: int = 0,
-                        on_token=None) -> GenerationResult:
+                        on_token=None, context_ids: list[int] = ()) -> GenerationResult:
         """CausalLM.generate_tokens, after checking the prompt fits GPT-2's learned positions."""
         n = start_pos + (len(prompt_ids[0]) if prompt_ids else 0)
         if n > self.MAX_POSITION_EMBEDDINGS:
             raise CausalLMError(f"{self.cfg.path}: the prompt has {n} tokens but the model has "
                                 f"n_positions = {self.MAX_POSITION_EMBEDDINGS} learned positions")
-        return super().generate_tokens(prompt_ids, max_new_tokens, do_sample, start_pos, on_token)
+        return super().generate_tokens(prompt_ids, max_new_tokens, do_sample, start_pos, on_token,
+                                       context_ids)
