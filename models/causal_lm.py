@@ -209,12 +209,8 @@ class CausalLM(Transformer):
                     result.finish_reasons[b] = "eos"
 
         t0 = time.perf_counter()
-        pos = start_pos
-        for c in range(0, P, self.INIT_SEQ_LEN):
-            chunk = ids[:, c:c + self.INIT_SEQ_LEN]
-            n = chunk.shape[1]
-            logits = self.model.incremental_inference(B, [chunk], None, n, pos, pos + n)[0]
-            pos += n
+        logits = self.prefill(ids, start_pos)
+        pos = start_pos + P
         emit(sampler.select(logits, histories))
         t1 = time.perf_counter()
 
@@ -306,15 +302,21 @@ class CausalLM(Transformer):
     def prefill_only(self, ids: list[int]) -> int:
         """Fill the KV cache with ``ids`` at positions [0, len) without generating."""
         B = self.BATCH_SIZE
-        data = np.asarray([ids] * B, dtype=np.float32)
         if len(ids) > self.max_timestep:
             raise CausalLMError(f"system prompt has {len(ids)} tokens but the KV cache holds "
                                 f"{self.max_timestep}; raise init_seq_len in nntr_config.json")
-        for c in range(0, len(ids), self.INIT_SEQ_LEN):
-            chunk = data[:, c:c + self.INIT_SEQ_LEN]
-            self.model.incremental_inference(B, [chunk], None, chunk.shape[1], c,
-                                             c + chunk.shape[1])
+        self.prefill(np.asarray([ids] * B, dtype=np.float32), 0)
         return len(ids)
+
+    def prefill(self, ids: np.ndarray, start_pos: int) -> np.ndarray:
+        """Feed ``ids`` (B, P) at positions [start_pos, start_pos + P) in chunks of the step
+        buffer's INIT_SEQ_LEN rows; the logits of the last position, (B, vocab)."""
+        B, P = ids.shape
+        for c in range(0, P, self.INIT_SEQ_LEN):
+            n = min(self.INIT_SEQ_LEN, P - c)
+            logits = self.model.incremental_inference(B, [ids[:, c:c + n]], None, n,
+                                                      start_pos + c, start_pos + c + n)[0]
+        return logits
 
     def printMetrics(self, stream=None) -> None:
         m = self.performance_metrics

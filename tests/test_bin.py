@@ -16,9 +16,11 @@ import sys
 import numpy as np
 import pytest
 
+import parity
 from causallm.config import load_model_configs
 from causallm.errors import CausalLMError
 from models.causal_lm import CausalLM
+from parity import assert_logits_close, expected, prefill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -96,33 +98,13 @@ def converter_bin(path, params, n_layers, fc_dtype=np.float32):
 # ----------------------------------------------------------------------------------- running
 
 def load(name, weights, **nntr):
-    cfg, gen, nntr_cfg = load_model_configs(os.path.join(FIXTURES, name))
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
-    model = CausalLM(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(str(weights))
-    return model
-
-
-def prefill(model, ids):
-    ids = np.asarray(ids, dtype=np.float32)[None, :]
-    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+    return parity.load(CausalLM, name, weights=str(weights), **nntr)
 
 
 def greedy(model, ref):
     n = len(ref["tokens"])
     result = model.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n, do_sample=False)
     return result.generated_ids[0]
-
-
-def expected(name):
-    return np.load(os.path.join(FIXTURES, name, "expected.npz"))
-
-
-def assert_logits_close(ours, ref, rtol, what):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= rtol * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
 
 
 def no_temp_files(folder):
@@ -148,7 +130,7 @@ def test_hf_to_bin_gives_transformers_logits_and_tokens(name, tmp_path):
     model = load(name, out)
     head = [s for s in model.model.getWeightSpecs() if s.full_name.startswith("output_of")]
     assert bool(head) != tied
-    assert_logits_close(prefill(model, ref["prompt_ids"]), ref["prefill_logits"], 2e-4, "prefill")
+    assert_logits_close(prefill(model, ref["prompt_ids"]), ref["prefill_logits"], "prefill", 2e-4)
     assert greedy(load(name, out), ref) == ref["tokens"].tolist()
 
 
@@ -168,10 +150,10 @@ def test_independent_converter_layout_loads_to_transformers_logits(fc_dtype, tmp
     model = load(name, theirs, model_tensor_type=f"{fc_dtype}-FP32")
     logits = prefill(model, ref["prompt_ids"])
     if fc_dtype == "FP32":
-        assert_logits_close(logits, ref["prefill_logits"], 2e-4, "prefill")
+        assert_logits_close(logits, ref["prefill_logits"], "prefill", 2e-4)
         assert greedy(load(name, theirs), ref) == ref["tokens"].tolist()
     else:  # weights rounded to FP16 (relative error <= 2**-11)
-        assert_logits_close(logits, ref["prefill_logits"], 5e-3, "prefill, FP16 weights")
+        assert_logits_close(logits, ref["prefill_logits"], "prefill, FP16 weights", 5e-3)
         assert int(np.argmax(logits)) == ref["tokens"][0]
 
 
@@ -228,7 +210,7 @@ def test_fp16_reload_is_within_fp16_rounding(tmp_path):
             assert np.all(np.abs(w16 - w32) <= bound), spec.full_name
             np.testing.assert_array_equal(w16, w32.astype(np.float16).astype(np.float32))
     ref = expected(name)
-    assert_logits_close(prefill(m16, ref["prompt_ids"]), ref["prefill_logits"], 5e-3, "FP16")
+    assert_logits_close(prefill(m16, ref["prompt_ids"]), ref["prefill_logits"], "FP16", 5e-3)
 
 
 @pytest.mark.parametrize("delta", [-1, -4, 1, 4])
@@ -326,8 +308,8 @@ def test_bin_to_hf_round_trip(name, dtype, tmp_path):
     from_bin, from_hf = load(name, bin_path), load(name, out)
     logits = prefill(from_hf, ref["prompt_ids"])
     # same weights; only the kernel's loop order differs ([out, in] views vs [in, out] arrays)
-    assert_logits_close(logits, prefill(from_bin, ref["prompt_ids"]), 1e-5, "hf vs bin")
-    assert_logits_close(logits, ref["prefill_logits"], 2e-4, "prefill")
+    assert_logits_close(logits, prefill(from_bin, ref["prompt_ids"]), "hf vs bin", 1e-5)
+    assert_logits_close(logits, ref["prefill_logits"], "prefill", 2e-4)
 
 
 def test_bin_to_hf_fp16_bin_and_errors(tmp_path):

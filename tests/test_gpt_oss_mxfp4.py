@@ -19,8 +19,10 @@ import numpy as np
 import orjson
 import pytest
 
+import parity
 from causallm.config import load_model_configs
 from causallm.errors import CausalLMError
+from parity import assert_logits_close, prefill
 from causallm.lazy_weights import Mxfp4Slice, safetensors_slice
 from causallm.mxfp4 import FP4_VALUES, convert_moe_packed_tensors, dequantize_rows
 from causallm.weights import Checkpoint, SafetensorsFile, write_safetensors
@@ -181,17 +183,7 @@ def test_scales_in_another_shard(tmp_path):
 # ------------------------------------------------------------------ the model
 
 def load(cls=GptOssForCausalLM, **nntr):
-    cfg, gen, nntr_cfg = load_model_configs(FOLDER)
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
-    model = cls(cfg, gen, nntr_cfg)
-    model.initialize()
-    model.load_weight(FOLDER)
-    return model
-
-
-def prefill(model, ids):
-    ids = np.asarray(ids, dtype=F32)[None, :]
-    return model.model.incremental_inference(1, [ids], None, ids.shape[1], 0, ids.shape[1])[0][0]
+    return parity.load(cls, NAME, **nntr)
 
 
 def decode_logits(model):
@@ -203,12 +195,6 @@ def decode_logits(model):
         step = np.array([[tokens[k - 1]]], dtype=F32)
         out.append(model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)[0][0])
     return np.stack(out)
-
-
-def assert_logits_close(ours, ref, what, rtol=2e-4):
-    scale = max(1.0, float(np.abs(ref).max()))
-    err = float(np.abs(ours - ref).max())
-    assert err <= rtol * scale, f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
 
 
 VARIANTS = {"resident": (GptOssForCausalLM, {"moe_expert_cache": 0}),
