@@ -197,7 +197,7 @@ def run_embedding(args: argparse.Namespace, model, architecture: str, prompt: st
 
 
 def run(args: argparse.Namespace) -> int:
-    from causallm.config import load_model_configs
+    from causallm.io.config import load_model_configs
     from causallm.errors import CausalLMError
     from factory import Factory
     from models.transformer import set_threads

@@ -140,7 +140,7 @@ def child_ours(folder: str, ids: list[int], decode: int, threads: int, repeat: i
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
-    from causallm.config import load_model_configs
+    from causallm.io.config import load_model_configs
     from models.causal_lm import CausalLM
 
     used = kernels.set_num_threads(threads)

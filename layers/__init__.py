@@ -1,4 +1,19 @@
 """One file per layer type, each mirroring a layer of nntrainer or of Applications/CausalLM/layers.
 
 Each module docstring states the math, the shapes and the properties with their defaults.
+Importing this package registers nntrainer's built-in layers (the registry does it on its first
+lookup); the CausalLM layers are registered by the models' ``registerCustomLayers``.
 """
+
+from causallm.runtime.registry import registerFactory
+from layers.activation import ActivationLayer
+from layers.addition import AdditionLayer
+from layers.fully_connected import FullyConnectedLayer
+from layers.input import InputLayer
+from layers.multiply import MultiplyLayer
+
+BUILTIN_LAYERS = (InputLayer, FullyConnectedLayer, AdditionLayer, MultiplyLayer, ActivationLayer)
+"""nntrainer's own layer types that the CausalLM models use."""
+
+for _layer_class in BUILTIN_LAYERS:
+    registerFactory(_layer_class)

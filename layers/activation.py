@@ -11,8 +11,8 @@ another layer, as ``<layer>/activation_realized``.
 """
 
 from causallm.kernels import ACTIVATIONS, activation
-from causallm.layer import Layer
-from causallm.properties import str_
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import str_
 
 
 class ActivationLayer(Layer):

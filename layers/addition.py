@@ -6,7 +6,7 @@ Inputs: two or more tensors of equal dims; output: the same dims. No properties.
 """
 
 from causallm.kernels import add
-from causallm.layer import Layer
+from causallm.runtime.layer import Layer
 
 
 class AdditionLayer(Layer):

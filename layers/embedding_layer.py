@@ -10,8 +10,8 @@ Gemma3 passes sqrt(hidden)).
 """
 
 from causallm.kernels import embedding
-from causallm.layer import Layer, TensorDim
-from causallm.properties import float_, uint
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import float_, uint
 
 
 def embedding_lookup(layer, context, table, step):

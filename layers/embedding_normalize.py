@@ -8,7 +8,7 @@ Input ``(B, 1, H, W)``, usually the pooled ``(B, 1, 1, W)``; output the same dim
 """
 
 from causallm.kernels.pooling import NORMALIZE_EPS, l2_normalize
-from causallm.layer import Layer
+from causallm.runtime.layer import Layer
 
 
 class EmbeddingNormalizeLayer(Layer):

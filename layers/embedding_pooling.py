@@ -31,8 +31,8 @@ absolute row indices are right only then, spec §3.9).
 import numpy as np
 
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool
-from causallm.layer import Layer, TensorDim
-from causallm.properties import bool_, list_, uint
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import bool_, list_, uint
 
 LEGACY_MODE_KEYS = {
     "pooling_mode_cls_token": "cls",

@@ -13,8 +13,8 @@ Properties: ``unit`` (required), ``disable_bias`` (false), ``lora_rank``/``lora_
 import numpy as np
 
 from causallm.kernels import linear
-from causallm.layer import Layer, TensorDim
-from causallm.properties import uint
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import uint
 
 NO_BIAS = np.zeros(0, dtype=np.float32)
 

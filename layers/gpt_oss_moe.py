@@ -24,7 +24,7 @@ Properties: ``num_experts`` (E), ``num_experts_per_token`` (k), ``unit`` (I), al
 ``swiglu_alpha`` (1.702) and ``swiglu_limit`` (7.0), which nntrainer hard-codes;
 ``moe_expert_cache`` (0; capped at E), experts kept in memory: with N > 0, once the model hands
 over where each expert's six weights lie in the weight file (``setExpertSources``), a step reads
-the experts it routes to into a :class:`causallm.lazy_weights.ExpertCache` of N experts (least
+the experts it routes to into a :class:`causallm.io.lazy_weights.ExpertCache` of N experts (least
 recently used out) and never touches the others; 0 (or no sources) uses the loaded weights.
 
 Fixed against nntrainer (spec §10, G15): the clamps are applied (nntrainer's ``gpt_oss_moe``
@@ -40,9 +40,9 @@ import numpy as np
 
 from causallm.kernels import linear
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
-from causallm.layer import Layer
-from causallm.lazy_weights import ExpertCache
-from causallm.properties import float_, uint
+from causallm.runtime.layer import Layer
+from causallm.io.lazy_weights import ExpertCache
+from causallm.runtime.properties import float_, uint
 
 CHUNK_ROWS = 64
 """Rows of an expert gathered at once (bounds the scratch to 64 rows of H or I values)."""

@@ -8,8 +8,8 @@ Properties: ``input_shape`` (node key), ``normalization`` and ``standardization`
 training-time transforms are not supported here).
 """
 
-from causallm.layer import Layer, TensorDim
-from causallm.properties import bool_
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import bool_
 
 
 class InputLayer(Layer):

@@ -12,8 +12,8 @@ weights are loaded). A plain nntrainer Layer: any other key is an error.
 """
 
 from causallm.kernels.layer_norm import layer_norm
-from causallm.layer import Layer
-from causallm.properties import float_, list_, str_
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import float_, list_, str_
 
 
 class LayerNormalizationLayer(Layer):

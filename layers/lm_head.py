@@ -8,8 +8,8 @@ passes true). Properties: ``unit`` (required, the vocabulary size), ``disable_bi
 """
 
 from causallm.kernels import linear
-from causallm.layer import Layer, TensorDim
-from causallm.properties import uint
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import uint
 from layers.fully_connected import NO_BIAS
 
 

@@ -8,8 +8,8 @@ No weights, so a .bin is unchanged by it. Property: ``softcapping`` (float, requ
 """
 
 from causallm.kernels.softcap import softcap
-from causallm.layer import Layer
-from causallm.properties import float_
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import float_
 
 
 class LogitSoftcappingLayer(Layer):

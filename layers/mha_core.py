@@ -47,8 +47,8 @@ import math
 import numpy as np
 
 from causallm.kernels import attention, kv_cache_write, rope_inv_freq, rope_tables
-from causallm.layer import Layer
-from causallm.properties import UINT_MAX, bool_, float_, str_, uint
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import UINT_MAX, bool_, float_, str_, uint
 
 NO_SINKS = np.zeros(0, dtype=np.float32)
 

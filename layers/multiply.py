@@ -7,7 +7,7 @@ multi-token step that does not start at position 0, G9; the step buffer makes th
 """
 
 from causallm.kernels import multiply
-from causallm.layer import Layer
+from causallm.runtime.layer import Layer
 
 
 class MultiplyLayer(Layer):

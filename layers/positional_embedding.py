@@ -18,8 +18,8 @@ the layer. Not an nntrainer CausalLM layer: added for GPT-2 and the encoder mode
 import numpy as np
 
 from causallm.kernels.embedding_sum import position_add
-from causallm.layer import Layer
-from causallm.properties import uint
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import uint
 
 NO_TYPE = np.zeros(0, dtype=np.float32)
 

@@ -22,7 +22,7 @@ k, ``moe_cached_slim`` to 32 as nntrainer's LRU, both capped at E).
 
 Expert cache (``moe_expert_cache`` > 0): the model hands the layer, through
 ``setExpertSources``, where each expert's three weights lie in the weight file; a step reads
-the experts it routes to into an :class:`causallm.lazy_weights.ExpertCache` (LRU) and never
+the experts it routes to into an :class:`causallm.io.lazy_weights.ExpertCache` (LRU) and never
 touches the memory map of the others, so resident memory holds the router, the attention and
 at most ``moe_expert_cache`` experts per layer. Results are identical to the resident layer.
 Without sources (a graph loaded by ``Model.load`` alone) the experts come from the loaded
@@ -38,9 +38,9 @@ import numpy as np
 
 from causallm.kernels import linear
 from causallm.kernels.moe import expert_ffn, moe_group, moe_topk
-from causallm.layer import Layer
-from causallm.lazy_weights import ExpertCache
-from causallm.properties import bool_, str_, uint
+from causallm.runtime.layer import Layer
+from causallm.io.lazy_weights import ExpertCache
+from causallm.runtime.properties import bool_, str_, uint
 
 NO_BIAS = np.zeros(0, dtype=np.float32)
 WEIGHTS_PER_EXPERT = 3  # up, gate, down

@@ -11,8 +11,8 @@ Weight ``gamma`` ``(feature_size,)``. Properties: ``feature_size`` (required), `
 """
 
 from causallm.kernels import rms_norm
-from causallm.layer import Layer
-from causallm.properties import float_, str_, uint
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import float_, str_, uint
 
 
 class ReshapedRMSNormLayer(Layer):

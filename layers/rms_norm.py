@@ -9,8 +9,8 @@ Properties: ``epsilon`` (float, default 1e-3 as in nntrainer), ``gamma_initializ
 """
 
 from causallm.kernels import rms_norm
-from causallm.layer import Layer
-from causallm.properties import float_, str_
+from causallm.runtime.layer import Layer
+from causallm.runtime.properties import float_, str_
 
 
 class RMSNormLayer(Layer):

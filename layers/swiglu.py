@@ -7,7 +7,7 @@ output: the dims of ``gate``. No properties.
 """
 
 from causallm.kernels import swiglu
-from causallm.layer import Layer
+from causallm.runtime.layer import Layer
 
 
 class SwiGLULayer(Layer):

@@ -26,9 +26,10 @@ import numpy as np
 import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import GENERATION_DEFAULTS, JsonConfig, write_json_atomic
+from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
+from causallm.io.files import write_json_atomic
 from causallm.errors import CausalLMError
-from causallm.generation import Sampler
+from causallm.generation.sampler import Sampler
 from causallm.tokenizer import StreamDecoder
 from layers.lm_head import LmHeadLayer
 from models.transformer import HFWeight, ModelType, Transformer

@@ -3,7 +3,7 @@ Qwen3MoECausalLM (and its slim variants) and GptOssCachedSlimCausalLM.
 
 When an MoE layer keeps at most N experts in memory (nntr_config ``moe_expert_cache`` N > 0, or
 a layer type whose default is > 0; the layer reads the routed ones into an
-:class:`causallm.lazy_weights.ExpertCache`), the model never reads or memory-maps the expert
+:class:`causallm.io.lazy_weights.ExpertCache`), the model never reads or memory-maps the expert
 weights; it records where each lies and hands that to its layer (``setExpertSources``):
 
 - ``load_weight`` of an NNTrainer .bin locates every weight (``bin_slices``), reads all but the
@@ -25,10 +25,10 @@ import os
 
 import numpy as np
 
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.lazy_weights import bin_slices, safetensors_slice
-from causallm.weights import write_bin
+from causallm.io.lazy_weights import bin_slices, safetensors_slice
+from causallm.io.nntr_bin import write_bin
 from models.transformer import HFWeight, hfParts
 
 HF_EXPERTS = ".mlp.experts."  # checkpoint names of the expert tensors

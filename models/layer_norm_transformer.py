@@ -21,7 +21,7 @@ Biases follow ATTENTION_BIAS / MLP_BIAS (both families set them).
 from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.properties import UINT_MAX
+from causallm.runtime.properties import UINT_MAX
 from layers.layer_normalization import LayerNormalizationLayer
 from layers.positional_embedding import PositionalEmbeddingLayer
 from models.transformer import Transformer

@@ -45,9 +45,9 @@ import numpy as np
 import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import NNTR_DEFAULTS, JsonConfig, load_json
+from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
 from causallm.errors import CausalLMError
-from causallm.weights import Checkpoint
+from causallm.io.safetensors import Checkpoint
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
 from models.causal_lm import PerformanceMetrics, peak_memory_kb

@@ -21,12 +21,12 @@ import numpy as np
 
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
-from causallm.config import NNTR_DEFAULTS, JsonConfig
+from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.errors import CausalLMError
-from causallm.graph import ExecutionMode, ModelFormat
-from causallm.properties import UINT_MAX
+from causallm.runtime.graph import ExecutionMode, ModelFormat
+from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
-from causallm.weights import Checkpoint
+from causallm.io.safetensors import Checkpoint
 from layers.embedding_layer import EmbeddingLayer
 from layers.mha_core import ROPE_TYPES, MHACoreLayer
 from layers.rms_norm import RMSNormLayer

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

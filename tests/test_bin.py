@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import parity
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from models.causal_lm import CausalLM
 from parity import assert_logits_close, expected, prefill

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import main
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.tokenizer import Tokenizer
-from causallm.weights import SafetensorsFile, write_safetensors
+from causallm.io.safetensors import SafetensorsFile, write_safetensors
 from models.causal_lm import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,7 +21,7 @@ import pytest
 
 import main
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import JsonConfig, load_model_configs
+from causallm.io.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.embedding_sum import position_add
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool, l2_normalize

@@ -28,10 +28,10 @@ import pytest
 import main
 import parity
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.kernels.softcap import softcap
-from causallm.properties import UINT_MAX
+from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from models.gemma3.function import apply_function_gemma_template, function_gemma_prompt
 from models.gemma3.gemma3_causallm import Gemma3CausalLM, Gemma3Transformer

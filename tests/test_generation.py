@@ -1,6 +1,6 @@
 """Token selection: penalties, temperature/top-k/top-p and the Sampler.
 
-The references here are written differently from causallm.generation on purpose: plain
+The references here are written differently from causallm.generation.sampler on purpose: plain
 Python lists, ``sorted`` and ``math.exp``, following the Hugging Face logits processors.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from causallm.errors import CausalLMError
-from causallm.generation import (Sampler, applyBadWordsPenalty, applyRepetitionPenalty,
+from causallm.generation.sampler import (Sampler, applyBadWordsPenalty, applyRepetitionPenalty,
                                  applyTKP, generate_multi_tokens)
 
 NEG_INF = float("-inf")

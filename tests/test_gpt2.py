@@ -19,10 +19,10 @@ import pytest
 
 import parity
 from causallm.api import createLayer, registerFactory
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.layer_norm import layer_norm
-from causallm.weights import Checkpoint, write_safetensors
+from causallm.io.safetensors import Checkpoint, write_safetensors
 from graphs import build, feature_input
 from layers.layer_normalization import LayerNormalizationLayer
 from layers.positional_embedding import PositionalEmbeddingLayer

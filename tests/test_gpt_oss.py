@@ -18,11 +18,11 @@ import pytest
 
 import parity
 from causallm.api import createLayer, createModel, registerFactory, withKey
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
-from causallm.properties import UINT_MAX
-from causallm.weights import Checkpoint
+from causallm.runtime.properties import UINT_MAX
+from causallm.io.safetensors import Checkpoint
 from graphs import build, feature_input
 from layers.gpt_oss_moe import CHUNK_ROWS, CachedSlimGptOssMoELayer, GptOssMoELayer
 from models.gpt_oss.gptoss_causallm import GptOssForCausalLM

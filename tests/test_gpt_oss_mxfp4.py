@@ -1,6 +1,6 @@
 """GPT-OSS from an MXFP4 checkpoint (expert weights as uint8 ``_blocks`` + ``_scales``, as
 openai/gpt-oss-20b stores them) against Hugging Face transformers, and the MXFP4 reading of
-causallm/mxfp4.py, causallm/weights.py (Checkpoint) and causallm/lazy_weights.py
+causallm/io/mxfp4.py, causallm/io/safetensors.py (Checkpoint) and causallm/io/lazy_weights.py
 (Mxfp4Slice) against a numpy twin of transformers' ``convert_moe_packed_tensors``.
 
 tools/fixtures_gpt_oss_mxfp4.py built tests/fixtures/gpt-oss-mxfp4: gpt-oss-tiny's shape with
@@ -20,12 +20,12 @@ import orjson
 import pytest
 
 import parity
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from parity import assert_logits_close, prefill
-from causallm.lazy_weights import Mxfp4Slice, safetensors_slice
-from causallm.mxfp4 import FP4_VALUES, convert_moe_packed_tensors, dequantize_rows
-from causallm.weights import Checkpoint, SafetensorsFile, write_safetensors
+from causallm.io.lazy_weights import Mxfp4Slice, safetensors_slice
+from causallm.io.mxfp4 import FP4_VALUES, convert_moe_packed_tensors, dequantize_rows
+from causallm.io.safetensors import Checkpoint, SafetensorsFile, write_safetensors
 from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
 from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
 
@@ -254,7 +254,7 @@ def test_expert_cache_gives_identical_logits(cls, capacity, monkeypatch):
 
     def whole(*args):
         raise AssertionError("an MXFP4 tensor was dequantized whole")
-    monkeypatch.setattr("causallm.weights.dequantize_mxfp4", whole)
+    monkeypatch.setattr("causallm.io.safetensors.dequantize_mxfp4", whole)
     model = load(cls, **({} if capacity is None else {"moe_expert_cache": capacity}))
     assert np.array_equal(decode_logits(model), resident)
     for _, layer in model.moeLayers():

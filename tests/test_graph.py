@@ -7,8 +7,8 @@ import pytest
 
 from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
-from causallm.layer import Layer, TensorDim
-from causallm.properties import float_, uint
+from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.properties import float_, uint
 from layers.rms_norm import RMSNormLayer
 from layers.swiglu import SwiGLULayer
 

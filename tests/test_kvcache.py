@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from models.causal_lm import CausalLM
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from graphs import build, feature_input
 from layers.embedding_layer import EmbeddingLayer

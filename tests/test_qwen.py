@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import parity
-from causallm.config import JsonConfig, load_model_configs
+from causallm.io.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
-from causallm.properties import UINT_MAX
-from causallm.weights import Checkpoint
+from causallm.runtime.properties import UINT_MAX
+from causallm.io.safetensors import Checkpoint
 from models.qwen2.qwen2_causallm import Qwen2CausalLM, Qwen2Transformer, readQwenLayerTypes
 from models.qwen3.qwen3_causallm import Qwen3CausalLM, Qwen3Transformer
 from parity import FIXTURES, ROOT, assert_logits_close, expected, full_sequence, prefill

@@ -26,12 +26,12 @@ import pytest
 
 import parity
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.linear import BLAS_MIN_ROWS
 from causallm.kernels.moe import expert_ffn, expert_ffn_io, expert_ffn_oi, moe_group, moe_topk
-from causallm.registry import registerFactory
-from causallm.weights import write_safetensors
+from causallm.runtime.registry import registerFactory
+from causallm.io.safetensors import write_safetensors
 from graphs import build, feature_input
 from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
 from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import Qwen3CachedSlimMoECausalLM
@@ -329,7 +329,7 @@ def test_save_weight_from_cached_hf_model_equals_resident(tmp_path):
 RSS_SCRIPT = r"""
 import sys
 import numpy as np
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 folder, cache, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cfg, gen, nntr = load_model_configs(folder)

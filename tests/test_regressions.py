@@ -8,7 +8,7 @@ import pytest
 
 import main
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import load_model_configs
+from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
 from models.causal_lm import CausalLM
 
@@ -69,7 +69,7 @@ def test_bad_sampling_values_name_the_file(tmp_path, capsys, key, value):
 
 def test_out_of_memory_buffers_are_a_one_line_user_error(tmp_path, capsys, monkeypatch):
     # was: "error: MemoryError: ..." with exit status 1 (e.g. -n 2000000000)
-    from causallm.graph import Model
+    from causallm.runtime.graph import Model
 
     def no_memory(self, mode=None):
         raise MemoryError("Unable to allocate 59.6 GiB")

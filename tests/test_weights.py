@@ -1,4 +1,4 @@
-"""causallm.weights: safetensors read/write, Checkpoint folders, NNTrainer .bin, bfloat16."""
+"""causallm.io (safetensors, nntr_bin): safetensors read/write, Checkpoint folders, NNTrainer .bin, bfloat16."""
 
 import os
 
@@ -7,8 +7,9 @@ import orjson
 import pytest
 
 from causallm.errors import CausalLMError
-from causallm.weights import (Checkpoint, SafetensorsFile, bf16_to_f32, bin_nbytes, f32_to_bf16,
-                              read_bin, write_bin, write_safetensors)
+from causallm.io.nntr_bin import bin_nbytes, read_bin, write_bin
+from causallm.io.safetensors import (Checkpoint, SafetensorsFile, bf16_to_f32, f32_to_bf16,
+                                     write_safetensors)
 
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4)]
 

@@ -3,7 +3,7 @@
 The folder is laid out as openai/gpt-oss-20b is: every expert projection stored as MXFP4
 (``mlp.experts.gate_up_proj_blocks`` [E, 2I, H/32, 16] and ``_scales`` [E, 2I, H/32],
 ``down_proj_blocks`` [E, H, I/32, 16] and ``_scales`` [E, H, I/32], uint8; layout in
-causallm/mxfp4.py), everything else BF16, and config.json's ``quantization_config``
+causallm/io/mxfp4.py), everything else BF16, and config.json's ``quantization_config``
 ``{"quant_method": "mxfp4", "modules_to_not_convert": [...]}``.
 
     gpt-oss-mxfp4  tools/fixtures_gpt_oss.py's gpt-oss-tiny (hidden 64, GQA 3, head_dim 16,
@@ -17,7 +17,7 @@ Each seed's random model (fixtures_gpt_oss.build) has its experts quantized by
 code) and replaced by transformers' own dequantization of those bytes
 (``transformers.integrations.mxfp4.convert_moe_packed_tensors``, float32); expected.npz is what
 that float32 model computes (eager attention, eager experts). The maker checks that
-causallm.mxfp4 dequantizes the bytes bit for bit as transformers does, and that
+causallm.io.mxfp4 dequantizes the bytes bit for bit as transformers does, and that
 transformers, loading the written folder (``Mxfp4Config(dequantize=True)``: on CPU it
 dequantizes), gets the same expert weights and logits.
 
@@ -41,8 +41,8 @@ from fixture_common import (last_logits, run_cli, search, summary, write_folder,
 from fixtures_gpt_oss import FIXTURES as GPT_OSS_FIXTURES  # noqa: E402
 from fixtures_gpt_oss import MIN_DISTINCT, build, clamp_fractions, clamps_active  # noqa: E402
 
-from causallm.mxfp4 import FP4_VALUES, convert_moe_packed_tensors  # noqa: E402
-from causallm.weights import SafetensorsFile, write_safetensors  # noqa: E402
+from causallm.io.mxfp4 import FP4_VALUES, convert_moe_packed_tensors  # noqa: E402
+from causallm.io.safetensors import SafetensorsFile, write_safetensors  # noqa: E402
 
 QUANTIZED = ("gate_up_proj", "down_proj")  # mlp.experts tensors stored as MXFP4
 QUANTIZATION_CONFIG = {  # as openai/gpt-oss-20b's config.json has it

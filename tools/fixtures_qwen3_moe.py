@@ -111,7 +111,7 @@ def hub_style_config(path: str, spec: dict) -> None:
 def check_fused_layout(model, out: str, spec: dict) -> None:
     """The fused folder's gate_up_proj[e] is [gate_e; up_e] and down_proj[e] is down_e, as the
     per-expert (Hub) save of the same model has them."""
-    from causallm.weights import Checkpoint
+    from causallm.io.safetensors import Checkpoint
 
     fused = Checkpoint(out)
     I = spec["config"]["moe_intermediate_size"]

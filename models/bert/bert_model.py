@@ -33,7 +33,7 @@ than absolute and ``is_decoder`` are rejected.
 from __future__ import annotations
 
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from models.layer_norm_transformer import LayerNormTransformer
 from models.sentence_transformer import SentenceTransformer
 from models.transformer import HFWeight

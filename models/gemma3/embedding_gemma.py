@@ -13,8 +13,8 @@ window to a one-sided "last W keys" mask, G4). Tensor names load with or without
 
 from __future__ import annotations
 
-from causallm.config import JsonConfig
-from causallm.properties import UINT_MAX
+from causallm.io.config import JsonConfig
+from causallm.runtime.properties import UINT_MAX
 from models.gemma3.gemma3_causallm import Gemma3Transformer
 from models.sentence_transformer import SentenceTransformer
 

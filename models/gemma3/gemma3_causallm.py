@@ -36,9 +36,9 @@ import math
 import numpy as np
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.properties import UINT_MAX
+from causallm.runtime.properties import UINT_MAX
 from layers.logit_softcapping import LogitSoftcappingLayer
 from layers.mha_core import ROPE_TYPES
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer

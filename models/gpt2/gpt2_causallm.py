@@ -39,9 +39,9 @@ from __future__ import annotations
 import os
 
 from causallm.api import createLayer, createModel, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.weights import Checkpoint
+from causallm.io.safetensors import Checkpoint
 from models.causal_lm import CausalLM, GenerationResult
 from models.layer_norm_transformer import LayerNormTransformer
 from models.transformer import HFWeight

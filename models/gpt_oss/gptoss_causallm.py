@@ -22,8 +22,8 @@ and add the router bias as transformers does (G15); ``swiglu_alpha`` / ``swiglu_
 The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
 :meth:`GptOssForCausalLM.getHFWeightMap`. The Hub's checkpoints (openai/gpt-oss-20b, -120b)
 store the experts as MXFP4 ``_blocks`` / ``_scales`` pairs (config.json
-``quantization_config``); causallm.weights.Checkpoint shows each pair as the float32 tensor
-transformers dequantizes it to (causallm/mxfp4.py), so the same map reads them, and the expert
+``quantization_config``); causallm.io.safetensors.Checkpoint shows each pair as the float32 tensor
+transformers dequantizes it to (causallm/io/mxfp4.py), so the same map reads them, and the expert
 cache is on by default for them (see the class).
 """
 
@@ -34,11 +34,11 @@ import sys
 import numpy as np
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.lazy_weights import safetensors_slice
-from causallm.mxfp4 import MXFP4_DTYPE
-from causallm.properties import UINT_MAX
+from causallm.io.lazy_weights import safetensors_slice
+from causallm.io.mxfp4 import MXFP4_DTYPE
+from causallm.runtime.properties import UINT_MAX
 from layers.gpt_oss_moe import GptOssMoELayer
 from models.causal_lm import CausalLM
 from models.experts_on_file import HF_EXPERTS, ExpertsOnFileMixin, OnFileWeight
@@ -73,7 +73,7 @@ def readGptOssLayerTypes(cfg: JsonConfig, num_layers: int) -> list[str]:
 
 def readQuantMethod(cfg: JsonConfig) -> str | None:
     """config.json ``quantization_config.quant_method``: None, or "mxfp4" (openai/gpt-oss-20b
-    and -120b store the experts as MXFP4, read by causallm/mxfp4.py); others are errors."""
+    and -120b store the experts as MXFP4, read by causallm/io/mxfp4.py); others are errors."""
     if not cfg.contains("quantization_config"):
         return None
     method = cfg.get_dict("quantization_config").get("quant_method")

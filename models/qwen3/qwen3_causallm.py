@@ -21,7 +21,7 @@ reach mha_core, and the MLP has no bias whatever ``mlp_bias`` says.
 from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
 from models.qwen2.qwen2_causallm import readQwenLayerTypes

@@ -35,7 +35,7 @@ placeholders ``model.getWeight`` then gives for the experts). Logits are identic
 from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.config import JsonConfig
+from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from layers.qwen_moe import MoELayer
 from models.experts_on_file import ExpertsOnFileMixin

@@ -4,14 +4,23 @@
 Registering the same class again is a no-op (``registerCustomLayers`` runs on every
 ``initialize``); registering a different class under a taken type is an error, as is asking for a
 type nobody registered.
+
+The built-in layers (nntrainer's own: input, fully_connected, addition, multiply, activation)
+register themselves when their package, ``BUILTIN_LAYER_PACKAGE``, is imported; the registry
+imports it by name on the first lookup, so the engine never names a layer class.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from causallm.errors import CausalLMError
-from causallm.layer import Layer
+from causallm.runtime.layer import Layer
+
+BUILTIN_LAYER_PACKAGE = "layers"
 
 _factories: dict[str, type[Layer]] = {}
+_builtins_loaded = False
 
 
 def registerFactory(layer_class: type[Layer]) -> None:
@@ -30,8 +39,16 @@ def registerFactory(layer_class: type[Layer]) -> None:
     _factories[key] = layer_class
 
 
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module(BUILTIN_LAYER_PACKAGE)
+
+
 def get(key: str) -> type[Layer]:
     """The class registered for ``key``; an unknown key lists the known ones."""
+    _load_builtins()
     try:
         return _factories[key]
     except KeyError:
@@ -40,4 +57,5 @@ def get(key: str) -> type[Layer]:
 
 
 def registered() -> list[str]:
+    _load_builtins()
     return sorted(_factories)

@@ -8,8 +8,8 @@ with ``np.fromfile`` (widening F16/BF16); the page cache may keep the file, the 
 
 :class:`ExpertCache` keeps the last ``capacity`` experts read this way (least recently used out).
 ``bin_slices`` and ``safetensors_slice`` locate tensors in an NNTrainer .bin and a
-.safetensors file (layouts in causallm/weights.py). An MXFP4 tensor (gpt-oss experts: uint8
-``X_blocks`` + ``X_scales``, causallm/mxfp4.py) is read by :class:`Mxfp4Slice`: only one
+.safetensors file (layouts in causallm/io/safetensors.py). An MXFP4 tensor (gpt-oss experts: uint8
+``X_blocks`` + ``X_scales``, causallm/io/mxfp4.py) is read by :class:`Mxfp4Slice`: only one
 expert's blocks and scales are read, then dequantized as transformers does.
 """
 
@@ -24,8 +24,9 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
-from causallm.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_rows, mxfp4_shape
-from causallm.weights import bf16_to_f32, bin_nbytes
+from causallm.io.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_rows, mxfp4_shape
+from causallm.io.safetensors import bf16_to_f32
+from causallm.io.nntr_bin import bin_nbytes
 
 # stored dtype -> (numpy dtype of the raw values, bytes per value)
 _RAW = {"F32": ("<f4", 4), "FP32": ("<f4", 4), "F16": ("<f2", 2), "FP16": ("<f2", 2),
@@ -76,7 +77,7 @@ class FileSlice:
 
 class Mxfp4Slice:
     """Part of an MXFP4 tensor X (uint8 ``X_blocks`` [E, R, G, B] and ``X_scales`` [E, R, G];
-    transformers' dequantized X is [E, K, R] with K = 2BG, causallm/mxfp4.py), read on demand.
+    transformers' dequantized X is [E, K, R] with K = 2BG, causallm/io/mxfp4.py), read on demand.
 
     The part is ``lead`` = (E,) experts (the whole tensor) or () (one expert) whose
     ``prod(lead) * R * G * B`` block bytes lie at ``blocks_offset`` of ``blocks_path`` and

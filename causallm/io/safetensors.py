@@ -1,4 +1,4 @@
-"""Weight files: safetensors (read and write, no `safetensors` package) and NNTrainer `.bin`.
+"""safetensors files (read and write, no `safetensors` package) and Hugging Face checkpoints.
 
 Every weight a caller gets back is a read-only, C-contiguous float32 numpy array. F32 data is
 a zero-copy view into a read-only memory map of the file; F16, BF16 and F64 are converted.
@@ -9,10 +9,6 @@ safetensors layout (little-endian)::
     u64 N | N bytes of JSON header (padded with spaces) | data buffer
     header = {"__metadata__": {str: str}?, name: {"dtype": "F32", "shape": [..],
               "data_offsets": [begin, end]}}   # offsets are relative to the data buffer
-
-NNTrainer `.bin` layout (porting spec 7.1): the raw bytes of each weight in graph order, with
-no header, padding or names. A weight of n elements takes 4n bytes as FP32, 2n as FP16,
-(n // 32) * 18 as Q4_0 and (n // 256) * 210 as Q6_K (spec 7.2, `Q4_0_Tensor::size`).
 
 bfloat16 is the top half of a float32: widening is `u16 << 16` (exact), narrowing rounds the
 dropped 16 bits to nearest, ties to even; NaN stays NaN.
@@ -25,7 +21,8 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
-from causallm.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
+from causallm.io.files import atomic_write
+from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
 
 # safetensors dtype string -> (bytes per element, little-endian numpy dtype or None if unreadable)
 _ST_DTYPES = {
@@ -62,24 +59,6 @@ def f32_to_bf16(f32):
     rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, (u >> 16) | np.uint32(0x0040), rounded).astype(np.uint16)
-
-
-def _atomic_write(path, write):
-    """Call write(f) on a fresh temporary file next to `path`, then rename it over `path`."""
-    path = os.fspath(path)
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------------- safetensors
@@ -229,7 +208,7 @@ def write_safetensors(path, tensors, metadata=None, dtype=None):
         for _, _, _, data in items:
             data.tofile(f)
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 class Checkpoint:
@@ -240,7 +219,7 @@ class Checkpoint:
 
     MXFP4 (gpt-oss experts): a uint8 pair `X_blocks` [E, R, G, B] + `X_scales` [E, R, G] is
     one tensor `X` of dtype "MXFP4" and shape [E, 2BG, R], which get() dequantizes to float32
-    as transformers does (causallm/mxfp4.py); the pair's own names are hidden.
+    as transformers does (causallm/io/mxfp4.py); the pair's own names are hidden.
     """
 
     def __init__(self, folder):
@@ -331,100 +310,3 @@ class Checkpoint:
     def file_of(self, name):
         """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""
         return self._file(name).path
-
-
-# --------------------------------------------------------------------------------- NNTrainer .bin
-
-_BIN_DTYPES = ("FP32", "FP16", "Q4_0", "Q6_K")
-
-
-def bin_nbytes(shape, dtype):
-    """Bytes one weight of `shape` takes in a .bin file: n = prod(shape) elements;
-    FP32 4n, FP16 2n, Q4_0 (n // 32) * 18, Q6_K (n // 256) * 210 (whole blocks, as NNTrainer)."""
-    n = math.prod(shape)
-    if dtype == "FP32":
-        return 4 * n
-    if dtype == "FP16":
-        return 2 * n
-    if dtype == "Q4_0":
-        return n // 32 * 18
-    if dtype == "Q6_K":
-        return n // 256 * 210
-    raise CausalLMError(f"weight dtype {dtype!r} is not one of {', '.join(_BIN_DTYPES)}")
-
-
-def read_bin(path, specs, allow_extra=False):
-    """Read an NNTrainer .bin file: specs = [(full_name, shape, dtype), ...] in file order.
-
-    Returns one read-only float32 array of `shape` per spec. FP32 weights are zero-copy views
-    of a read-only memory map (copied when their offset is not a multiple of 4); FP16 weights
-    are widened. The file size is checked against the sum of bin_nbytes before anything is
-    read; trailing bytes are an error unless allow_extra (NNTrainer itself ignores them).
-    """
-    path = os.fspath(path)
-    sizes = []
-    for name, shape, dtype in specs:
-        if dtype not in _BIN_DTYPES:
-            raise CausalLMError(f"{path}: weight '{name}' has dtype {dtype!r}, not one of "
-                                f"{', '.join(_BIN_DTYPES)}")
-        sizes.append(bin_nbytes(shape, dtype))
-    expected, found = sum(sizes), os.path.getsize(path)
-    if found != expected and not (allow_extra and found > expected):
-        msg = (f"{path}: expected {expected} bytes for the model's {len(specs)} weights, "
-               f"found {found}")
-        if found > expected:
-            raise CausalLMError(f"{msg} ({found - expected} bytes too many)")
-        offset = 0
-        for (name, shape, dtype), nb in zip(specs, sizes):
-            if offset + nb > found:
-                break
-            offset += nb
-        raise CausalLMError(f"{msg} ({expected - found} bytes short; the first weight that does "
-                            f"not fit is '{name}' {tuple(shape)} {dtype}, {nb} bytes at offset "
-                            f"{offset})")
-    for name, shape, dtype in specs:
-        if dtype not in ("FP32", "FP16"):
-            raise CausalLMError(f"{path}: weight '{name}' has dtype {dtype}, which is not "
-                                "supported yet (FP32, FP16)")
-    mm = np.memmap(path, dtype=np.uint8, mode="r") if found else None
-    out, offset = [], 0
-    for (name, shape, dtype), nb in zip(specs, sizes):
-        raw = mm[offset:offset + nb].view(np.ndarray) if nb else np.zeros(0, np.uint8)
-        if dtype == "FP32":
-            a = (raw if offset % 4 == 0 else raw.copy()).view("<f4").reshape(shape)
-        else:
-            a = raw.view("<f2").astype(np.float32).reshape(shape)
-        out.append(_readonly(a))
-        offset += nb
-    return out
-
-
-def write_bin(path, arrays, dtypes):
-    """Write arrays (float) in order as an NNTrainer .bin, each converted to its dtype
-    ("FP32" or "FP16"), with nothing in between; atomically (temp file + rename).
-    FP16 rounds to nearest even; a value beyond the FP16 range (|x| > 65504) is an error."""
-    arrays, dtypes = list(arrays), list(dtypes)
-    if len(arrays) != len(dtypes):
-        raise CausalLMError(f"write_bin: {len(arrays)} arrays but {len(dtypes)} dtypes")
-    for i, dtype in enumerate(dtypes):
-        if dtype not in ("FP32", "FP16"):
-            raise CausalLMError(f"write_bin: weight #{i}: dtype {dtype!r} is not supported "
-                                "(FP32, FP16)")
-
-    def convert(i, a, dtype):
-        a = np.asarray(a, dtype="<f4", order="C")
-        if dtype == "FP16":
-            finite = np.isfinite(a)
-            with np.errstate(over="ignore"):
-                h = a.astype("<f2")
-            if not np.array_equal(np.isfinite(h), finite):
-                raise CausalLMError(f"write_bin: weight #{i} {a.shape}: values beyond the FP16 "
-                                    f"range (max |x| = {np.abs(a[finite]).max():g} > 65504)")
-            a = h
-        return a
-
-    def write(f):  # one weight converted at a time, so no second copy of the model is held
-        for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
-            convert(i, a, dtype).tofile(f)
-
-    _atomic_write(path, write)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.properties import Prop
+from causallm.runtime.properties import Prop
 
 DTYPES = ("FP32", "FP16", "Q4_0", "Q6_K", "Q4_K", "BCQ", "QINT4", "QINT8", "QINT16",
           "UINT4", "UINT8", "UINT16")

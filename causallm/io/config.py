@@ -150,15 +150,3 @@ def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConf
     gen = load_json(os.path.join(model_dir, "generation_config.json"), required=False)
     nntr = load_json(os.path.join(model_dir, "nntr_config.json"), required=False)
     return cfg, gen, nntr
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from causallm import registry
+from causallm.runtime import registry
 from causallm.errors import CausalLMError
-from causallm.layer import DTYPES, Layer
-from causallm.properties import Prop, bool_, float_, parse_into, split_properties, str_
+from causallm.runtime.layer import DTYPES, Layer
+from causallm.runtime.properties import Prop, bool_, float_, parse_into, split_properties, str_
 
 NODE_PROPERTIES: dict[str, Prop] = {
     "name": str_(),

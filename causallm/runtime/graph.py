@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from causallm import weights as weight_io
+from causallm.io import nntr_bin
 from causallm.errors import CausalLMError
-from causallm.layer import InitLayerContext, RunLayerContext, TensorDim, WeightSpec
-from causallm.node import LAYER_IMPL_PROPERTIES, LayerNode
-from causallm.properties import Prop, bool_, parse_into, split_properties, str_, uint
+from causallm.runtime.layer import InitLayerContext, RunLayerContext, TensorDim, WeightSpec
+from causallm.runtime.node import LAYER_IMPL_PROPERTIES, LayerNode
+from causallm.runtime.properties import Prop, bool_, parse_into, split_properties, str_, uint
 
 MODEL_TENSOR_TYPES = (
     "BCQ-FP32", "QINT4-FP16", "QINT4-FP32", "QINT8-FP16", "QINT8-FP32", "FP16-FP16",
@@ -355,7 +355,7 @@ class Model:
         if format != ModelFormat.MODEL_FORMAT_BIN:
             raise CausalLMError(f"load: unsupported format {format!r}")
         specs = [(s.full_name, s.shape, s.dtype) for s in self._weight_specs]
-        for spec, array in zip(self._weight_specs, weight_io.read_bin(path, specs)):
+        for spec, array in zip(self._weight_specs, nntr_bin.read_bin(path, specs)):
             self._weights[spec.full_name] = array
         self._refresh_weights()
 
@@ -371,7 +371,7 @@ class Model:
             scope = spec.full_name.split(":", 1)[0]
             dtypes.append(layer_dtype_map.get(scope) or dtype or spec.dtype)
         arrays = [self._weights[s.full_name] for s in self._weight_specs]
-        weight_io.write_bin(path, arrays, dtypes)
+        nntr_bin.write_bin(path, arrays, dtypes)
 
     def _require_compiled(self, what: str) -> None:
         if self._state == _DECLARED:
