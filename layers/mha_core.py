@@ -1,13 +1,14 @@
 """``mha_core``: Applications/CausalLM/layers/mha_core (MHACoreLayer), attention with RoPE and a KV cache.
 
-Inputs ``[Q, K, V]`` (a 4th, the mask, is accepted and unused): Q ``(B, 1, H, nQ*d)``,
-K and V ``(B, 1, H, nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at columns [h*d, (h+1)*d).
+Inputs ``[Q, K, V]``, and a 4th, a position bias, when the model has one: Q ``(B, 1, H, nQ*d)``,
+K and V ``(B, 1, H', nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at columns [h*d, (h+1)*d).
 For the step's row i at absolute position p = from_ + i:
 
     k_p = RoPE(K_i, p)  and  v_p = V_i  are written to cache row p      (rows [from_, to))
     q   = RoPE(Q_i, p)
-    s_t = (q . k_t) * a^-1/2                  t over the allowed keys of the kv head g = h // (nQ/nKV);
-                                              a = query_pre_attn_scalar, or d when unset
+    s_t = (q . k_t) * a^-1/2 [+ bias[h, t - p]]   t over the allowed keys of the kv head
+                                              g = h // (nQ/nKV); a = query_pre_attn_scalar, or
+                                              d when unset (T5 passes 1: no scaling)
     s_t = tanh(s_t / c) * c                   if attn_logit_softcapping c > 0
     out_i = sum_t softmax(s)_t v_t            a sink logit (use_sink) joins the softmax, no value
 
@@ -19,8 +20,18 @@ halves [0, d/2) and [d/2, d): a' = a cos - b sin, b' = b cos + a sin, with
 ``cos[p, j] = cos(p * inv_freq[j]) * attention_scaling``. ``inv_freq`` and the scaling follow
 Hugging Face's rope types: default, linear, llama3 and yarn.
 
-Cache: ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32, row t = position t;
-keys are cached after RoPE. Weights: ``sink`` ``(nQ,)`` only with ``use_sink``.
+Position bias (4th input, ``(B, 1, nQ, 2C + 1)``, e.g. ``relative_position_bias``): the score of
+key t for the query at p gets ``bias[b, 0, h, C + t - p]``; C >= max_timestep - 1.
+
+Cross-attention (``is_cross_attention=true``, the decoder reading the encoder): K and V are the
+keys and values an earlier stage projected from its sequence (the encoder output), read as they
+are; the query at any position sees all of that stage's last step rows, no mask, no window, no
+RoPE (``use_rope`` must be false), no cache of its own: its KV cache is those inputs (kind
+"cross"), projected once per prompt.
+
+Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32,
+row t = position t, a KV cache of kind "self"; keys are cached after RoPE. Weights: ``sink``
+``(nQ,)`` only with ``use_sink``.
 
 Fixed against nntrainer (spec §10): the cache row and the RoPE position come from ``from_``, not
 an internal counter (G3), so a saved system-prompt cache continues correctly; each layer uses
@@ -31,15 +42,16 @@ two-sided as HF's when not causal (nntrainer's is one-sided "the last W keys", G
 Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep
 (required), sliding_window (UINT_MAX = none), rope_theta (500000), max_position_embeddings
 (40960; positions are bounded by max_timestep here), use_sink (false), is_causal (true),
-use_rope (true), attn_logit_softcapping (0 = off), query_pre_attn_scalar (0 = head_dim; Gemma's
-attention scale, which nntrainer ignores, G12), rope_scaling_type (default | linear | llama3 |
-yarn), rope_scaling_factor (1), rope_scaling_max_position_embeddings (4096, the original context
-of llama3/yarn), rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4),
-rope_scaling_beta_fast (32), rope_scaling_beta_slow (1), rope_scaling_truncate (false, as
-nntrainer's yarn; HF's default is true and the models pass the config's value),
-rope_scaling_attention_factor / rope_scaling_mscale / rope_scaling_mscale_all_dim (0 = unset).
-Accepted and unused as in nntrainer: max_new_tokens, projected_key_dim, projected_value_dim,
-output_shape, dropout_rate, return_attention_weight, average_attention_weight.
+is_cross_attention (false), use_rope (true), attn_logit_softcapping (0 = off),
+query_pre_attn_scalar (0 = head_dim; Gemma's attention scale, which nntrainer ignores, G12),
+rope_scaling_type (default | linear | llama3 | yarn), rope_scaling_factor (1),
+rope_scaling_max_position_embeddings (4096, the original context of llama3/yarn),
+rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4), rope_scaling_beta_fast
+(32), rope_scaling_beta_slow (1), rope_scaling_truncate (false, as nntrainer's yarn; HF's
+default is true and the models pass the config's value), rope_scaling_attention_factor /
+rope_scaling_mscale / rope_scaling_mscale_all_dim (0 = unset). Accepted and unused as in
+nntrainer: max_new_tokens, projected_key_dim, projected_value_dim, output_shape, dropout_rate,
+return_attention_weight, average_attention_weight.
 """
 
 import math
@@ -51,6 +63,7 @@ from causallm.runtime.layer import Layer
 from causallm.runtime.properties import UINT_MAX, bool_, float_, str_, uint
 
 NO_SINKS = np.zeros(0, dtype=np.float32)
+NO_BIAS = np.zeros((0, 0, 0), dtype=np.float32)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -69,6 +82,7 @@ class MHACoreLayer(Layer):
         "use_sink": bool_(False),
         "use_rope": bool_(True),
         "is_causal": bool_(True),
+        "is_cross_attention": bool_(False),
         "attn_logit_softcapping": float_(0.0),
         "query_pre_attn_scalar": float_(0.0),
         "rope_scaling_type": str_("default", choices=ROPE_TYPES),
@@ -94,7 +108,8 @@ class MHACoreLayer(Layer):
         p = self.props
         dims = context.getInputDimensions()
         if len(dims) not in (3, 4):
-            raise context.error(f"needs inputs [query, key, value], got {len(dims)}")
+            raise context.error(f"needs inputs [query, key, value] and an optional position "
+                                f"bias, got {len(dims)}")
         q, k, v = dims[:3]
         n_heads, n_kv = p["num_heads"], p["num_heads_KV"]
         if n_heads < 1 or n_kv < 1 or n_heads % n_kv:
@@ -103,12 +118,15 @@ class MHACoreLayer(Layer):
         if q.width % n_heads:
             raise context.error(f"query width {q.width} is not a multiple of num_heads {n_heads}")
         d = q.width // n_heads
+        self.cross = p["is_cross_attention"]
         for label, dim in (("key", k), ("value", v)):
             if dim.width != n_kv * d:
                 raise context.error(f"{label} width {dim.width} != num_heads_KV {n_kv} x "
                                     f"head_dim {d}")
-            if dim.height != q.height or dim.batch != q.batch:
+            if dim.batch != q.batch or (dim.height != q.height and not self.cross):
                 raise context.error(f"{label} dims {dim} do not match query dims {q}")
+        if k.height != v.height:
+            raise context.error(f"key dims {k} and value dims {v} differ")
         if d % 2 and p["use_rope"]:
             raise context.error(f"RoPE needs an even head_dim, got {d}")
         T = p["max_timestep"]
@@ -118,21 +136,35 @@ class MHACoreLayer(Layer):
             raise context.error("sliding_window must be at least 1")
 
         self.n_heads, self.n_kv, self.head_dim, self.max_timestep = n_heads, n_kv, d, T
-        self.window = min(p["sliding_window"], T + 1)
+        self.window = p["sliding_window"]
         self.causal = p["is_causal"]
         self.softcap = p["attn_logit_softcapping"]
         scalar = p["query_pre_attn_scalar"]
         if scalar < 0:
             raise context.error(f"query_pre_attn_scalar must be positive, got {scalar}")
         self.scale = 1.0 / math.sqrt(scalar or d)
+        if self.cross and (p["use_rope"] or p["is_causal"] or p["use_sink"]
+                           or p["sliding_window"] != UINT_MAX):
+            raise context.error("is_cross_attention needs use_rope=false and is_causal=false, "
+                                "and takes no sink and no sliding window")
         self.cos, self.sin = self._rope_tables(context)
+        self.has_bias = len(dims) == 4
+        if self.has_bias:
+            bias = dims[3]
+            if bias.height != n_heads or bias.width % 2 == 0 or bias.width < 2 * T - 1:
+                raise context.error(f"position bias dims {bias} must be B:1:{n_heads}:2C+1 with "
+                                    f"C >= max_timestep - 1 = {T - 1}")
 
         self.sink_index = None
         if p["use_sink"]:
             self.sink_index = context.requestWeight("sink", (n_heads,), context.activation_dtype)
-        context.requestTensor("cache_key", (q.batch, T, n_kv * d))
-        context.requestTensor("cache_value", (q.batch, T, n_kv * d))
-        context.requestTensor("scores", (q.batch * n_heads, T + d))
+        if self.cross:
+            context.requestKVCache("cross", inputs=(1, 2))
+            keys = k.height
+        else:
+            context.requestKVCache("self", (q.batch, T, n_kv * d))
+            keys = T
+        self.scores = context.requestTensor("scores", (q.batch * n_heads, keys + d))
         context.setOutputDimensions([q])
 
     def _rope_tables(self, context):
@@ -160,11 +192,20 @@ class MHACoreLayer(Layer):
             raise context.error(f"position {to} is past max_timestep {self.max_timestep} "
                                 f"(the KV cache length)")
         step = to - from_
-        q, k, v = context.inputs[0], context.inputs[1], context.inputs[2]
-        k_cache, v_cache, scores = context.tensors
+        inputs, tensors = context.inputs, context.tensors
         sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]
-        kv_cache_write(k, v, k_cache, v_cache, self.cos, self.sin, from_, step, self.n_kv,
-                       self.head_dim)
-        attention(q, k_cache, v_cache, context.outputs[0], self.cos, self.sin, sinks, scores,
-                  from_, step, self.n_heads, self.n_kv, self.head_dim, self.window, self.causal,
-                  self.softcap, self.scale)
+        bias = inputs[3] if self.has_bias else NO_BIAS
+        if self.cross:
+            source = context.input_stages[1]
+            if source.to == 0 or source.from_ != 0:
+                raise context.error(f"cross-attention needs stage '{source.name}' run once over "
+                                    f"its whole sequence first")
+            k_cache, v_cache, kv_len = inputs[1], inputs[2], source.to
+        else:
+            k_cache, v_cache = tensors[0], tensors[1]
+            kv_cache_write(inputs[1], inputs[2], k_cache, v_cache, self.cos, self.sin, from_,
+                           step, self.n_kv, self.head_dim)
+            kv_len = to
+        attention(inputs[0], k_cache, v_cache, context.outputs[0], self.cos, self.sin, sinks,
+                  bias, tensors[self.scores], from_, step, kv_len, self.n_heads, self.n_kv,
+                  self.head_dim, self.window, self.causal, self.softcap, self.scale)

@@ -338,13 +338,8 @@ class CausalLM(Transformer):
 
     # -- system prompt KV cache -------------------------------------------------------------
     def _caches(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
-        found = []
-
-        def collect(layer, context, _):
-            if layer.getType() == "mha_core":
-                found.append((context.getName(), context.getTensor(0), context.getTensor(1)))
-        self.model.forEachLayer(collect)
-        return found
+        """(owner, key, value) of every self-attention KV cache, in graph order."""
+        return [(c.owner, c.key, c.value) for c in self.model.getKVCaches("self")]
 
     def save_kvcache(self, path: str, to: int, token_ids: list[int] | None = None) -> None:
         """Write rows [0, to) of every mha_core's K then V cache, in graph order, as FP16

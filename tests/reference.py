@@ -48,8 +48,10 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention(q, k, v, mask, scale, softcap=0.0, sink=None):  # [nq, d], [nk, d], [nk, d], [nq, nk] -> [nq, d]
+def attention(q, k, v, mask, scale, softcap=0.0, sink=None, bias=None):  # [nq, d], [nk, d], [nk, d], [nq, nk] -> [nq, d]
     s = (q @ k.T) * scale                          # [nq, nk]
+    if bias is not None:                           # an additive position bias [nq, nk] (T5)
+        s = s + bias
     if softcap > 0:
         s = np.tanh(s / softcap) * softcap
     s = np.where(mask, s, -np.inf)                 # hide keys outside the window / the future
@@ -61,8 +63,9 @@ def attention(q, k, v, mask, scale, softcap=0.0, sink=None):  # [nq, d], [nk, d]
     return p @ v                                   # [nq, d]
 
 
-def mha(q, k, v, q_pos, k_pos, n_heads, n_kv, cos, sin, window, causal, scale, softcap=0.0, sinks=None):
-    # [nq, n_heads*d], [nk, n_kv*d] (not rotated), [nk, n_kv*d] -> [nq, n_heads*d]
+def mha(q, k, v, q_pos, k_pos, n_heads, n_kv, cos, sin, window, causal, scale, softcap=0.0, sinks=None,
+        bias=None):
+    # [nq, n_heads*d], [nk, n_kv*d] (not rotated), [nk, n_kv*d] -> [nq, n_heads*d]; bias [n_heads, nq, nk]
     d = q.shape[-1] // n_heads
     mask = attention_mask(q_pos, k_pos, window, causal)                     # [nq, nk]
     out = []
@@ -72,7 +75,8 @@ def mha(q, k, v, q_pos, k_pos, n_heads, n_kv, cos, sin, window, causal, scale, s
         kh = apply_rope(k[:, g * d:(g + 1) * d], cos[k_pos], sin[k_pos])    # [nk, d]
         vh = v[:, g * d:(g + 1) * d].astype(np.float64)                     # [nk, d]
         sink = None if sinks is None else float(sinks[h])
-        out.append(attention(qh, kh, vh, mask, scale, softcap, sink))      # [nq, d]
+        bh = None if bias is None else bias[h]
+        out.append(attention(qh, kh, vh, mask, scale, softcap, sink, bh))  # [nq, d]
     return np.concatenate(out, axis=-1)                                     # [nq, n_heads*d]
 
 

@@ -192,38 +192,76 @@ def test_kv_cache_write(pos0, nrows):
 
 
 ATTENTION_CASES = {
-    # name: (causal, window, softcap, sinks)
-    "causal": (True, 1 << 32, 0.0, False),
-    "causal_window": (True, 5, 0.0, False),
-    "causal_window_softcap_sinks": (True, 5, 2.0, True),
-    "bidirectional": (False, 1 << 32, 0.0, False),
-    "bidirectional_window_sinks": (False, 7, 0.0, True),
+    # name: (causal, window, softcap, sinks, position bias)
+    "causal": (True, 1 << 32, 0.0, False, False),
+    "causal_window": (True, 5, 0.0, False, False),
+    "causal_window_softcap_sinks": (True, 5, 2.0, True, False),
+    "causal_bias": (True, 1 << 32, 0.0, False, True),
+    "bidirectional": (False, 1 << 32, 0.0, False, False),
+    "bidirectional_window_sinks": (False, 7, 0.0, True, False),
+    "bidirectional_bias": (False, 1 << 32, 0.0, False, True),
 }
+
+
+def _position_bias(T, seed):
+    """A random bias by relative position (B, N_HEADS, 2T - 1) and its [h, p, t] expansion."""
+    bias = rand(B, N_HEADS, 2 * T - 1, seed=seed)
+    p, t = np.arange(T)[:, None], np.arange(T)[None, :]
+    return bias, bias[:, :, T - 1 + t - p]             # (B, N_HEADS, T, T)
 
 
 @pytest.mark.parametrize("pos0,nrows", [(13, 1), (13, 9), (0, 11)])
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
 def test_attention(case, pos0, nrows):
-    causal, window, softcap, use_sinks = ATTENTION_CASES[case]
+    causal, window, softcap, use_sinks, use_bias = ATTENTION_CASES[case]
     q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=20)
     total, T = pos0 + nrows, k_cache.shape[1]
     sinks = readonly(rand(N_HEADS, seed=30)) if use_sinks else np.zeros(0, np.float32)
+    bias, full_bias = _position_bias(T, seed=31) if use_bias else (np.zeros((0, 0, 0), np.float32),
+                                                                   None)
     scale = 1.0 / math.sqrt(HEAD_DIM)
     q = np.full((B, nrows + 2, N_HEADS * HEAD_DIM), np.nan, np.float32)
     q[:, :nrows] = q_all[:, pos0:]
     in_place = case == "causal"                      # out may be the q buffer itself
     out = q if in_place else np.full_like(q, np.nan)
     scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
-    K.attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, N_HEADS, N_KV,
-                HEAD_DIM, window, causal, softcap, scale)
+    K.attention(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, total,
+                N_HEADS, N_KV, HEAD_DIM, window, causal, softcap, scale)
     want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
                                                           original_max_position_embeddings=16), T)
     for b in range(B):
         want = ref.mha(q_all[b, pos0:], k_all[b], v_all[b], np.arange(pos0, total), np.arange(total),
                        N_HEADS, N_KV, want_cos, want_sin, window, causal, scale, softcap,
-                       sinks if use_sinks else None)
+                       sinks if use_sinks else None,
+                       None if full_bias is None else full_bias[b][:, pos0:total, :total])
         close(out[b, :nrows], want)
     untouched(out, slice(0, nrows))
+
+
+@pytest.mark.parametrize("pos0,nrows", [(0, 1), (6, 1), (2, 4)])
+def test_cross_attention_reads_every_key_of_the_other_sequence(pos0, nrows):
+    """Cross-attention: the keys are another sequence's kv_len rows (more than the decoder's
+    positions), unrotated, all visible to every query; no RoPE (identity tables)."""
+    kv_len, T = 11, 8
+    q_all = rand(B, T, N_HEADS * HEAD_DIM, seed=50)
+    k_rows = np.full((B, kv_len + 3, N_KV * HEAD_DIM), np.nan, np.float32)
+    v_rows = np.full_like(k_rows, np.nan)
+    k_rows[:, :kv_len] = rand(B, kv_len, N_KV * HEAD_DIM, seed=51)
+    v_rows[:, :kv_len] = rand(B, kv_len, N_KV * HEAD_DIM, seed=52)
+    cos = np.ones((T, HEAD_DIM // 2), np.float32)
+    sin = np.zeros((T, HEAD_DIM // 2), np.float32)
+    q = q_all[:, pos0:pos0 + nrows].copy()
+    out = np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, kv_len + 3 + HEAD_DIM), np.float32)
+    scale = 1.0
+    K.attention(q, k_rows, v_rows, out, cos, sin, np.zeros(0, np.float32),
+                np.zeros((0, 0, 0), np.float32), scratch, pos0, nrows, kv_len, N_HEADS, N_KV,
+                HEAD_DIM, 1 << 32, False, 0.0, scale)
+    for b in range(B):
+        identity = np.ones((kv_len, HEAD_DIM // 2)), np.zeros((kv_len, HEAD_DIM // 2))
+        want = ref.mha(q[b], k_rows[b, :kv_len], v_rows[b, :kv_len], np.arange(nrows),
+                       np.arange(kv_len), N_HEADS, N_KV, *identity, 1 << 40, False, scale)
+        close(out[b], want)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -341,7 +379,7 @@ def test_serial_and_parallel_kernels_agree_exactly():
     for kernel in (att.attention_parallel, att.attention_serial):
         out = np.zeros_like(q)
         scratch = np.zeros((B * H, T + D), np.float32)
-        kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), scratch, 7, 5, H, KV, D, 4,
-               True, 0.0, D ** -0.5)
+        kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), np.zeros((0, 0, 0), np.float32),
+               scratch, 7, 5, 12, H, KV, D, 4, True, 0.0, D ** -0.5)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])

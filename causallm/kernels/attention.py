@@ -1,27 +1,32 @@
-"""Attention over a preallocated KV cache, with RoPE, GQA, sliding window, softcap and sinks.
+"""Attention over a preallocated KV cache, with RoPE, GQA, sliding window, softcap, sinks and an
+additive position bias; also cross-attention, whose keys are another sequence's.
 
 Layouts (d = head_dim, g = kv head of q head h = h // (n_heads // n_kv), contiguous groups as
 HF ``repeat_kv``)::
 
     q, out              (B, H, n_heads * d)   rows [0, nrows) hold positions pos0 + i
     k, v                (B, H, n_kv * d)
-    k_cache, v_cache    (B, T, n_kv * d)      row t holds position t; head j at [j*d, (j+1)*d)
+    k_cache, v_cache    (B, T, n_kv * d)      row t holds key position t; head j at [j*d, (j+1)*d)
     cos, sin            (rows >= pos0 + nrows, d/2)   from rope.rope_tables
     sinks               (n_heads,) or (0,)
+    bias                (B, n_heads, 2C + 1) or (0, 0, 0): bias[b, h, C + t - p] is added to the
+                        score of key t for the query at p (T5's relative position bias)
     scratch             (B * n_heads, T + d)  per (b, h): scores, then the rotated query
 
 RoPE (rotate-half, as HF ``apply_rotary_pos_emb``) at position p, halves a = x[:d/2],
 b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cached rotated.
 
-For query row i at p = pos0 + i, the keys are t in [lo, hi)::
+For query row i at p = pos0 + i, the keys are t in [lo, hi), of the kv_len rows holding keys::
 
     causal:      lo = max(0, p - window + 1),            hi = p + 1
-    non-causal:  lo = max(0, p - window + 1),            hi = min(pos0 + nrows, p + window)
+    non-causal:  lo = max(0, p - window + 1),            hi = min(kv_len, p + window)
 
-i.e. the keys at distance < window, before the query only (causal) or on both sides of it up
-to the last key written (non-causal, HF's bidirectional sliding window ``|q - kv| < window``).
+i.e. the keys at distance < window, before the query only (causal) or on both sides of it
+(non-causal, HF's bidirectional sliding window ``|q - kv| < window``). Self-attention has
+kv_len = pos0 + nrows (the keys written so far); cross-attention (the cache holds the encoder's
+kv_len keys, no window) has every key.
 
-    s_t = (q'.k_t) * scale;  s_t = tanh(s_t / softcap) * softcap   if softcap > 0
+    s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]];  s_t = tanh(s_t / softcap) * softcap  if softcap > 0
     m   = max(max_t s_t, sink_h)                                    (sink only if given)
     p_t = exp(s_t - m) / (sum_u exp(s_u - m) + exp(sink_h - m))
     out = sum_t p_t v_t
@@ -68,14 +73,16 @@ PARALLEL_MIN_WORK = 1 << 18
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
-            n_kv, head_dim, window, causal, softcap, scale, task):
+def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
+            n_heads, n_kv, head_dim, window, causal, softcap, scale, task):
     """Rows i < nrows of query head h = task % n_heads of batch b = task // n_heads."""
     T = k_cache.shape[1]
     d = head_dim
     half = d // 2
     group = n_heads // n_kv
     use_sink = sinks.shape[0] == n_heads
+    use_bias = bias.shape[0] > 0
+    center = (bias.shape[2] - 1) // 2
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
     b = task // n_heads
@@ -99,7 +106,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_h
             hi = p + 1
         else:
             lo = max(0, p - window + 1)
-            hi = min(pos0 + nrows, p + window)
+            hi = min(kv_len, p + window)
         n = hi - lo
         # scores and their max
         m = np.float32(0.0)
@@ -109,6 +116,8 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_h
             for j in range(d):
                 acc += qr[j] * kt[j]
             sc = acc * scale32
+            if use_bias:
+                sc += bias[b, h, center + lo + t - p]
             if cap > 0:
                 sc = np.tanh(sc / cap) * cap
             score[t] = sc
@@ -137,31 +146,31 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_h
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows,
-                       n_heads, n_kv, head_dim, window, causal, softcap, scale):
+def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows,
+                       kv_len, n_heads, n_kv, head_dim, window, causal, softcap, scale):
     """attention() with the (b, h) tasks spread over the thread pool."""
     for task in prange(q.shape[0] * n_heads):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
-                n_kv, head_dim, window, causal, softcap, scale, task)
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
+                n_heads, n_kv, head_dim, window, causal, softcap, scale, task)
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows,
-                     n_heads, n_kv, head_dim, window, causal, softcap, scale):
+def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows,
+                     kv_len, n_heads, n_kv, head_dim, window, causal, softcap, scale):
     """attention() on one thread (little work)."""
     for task in range(q.shape[0] * n_heads):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
-                n_kv, head_dim, window, causal, softcap, scale, task)
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
+                n_heads, n_kv, head_dim, window, causal, softcap, scale, task)
 
 
-def attention(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads,
-              n_kv, head_dim, window, causal, softcap, scale):
+def attention(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
+              n_heads, n_kv, head_dim, window, causal, softcap, scale):
     """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc).
 
     One task per (b, h), on the thread pool when there is enough work. q is read (into
     scratch) before out is written, so out may be q.
     """
-    work = q.shape[0] * n_heads * nrows * min(pos0 + nrows, window) * head_dim
+    work = q.shape[0] * n_heads * nrows * min(kv_len, window) * head_dim
     kernel = attention_parallel if work >= PARALLEL_MIN_WORK else attention_serial
-    kernel(q, k_cache, v_cache, out, cos, sin, sinks, scratch, pos0, nrows, n_heads, n_kv,
-           head_dim, window, causal, softcap, scale)
+    kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
+           n_heads, n_kv, head_dim, window, causal, softcap, scale)

@@ -4,7 +4,12 @@
 - ``registry``: layer type string -> layer class;
 - ``layer``: the layer contract (``Layer``, ``InitLayerContext``, ``RunLayerContext``);
 - ``node``: ``LayerNode``, what ``createLayer`` returns;
-- ``graph``: ``Model``, the graph (addLayer, compile, initialize, run, save/load).
+- ``graph``: ``Model``, the user-facing graph (addLayer, addStage, compile, initialize, run,
+  save/load, getKVCaches);
+- ``compiler``: realizing, checking, ordering and finalizing the layers, split into stages;
+- ``planner``: the activation buffers, reused once their readers have run;
+- ``runner``: one step of one stage over the compiled layers;
+- ``kv_cache``: the KV caches, objects with a kind (self or cross) and an owner layer.
 
 No module here imports a layer or a model: layers register themselves (``layers/``).
 """

@@ -1,37 +1,37 @@
-"""Model: the graph of named layers, its compiler and its runtime.
+"""Model: the graph of named layers (``ml::train::Model`` as the CausalLM application uses it).
 
-Mirrors ``ml::train::Model`` as the CausalLM application uses it:
-
-- ``addLayer`` in insertion order, ``setProperty`` (batch_size, model_tensor_type, ...);
-- ``compile()`` realizes implicit wiring (a node with no ``input_layers`` takes the previous
-  node; ``activation=X`` on a non-activation layer becomes an ``<name>/activation_realized``
-  node), checks names, inputs and cycles, orders the nodes topologically (the smallest insertion
-  index first, so a valid insertion order is kept as is, as nntrainer does since 89defc95) and
-  finalizes every layer in that order, which infers shapes and fixes the weight order;
-- ``initialize()`` allocates weights, KV caches and the activation buffers (one planned pool:
-  a buffer is reused once its last reader has run);
+- ``addLayer`` in insertion order, ``setProperty`` (batch_size, model_tensor_type, ...), and
+  ``addStage`` for a model that runs in stages (an encoder once, then a decoder step by step);
+- ``compile()`` realizes, checks, orders and finalizes the layers and splits them into stages
+  (causallm/runtime/compiler.py); the node order is the .bin weight order;
+- ``initialize()`` allocates weights, tensors, KV caches (``getKVCaches``) and the planned
+  activation buffers (causallm/runtime/planner.py);
 - ``load``/``save`` read and write the NNTrainer .bin (every weight in node order, each node's
   weights in request order, a shared weight once at its first owner);
-- ``incremental_inference(batch, inputs, labels, init_seq_len, from_, to)`` runs one step:
-  the step's tokens sit at rows ``[0, to - from_)`` of every buffer (spec §2.5) and attention
-  layers place them at absolute positions ``[from_, to)``.
+- ``incremental_inference(batch, inputs, labels, init_seq_len, from_, to, stage=...)`` runs one
+  step of one stage (causallm/runtime/runner.py): the step's tokens sit at rows
+  ``[0, to - from_)`` of every buffer (spec §2.5) and attention layers place them at absolute
+  positions ``[from_, to)``.
 
 Lifecycle: declared -> compiled -> initialized. Calling a method out of order is an error.
 """
 
 from __future__ import annotations
 
-import heapq
 import sys
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from causallm.io import nntr_bin
 from causallm.errors import CausalLMError
-from causallm.runtime.layer import InitLayerContext, RunLayerContext, TensorDim, WeightSpec
-from causallm.runtime.node import LAYER_IMPL_PROPERTIES, LayerNode
+from causallm.io import nntr_bin
+from causallm.runtime.compiler import StageSpec, compile_graph
+from causallm.runtime.kv_cache import CROSS, SELF, KVCache
+from causallm.runtime.layer import RunLayerContext, WeightSpec
+from causallm.runtime.node import LayerNode
+from causallm.runtime.planner import plan_buffers
 from causallm.runtime.properties import Prop, bool_, parse_into, split_properties, str_, uint
+from causallm.runtime.runner import StageRunner, StageState
 
 MODEL_TENSOR_TYPES = (
     "BCQ-FP32", "QINT4-FP16", "QINT4-FP32", "QINT8-FP16", "QINT8-FP32", "FP16-FP16",
@@ -73,6 +73,7 @@ class Model:
     def __init__(self) -> None:
         self.props: dict[str, Any] = {k: p.default for k, p in MODEL_PROPERTIES.items()}
         self._nodes: list[LayerNode] = []
+        self._stage_specs: list[StageSpec] = []
         self._state = _DECLARED
 
     # -- building ---------------------------------------------------------------------------
@@ -97,224 +98,73 @@ class Model:
                       "initialize()", _INITIALIZED: "after initialize()"}[state]
             raise CausalLMError(f"{what} must be called {needed}; the model is {self._state}")
 
+    def addStage(self, name: str, inputs: list[str], outputs: list[str]) -> None:
+        """Declare a stage (in the order stages run): the input layers it is fed through and the
+        layers whose outputs its run returns. Every other layer joins the latest stage among its
+        inputs (compiler docstring). A model that declares none has one stage, ``"model"``."""
+        self._require(_DECLARED, "addStage")
+        if any(s.name == name for s in self._stage_specs):
+            raise CausalLMError(f"addStage: stage '{name}' is declared twice")
+        if not inputs or not outputs:
+            raise CausalLMError(f"addStage: stage '{name}' needs input and output layers")
+        self._stage_specs.append(StageSpec(name, list(inputs), list(outputs)))
+
     # -- compile ----------------------------------------------------------------------------
     def compile(self, mode: str = ExecutionMode.INFERENCE) -> None:
-        """Realize implicit wiring, validate, sort and finalize every layer (shape inference)."""
+        """Realize implicit wiring, validate, sort and finalize every layer (shape inference),
+        and split the layers into stages."""
         self._require(_DECLARED, "compile()")
         if mode != ExecutionMode.INFERENCE:
             raise CausalLMError("compile: only ExecutionMode.INFERENCE is supported")
-        if not self._nodes:
-            raise CausalLMError("compile: the model has no layers")
-        nodes = self._nodes
-        self._name_nodes(nodes)
-        self._realize_previous_inputs(nodes)
-        nodes = self._realize_activations(nodes)
-        by_name = {n.getName(): n for n in nodes}
-        for node in nodes:
-            for producer, _ in node.getInputConnections():
-                if producer not in by_name:
-                    raise CausalLMError(f"layer '{node.getName()}': input layer '{producer}' "
-                                        f"does not exist")
-        self._sorted = self._topological_sort(nodes, by_name)
-        self._finalize(by_name)
+        self._graph = compile_graph(self._nodes, self._stage_specs, self.props["batch_size"],
+                                    self.props["model_tensor_type"])
+        self._sorted = self._graph.nodes
+        self._contexts = self._graph.contexts
+        self._weight_specs = self._graph.weight_specs
         self._state = _COMPILED
-
-    @staticmethod
-    def _name_nodes(nodes: list[LayerNode]) -> None:
-        seen: set[str] = set()
-        counters: dict[str, int] = {}
-        for node in nodes:
-            name = node.getName()
-            if not name:
-                count = counters.get(node.getType(), 0)
-                while f"{node.getType()}{count}" in seen or any(
-                        n.getName() == f"{node.getType()}{count}" for n in nodes):
-                    count += 1
-                counters[node.getType()] = count + 1
-                name = f"{node.getType()}{count}"
-                node.setName(name)
-            if name in seen:
-                raise CausalLMError(f"layer '{name}': the name is used by more than one layer")
-            seen.add(name)
-
-    @staticmethod
-    def _realize_previous_inputs(nodes: list[LayerNode]) -> None:
-        for i, node in enumerate(nodes):
-            if node.getInputConnections() or node.getType() == "input":
-                continue
-            if node.getProperty("input_shape"):
-                continue
-            if i == 0:
-                raise CausalLMError(f"layer '{node.getName()}': the first layer has no "
-                                    f"input_layers and no input_shape")
-            node.setInputConnections([(nodes[i - 1].getName(), 0)])
-
-    @staticmethod
-    def _realize_activations(nodes: list[LayerNode]) -> list[LayerNode]:
-        out: list[LayerNode] = []
-        renamed: dict[str, str] = {}
-        for node in nodes:
-            act = node.node_props.get("activation")
-            out.append(node)
-            if node.getType() == "activation" or act in (None, "", "none"):
-                continue
-            del node.node_props["activation"]
-            realized = LayerNode("activation", [f"name={node.getName()}/activation_realized",
-                                                f"activation={act}",
-                                                f"input_layers={node.getName()}"])
-            renamed[node.getName()] = realized.getName()
-            out.append(realized)
-        if renamed:
-            for node in out:
-                if node.getType() == "activation" and node.getName().endswith("/activation_realized"):
-                    continue
-                refs = node.getInputConnections()
-                node.setInputConnections([(renamed.get(n, n) if i == 0 else n, i) for n, i in refs])
-        return out
-
-    @staticmethod
-    def _topological_sort(nodes: list[LayerNode], by_name: dict[str, LayerNode]) -> list[LayerNode]:
-        index = {n.getName(): i for i, n in enumerate(nodes)}
-        indegree = [0] * len(nodes)
-        consumers: list[list[int]] = [[] for _ in nodes]
-        for i, node in enumerate(nodes):
-            for producer in {p for p, _ in node.getInputConnections()}:
-                indegree[i] += 1
-                consumers[index[producer]].append(i)
-        ready = [i for i, d in enumerate(indegree) if d == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for j in consumers[i]:
-                indegree[j] -= 1
-                if indegree[j] == 0:
-                    heapq.heappush(ready, j)
-        if len(order) != len(nodes):
-            stuck = [nodes[i].getName() for i, d in enumerate(indegree) if d > 0]
-            raise CausalLMError(f"the graph has a cycle among layers: {', '.join(stuck)}")
-        return [nodes[i] for i in order]
-
-    def _finalize(self, by_name: dict[str, LayerNode]) -> None:
-        batch = self.props["batch_size"]
-        w_dtype, a_dtype = self.props["model_tensor_type"].split("-")
-        out_dims: dict[str, list[TensorDim]] = {}
-        self._contexts: list[InitLayerContext] = []
-        weight_owner: dict[str, tuple[str, WeightSpec]] = {}
-        for node in self._sorted:
-            name = node.getName()
-            input_dims = []
-            for producer, idx in node.getInputConnections():
-                dims = out_dims[producer]
-                if idx >= len(dims):
-                    raise CausalLMError(f"layer '{name}': input '{producer}({idx})' does not "
-                                        f"exist; '{producer}' has {len(dims)} output(s)")
-                input_dims.append(dims[idx])
-            shared = node.getProperty("shared_from")
-            if shared is not None and shared not in by_name:
-                raise CausalLMError(f"layer '{name}': shared_from '{shared}' does not exist")
-            dtype = node.getProperty("weight_dtype")
-            if dtype is None:
-                dtype = a_dtype if node.getProperty("packed") is False else w_dtype
-            ctx = InitLayerContext(name, node.getType(), input_dims, batch, shared or name,
-                                   dtype.upper(), a_dtype)
-            ctx.input_shape = node.getProperty("input_shape")
-            self._fill_defaults(node)
-            node.layer.finalize(ctx)
-            if not ctx.output_dims:
-                raise CausalLMError(f"layer '{name}' ({node.getType()}): finalize set no output")
-            for spec in ctx.weights:
-                owner = weight_owner.get(spec.full_name)
-                if owner is None:
-                    weight_owner[spec.full_name] = (name, spec)
-                elif owner[1].shape != spec.shape:
-                    raise CausalLMError(
-                        f"layer '{name}': shared weight '{spec.full_name}' has shape "
-                        f"{spec.shape} here but {owner[1].shape} in '{owner[0]}'")
-            out_dims[name] = ctx.output_dims
-            self._contexts.append(ctx)
-        self._out_dims = out_dims
-        # the .bin order: every weight at its first request, in node order
-        seen: set[str] = set()
-        self._weight_specs: list[WeightSpec] = []
-        for ctx in self._contexts:
-            for spec in ctx.weights:
-                if spec.full_name not in seen:
-                    seen.add(spec.full_name)
-                    self._weight_specs.append(spec)
-        consumed = {p for n in self._sorted for p, _ in n.getInputConnections()}
-        self._output_names = [n.getName() for n in self._sorted if n.getName() not in consumed]
-        self._input_names = [n.getName() for n in self._sorted if n.getType() == "input"]
-
-    @staticmethod
-    def _fill_defaults(node: LayerNode) -> None:
-        layer = node.layer
-        specs = dict(layer.properties)
-        if layer.layer_impl:
-            specs = {**LAYER_IMPL_PROPERTIES, **specs}
-        for key, spec in specs.items():
-            if key not in layer.props:
-                if spec.required:
-                    raise CausalLMError(f"layer '{node.getName()}' ({layer.type}): property "
-                                        f"'{key}' is required")
-                layer.props[key] = spec.default
 
     # -- initialize -------------------------------------------------------------------------
     def initialize(self, mode: str = ExecutionMode.INFERENCE) -> None:
-        """Allocate weights (zeros until loaded), tensors (KV caches) and activation buffers."""
+        """Allocate weights (zeros until loaded), tensors and KV caches, and the activation
+        buffers (causallm/runtime/planner.py); bind every stage to them."""
         self._require(_COMPILED, "initialize()")
+        graph = self._graph
         self._weights: dict[str, np.ndarray] = {
             s.full_name: np.zeros(s.shape, dtype=np.float32) for s in self._weight_specs}
-        buffers = self._plan_activations()
-        self._run: list[tuple[Any, RunLayerContext]] = []
+        buffers = plan_buffers(graph)
         batch = self.props["batch_size"]
-        for node, ictx in zip(self._sorted, self._contexts):
-            rctx = RunLayerContext(node.getName(), batch)
-            rctx.inputs = [buffers[p][i] for p, i in node.getInputConnections()]
-            rctx.outputs = buffers[node.getName()]
+        states = {stage.name: StageState(stage.name) for stage in graph.stages}
+        contexts = {}
+        self._kv_caches: list[KVCache] = []
+        for node, ictx in zip(graph.nodes, graph.contexts):
+            name = node.getName()
+            rctx = RunLayerContext(name, batch)
+            refs = node.getInputConnections()
+            rctx.inputs = [buffers[p][i] for p, i in refs]
+            rctx.input_stages = [states[graph.stage_of[p]] for p, _ in refs]
+            rctx.outputs = buffers[name]
             rctx.tensors = [np.zeros(t.shape, dtype=np.float32) for t in ictx.tensors]
-            self._run.append((node.layer, rctx))
+            contexts[name] = (node.layer, rctx)
+            spec = ictx.kv_cache
+            if spec is not None:
+                if spec.kind == SELF:
+                    k = spec.tensor
+                    self._kv_caches.append(KVCache(name, SELF, graph.stage_of[name],
+                                                   rctx.tensors[k], rctx.tensors[k + 1]))
+                else:
+                    ki, vi = spec.inputs
+                    self._kv_caches.append(KVCache(name, CROSS, graph.stage_of[name],
+                                                   rctx.inputs[ki], rctx.inputs[vi],
+                                                   rctx.input_stages[ki]))
+        self._run = [contexts[n.getName()] for n in graph.nodes]
+        self._stages = {
+            stage.name: StageRunner(stage.name, [contexts[n.getName()] for n in stage.nodes],
+                                    stage.inputs, stage.outputs, buffers, batch,
+                                    states[stage.name])
+            for stage in graph.stages}
         self._buffers = buffers
         self._refresh_weights()
         self._state = _INITIALIZED
-
-    def _plan_activations(self) -> dict[str, list[np.ndarray]]:
-        """Give every output a buffer, reusing a buffer once all readers of its tensor have run.
-
-        Graph inputs and outputs keep their own buffers. Buffers are float32 pools viewed in the
-        tensor's shape; a layer never gets an output that aliases one of its inputs (inputs are
-        released only after the layer that reads them last).
-        """
-        remaining: dict[tuple[str, int], int] = {}
-        for node in self._sorted:
-            for ref in node.getInputConnections():
-                remaining[ref] = remaining.get(ref, 0) + 1
-        keep = set(self._output_names) | set(self._input_names)
-        free: list[np.ndarray] = []
-        owner: dict[tuple[str, int], np.ndarray] = {}
-        buffers: dict[str, list[np.ndarray]] = {}
-        for node in self._sorted:
-            name = node.getName()
-            views = []
-            for i, dim in enumerate(self._out_dims[name]):
-                size = int(np.prod(dim.shape))
-                pool = None
-                if name not in keep:
-                    fitting = [b for b in free if b.size >= size]
-                    if fitting:
-                        pool = min(fitting, key=lambda b: b.size)
-                        free = [b for b in free if b is not pool]
-                if pool is None:
-                    pool = np.zeros(size, dtype=np.float32)
-                owner[(name, i)] = pool
-                views.append(pool[:size].reshape(dim.shape))
-            buffers[name] = views
-            for ref in node.getInputConnections():
-                remaining[ref] -= 1
-                if remaining[ref] == 0 and ref[0] not in keep:
-                    free.append(owner[ref])
-        return buffers
 
     def _refresh_weights(self) -> None:
         for (layer, rctx), ictx in zip(self._run, self._contexts):
@@ -378,13 +228,31 @@ class Model:
             raise CausalLMError(f"{what} needs compile() first")
 
     # -- running ----------------------------------------------------------------------------
+    def getStageNames(self) -> list[str]:
+        """The stages in the order they run (``["model"]`` for a model that declares none)."""
+        self._require_compiled("getStageNames()")
+        return [s.name for s in self._graph.stages]
+
+    def _stage(self, stage: str | None) -> StageRunner:
+        if stage is None:
+            if len(self._stages) != 1:
+                raise CausalLMError(f"incremental_inference: name the stage to run (one of "
+                                    f"{', '.join(self._stages)})")
+            return next(iter(self._stages.values()))
+        try:
+            return self._stages[stage]
+        except KeyError:
+            raise CausalLMError(f"incremental_inference: no stage '{stage}' (stages: "
+                                f"{', '.join(self._stages)})") from None
+
     def incremental_inference(self, batch: int, inputs: list, labels: list | None = None,
                               init_seq_len: int | None = None, from_: int = 0, to: int = 1,
-                              output_hidden_state: bool = False) -> list[np.ndarray]:
-        """Run one step over positions ``[from_, to)`` and return each graph output as a new
-        ``(batch, feature_len)`` float32 array.
+                              output_hidden_state: bool = False,
+                              stage: str | None = None) -> list[np.ndarray]:
+        """Run one step of ``stage`` (the only one when None) over positions ``[from_, to)``
+        and return each of its outputs as a new ``(batch, feature_len)`` float32 array.
 
-        ``inputs`` holds one array per input layer (graph order); the step's values sit at
+        ``inputs`` holds one array per input layer of the stage; the step's values sit at
         ``[:, :to - from_]`` of each (token ids as floats for a language model).
         ``labels``, ``init_seq_len`` and ``output_hidden_state`` are accepted for the C++
         signature and unused, as in nntrainer.
@@ -393,43 +261,28 @@ class Model:
         if batch != self.props["batch_size"]:
             raise CausalLMError(f"incremental_inference: batch {batch} differs from the model's "
                                 f"batch_size {self.props['batch_size']}")
-        step = to - from_
-        if from_ < 0 or step < 1:
-            raise CausalLMError(f"incremental_inference: need 0 <= from_ < to, got from_={from_}, "
-                                f"to={to}")
-        if len(inputs) != len(self._input_names):
-            raise CausalLMError(f"incremental_inference: got {len(inputs)} inputs for "
-                                f"{len(self._input_names)} input layers")
-        for name, data in zip(self._input_names, inputs):
-            buf = self._buffers[name][0].reshape(batch, -1)
-            if step > buf.shape[1]:
-                raise CausalLMError(f"incremental_inference: a step of {step} tokens exceeds "
-                                    f"the {buf.shape[1]} rows of input '{name}' (init_seq_len)")
-            data = np.asarray(data, dtype=np.float32)
-            if data.size % batch:
-                raise CausalLMError(f"incremental_inference: input '{name}' has {data.size} "
-                                    f"values, not a multiple of batch {batch}")
-            data = data.reshape(batch, -1)
-            if not step <= data.shape[1] <= buf.shape[1]:
-                raise CausalLMError(f"incremental_inference: input '{name}' takes {step} to "
-                                    f"{buf.shape[1]} values per batch; got {data.shape[1]}")
-            buf[:, :data.shape[1]] = data
+        runner = self._stage(stage)
         if self._dirty:
             self._refresh_weights()
-        for layer, ctx in self._run:
-            layer.incremental_forwarding(ctx, from_, to)
-        return [self._buffers[name][0].reshape(batch, -1).copy() for name in self._output_names]
+        return runner.run(inputs, from_, to)
 
     def warmup(self) -> None:
-        """Run a 1-row and a 2-row step of zeros at position 0, so the kernels are compiled or
-        loaded from numba's cache before the first real step is timed. It writes KV-cache rows
-        0 and 1, which the next prefill (or a loaded cache) overwrites."""
+        """Run a 1-row and a 2-row step of zeros at position 0 in every stage, in order, so
+        the kernels are compiled or loaded from numba's cache before the first real step is
+        timed. It writes KV-cache rows 0 and 1, which the next run overwrites."""
         self._require(_INITIALIZED, "warmup()")
         batch = self.props["batch_size"]
-        rows = min(self._buffers[n][0].reshape(batch, -1).shape[1] for n in self._input_names)
-        for step in sorted({1, min(2, rows)}):
-            zeros = [np.zeros((batch, step), dtype=np.float32) for _ in self._input_names]
-            self.incremental_inference(batch, zeros, None, step, 0, step)
+        for name, runner in self._stages.items():
+            for step in sorted({1, min(2, runner.input_rows())}):
+                zeros = [np.zeros((batch, step), dtype=np.float32) for _ in runner.input_names]
+                self.incremental_inference(batch, zeros, None, step, 0, step, stage=name)
+
+    def getKVCaches(self, kind: str | None = None, stage: str | None = None) -> list[KVCache]:
+        """The KV caches (causallm/runtime/kv_cache.py) in graph order, of one ``kind``
+        ("self" or "cross") and ``stage`` when given."""
+        self._require(_INITIALIZED, "getKVCaches()")
+        return [c for c in self._kv_caches
+                if (kind is None or c.kind == kind) and (stage is None or c.stage == stage)]
 
     # -- inspection -------------------------------------------------------------------------
     def forEachLayer(self, fn: Callable[[Any, RunLayerContext, Any], None],
@@ -439,13 +292,15 @@ class Model:
         for layer, ctx in self._run:
             fn(layer, ctx, user_data)
 
-    def getLayerNames(self) -> list[str]:
+    def getLayerNames(self, stage: str | None = None) -> list[str]:
+        """Every layer in graph order, or only those ``stage`` runs."""
         self._require_compiled("getLayerNames()")
-        return [n.getName() for n in self._sorted]
+        return [n.getName() for n in self._sorted
+                if stage is None or self._graph.stage_of[n.getName()] == stage]
 
     def getOutputNames(self) -> list[str]:
         self._require_compiled("getOutputNames()")
-        return list(self._output_names)
+        return list(self._graph.output_names)
 
     def summarize(self, out=None) -> str:
         """Print (and return) a table: name, type, inputs, output dims, parameters, total."""

@@ -3,10 +3,12 @@
 Mirrors nntrainer's ``Layer`` / ``InitLayerContext`` / ``RunLayerContext``:
 
 - ``finalize(context)`` reads the input dimensions, sets the output dimensions and requests
-  weights (saved and loaded, in request order) and tensors (a KV cache, scratch).
+  weights (saved and loaded, in request order), tensors (scratch) and KV caches.
 - ``incremental_forwarding(context, from_, to)`` computes rows ``[0, to - from_)`` of its outputs
   from rows ``[0, to - from_)`` of its inputs (the step buffer convention, spec §2.5). Only
-  position-aware layers (``mha_core``) look at ``from_`` and ``to`` themselves.
+  position-aware layers (``mha_core``) look at ``from_`` and ``to`` themselves. An input made by
+  an earlier stage (the encoder output a cross-attention reads) holds that stage's last step:
+  ``context.input_stages[i]`` says which rows.
 
 Activations are float32 arrays of shape ``(batch, channel * height, width)``; their NNTrainer
 dimension ``batch:channel:height:width`` is a :class:`TensorDim`. Weights are float32 arrays of
@@ -88,6 +90,18 @@ class WeightSpec:
 
 
 @dataclass
+class KVCacheSpec:
+    """A requested KV cache: ``kind`` "self" (the runtime allocates key and value tensors of
+    ``shape``, appended to the layer's tensors) or "cross" (the key and value are the layer's
+    inputs ``inputs``, projected by an earlier stage and read as they are)."""
+
+    kind: str
+    shape: tuple[int, ...] | None = None
+    inputs: tuple[int, int] | None = None
+    tensor: int | None = None  # "self": the key's tensor index (the value's is the next)
+
+
+@dataclass
 class TensorSpec:
     """A requested non-weight tensor (KV cache, scratch): lives as long as the model."""
 
@@ -111,6 +125,7 @@ class InitLayerContext:
         self.output_dims: list[TensorDim] | None = None
         self.weights: list[WeightSpec] = []
         self.tensors: list[TensorSpec] = []
+        self.kv_cache: KVCacheSpec | None = None
 
     def getName(self) -> str:
         return self.name
@@ -137,6 +152,27 @@ class InitLayerContext:
         self.tensors.append(TensorSpec(name, tuple(int(s) for s in shape)))
         return len(self.tensors) - 1
 
+    def requestKVCache(self, kind: str, shape: tuple[int, ...] | None = None,
+                       inputs: tuple[int, int] | None = None) -> int | None:
+        """Declare the layer's KV cache (one per layer), listed by ``Model.getKVCaches``.
+
+        ``"self"``: key and value tensors of ``shape`` (zeroed), appended to the layer's tensors;
+        returns the key's tensor index (the value's is the next). ``"cross"``: the cache is the
+        layer's inputs ``inputs = (key, value)`` as an earlier stage left them; returns None.
+        """
+        if self.kv_cache is not None:
+            raise self.error("requests a second KV cache")
+        if kind == "self" and shape is not None:
+            key = self.requestTensor("cache_key", shape)
+            self.requestTensor("cache_value", shape)
+            self.kv_cache = KVCacheSpec(kind, tuple(int(s) for s in shape), tensor=key)
+            return key
+        if kind == "cross" and inputs is not None:
+            self.kv_cache = KVCacheSpec(kind, inputs=tuple(inputs))
+            return None
+        raise self.error(f"bad KV cache request ({kind!r}: 'self' needs a shape, 'cross' the "
+                         f"key and value inputs)")
+
     def error(self, message: str) -> CausalLMError:
         return CausalLMError(f"layer '{self.name}' ({self.layer_type}): {message}")
 
@@ -147,11 +183,12 @@ class RunLayerContext:
     The lists are plain attributes so the per-token path does no lookups beyond an index.
     """
 
-    __slots__ = ("name", "inputs", "outputs", "weights", "tensors", "batch")
+    __slots__ = ("name", "inputs", "outputs", "weights", "tensors", "batch", "input_stages")
 
     def __init__(self, name: str, batch: int) -> None:
         self.name = name
         self.batch = batch
+        self.input_stages: list = []  # the StageState that wrote each input (rows of its step)
         self.inputs: list[np.ndarray] = []
         self.outputs: list[np.ndarray] = []
         self.weights: list[np.ndarray] = []
