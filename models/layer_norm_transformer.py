@@ -24,7 +24,7 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.runtime.properties import UINT_MAX
 from layers.layer_normalization import LayerNormalizationLayer
 from layers.positional_embedding import PositionalEmbeddingLayer
-from models.transformer import Transformer
+from models.transformer import SELF_ATTENTION, Transformer
 
 
 class LayerNormTransformer(Transformer):
@@ -45,40 +45,31 @@ class LayerNormTransformer(Transformer):
             withKey("name", name), withKey("input_layers", input_name), withKey("axis", 3),
             withKey("epsilon", self.NORM_EPS), withKey("packed", "false")])
 
-    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
-        """The base attention (``_wq``, ``_wk``, ``_wv``, ``_attention``, ``_attention_out``) with
-        an mha_core without RoPE: positions came in with the position embeddings."""
-        layers = super().createAttention(layer_id, seq_len, n_heads, head_dim, query_name,
-                                         key_name, value_name)
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        layers[3] = createLayer("mha_core", [
-            withKey("name", f"layer{layer_id}_attention"),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.kvCacheRows()),
-            withKey("sliding_window", UINT_MAX),
-            withKey("use_rope", "false"),
-            withKey("query_pre_attn_scalar", self.attentionScalar(layer_id)),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
-            withKey("input_layers", [Q, K, V])])
-        return layers
+    def attentionCoreProperties(self, layer_id: int, n_heads: int,
+                                kind: str = SELF_ATTENTION) -> dict:
+        """The base attention core without RoPE (positions came in with the position
+        embeddings) or window, scaled by attentionScalar, with kvCacheRows() rows."""
+        props = {key: value for key, value in super().attentionCoreProperties(
+            layer_id, n_heads, kind).items() if not key.startswith("rope_")}
+        props.update(max_timestep=self.kvCacheRows(), sliding_window=UINT_MAX, use_rope=False,
+                     query_pre_attn_scalar=self.attentionScalar(layer_id))
+        return props
 
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
-        i = layer_id
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
+                  prefix: str = "") -> list:
+        p = prefix or f"layer{layer_id}"
         fc = [withKey("disable_bias", "false" if self.MLP_BIAS else "true"),
               withKey("weight_initializer", "ones")]
         return [
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
+            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"),
                                             withKey("unit", hidden_dim),
                                             withKey("input_layers", input_name), *fc]),
-            createLayer("activation", [withKey("name", f"layer{i}_ffn_act"),
+            createLayer("activation", [withKey("name", f"{p}_ffn_act"),
                                        withKey("activation", self.HIDDEN_ACT),
-                                       withKey("input_layers", f"layer{i}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
+                                       withKey("input_layers", f"{p}_ffn_up")]),
+            createLayer("fully_connected", [withKey("name", f"{p}_ffn_down"),
                                             withKey("unit", dim),
-                                            withKey("input_layers", f"layer{i}_ffn_act"), *fc]),
+                                            withKey("input_layers", f"{p}_ffn_act"), *fc]),
         ]
 
     def registerCustomLayers(self) -> None:

@@ -34,6 +34,11 @@ from layers.swiglu import SwiGLULayer
 from layers.tie_word_embeddings import TieWordEmbedding
 
 
+SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
+"""The attention kinds createAttention builds: a decoder's (causal) self-attention, an encoder's
+(bidirectional) self-attention, and a decoder's cross-attention over the encoder output."""
+
+
 class ModelType:
     MODEL = "Model"
     CAUSALLM = "CausalLM"
@@ -182,34 +187,34 @@ class Transformer:
         merged["rope_type"] = rope_type
         return theta, merged
 
-    def ropeProperties(self, scaling: dict | None = None) -> list[str]:
-        """mha_core properties for this model's rope scaling (empty for the default type)."""
+    def ropeProperties(self, scaling: dict | None = None) -> dict:
+        """mha_core properties (key -> value) for this model's rope scaling, or ``scaling``
+        (none for the default type)."""
         s = self.ROPE_SCALING if scaling is None else scaling
         rope_type = s.get("rope_type", "default")
         if rope_type == "default":
-            return []
+            return {}
         original = s.get("original_max_position_embeddings")
         factor = s.get("factor")
         if factor is None:
             if rope_type != "yarn" or not original:
                 raise CausalLMError(f"{self.cfg.path}: rope scaling '{rope_type}' needs a 'factor'")
             factor = self.MAX_POSITION_EMBEDDINGS / original  # transformers' rule for yarn
-        props = [withKey("rope_scaling_type", rope_type),
-                 withKey("rope_scaling_factor", float(factor))]
+        props = {"rope_scaling_type": rope_type, "rope_scaling_factor": float(factor)}
         if rope_type in ("llama3", "yarn"):
             if original is None:
                 original = self.MAX_POSITION_EMBEDDINGS
-            props.append(withKey("rope_scaling_max_position_embeddings", int(original)))
+            props["rope_scaling_max_position_embeddings"] = int(original)
         if rope_type == "llama3":
-            props += [withKey("rope_scaling_low_freq_factor", float(s.get("low_freq_factor", 1.0))),
-                      withKey("rope_scaling_high_freq_factor", float(s.get("high_freq_factor", 4.0)))]
+            props["rope_scaling_low_freq_factor"] = float(s.get("low_freq_factor", 1.0))
+            props["rope_scaling_high_freq_factor"] = float(s.get("high_freq_factor", 4.0))
         if rope_type == "yarn":
-            props += [withKey("rope_scaling_beta_fast", float(s.get("beta_fast", 32.0))),
-                      withKey("rope_scaling_beta_slow", float(s.get("beta_slow", 1.0))),
-                      withKey("rope_scaling_truncate", bool(s.get("truncate", True)))]
+            props["rope_scaling_beta_fast"] = float(s.get("beta_fast", 32.0))
+            props["rope_scaling_beta_slow"] = float(s.get("beta_slow", 1.0))
+            props["rope_scaling_truncate"] = bool(s.get("truncate", True))
             for key in ("attention_factor", "mscale", "mscale_all_dim"):
                 if s.get(key) is not None:
-                    props.append(withKey(f"rope_scaling_{key}", float(s[key])))
+                    props[f"rope_scaling_{key}"] = float(s[key])
         return props
 
     # -- graph ------------------------------------------------------------------------------
@@ -295,10 +300,16 @@ class Transformer:
         return self.SLIDING_WINDOW if (layer_id + 1) % self.SLIDING_WINDOW_PATTERN else UINT_MAX
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
+                        query_name: str, key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION) -> list:
+        """Q, K, V projections, the attention core and the output projection of layer
+        ``layer_id``, named ``{prefix}_wq`` ... ``{prefix}_attention_out`` (prefix: ``layer{i}``
+        when empty; an encoder-decoder passes ``encoder_layer{i}``, ``decoder_layer{i}`` or
+        ``decoder_layer{i}_cross``). ``kind`` says which attention it is (attentionCoreProperties)."""
         layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        prefix = prefix or f"layer{layer_id}"
+        Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
+        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
         no_bias = "false" if self.ATTENTION_BIAS else "true"
 
         layers.append(createLayer("fully_connected", [
@@ -316,41 +327,67 @@ class Transformer:
             withKey("disable_bias", no_bias), withKey("input_layers", value_name),
             withKey("weight_initializer", "ones")]))
 
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
-            withKey("rope_theta", self.ROPE_THETA),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
-            *self.ropeProperties(),
-            withKey("input_layers", [Q, K, V])]))
+        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
 
         layers.append(createLayer("fully_connected", [
             withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
             withKey("input_layers", A), withKey("weight_initializer", "ones")]))
         return layers
 
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+    def createAttentionCore(self, name: str, layer_id: int, n_heads: int, input_layers: list,
+                            kind: str = SELF_ATTENTION):
+        """The ``mha_core`` every family's attention uses: inputs ``[Q, K, V]``, properties
+        ``attentionCoreProperties(layer_id, n_heads, kind)``."""
+        props = self.attentionCoreProperties(layer_id, n_heads, kind)
+        return createLayer("mha_core", [withKey("name", name),
+                                        *(withKey(k, v) for k, v in props.items()),
+                                        withKey("input_layers", input_layers)])
+
+    def attentionCoreProperties(self, layer_id: int, n_heads: int,
+                                kind: str = SELF_ATTENTION) -> dict:
+        """The mha_core properties of layer ``layer_id`` (key -> value). A family overrides the
+        values it computes differently (its windows, RoPE, scale, sinks) and keeps the rest:
+
+            num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
+            max_timestep               INIT_SEQ_LEN + NUM_TO_GENERATE (the KV cache rows)
+            sliding_window             layerSlidingWindow(layer_id)
+            rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
+            is_causal                  IS_CAUSAL
+            max_position_embeddings, max_new_tokens   (accepted, unused, as in nntrainer)
+
+        ``kind`` is "self" in a decoder-only model; an encoder-decoder also asks for "encoder"
+        (bidirectional self-attention) and "cross" attention."""
+        return {"num_heads": n_heads, "num_heads_kv": n_heads // self.GQA_SIZE,
+                "max_timestep": self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
+                "sliding_window": self.layerSlidingWindow(layer_id),
+                "rope_theta": self.ROPE_THETA,
+                "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
+                "max_new_tokens": self.NUM_TO_GENERATE,
+                "is_causal": self.IS_CAUSAL,
+                **self.ropeProperties()}
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
+                  prefix: str = "") -> list:
+        """The SwiGLU MLP of layer ``layer_id``: ``{prefix}_ffn_up``, ``_ffn_gate``,
+        ``_ffn_swiglu``, ``_ffn_down`` (prefix: ``layer{i}`` when empty)."""
+        p = prefix or f"layer{layer_id}"
         layers = []
         no_bias = "false" if self.MLP_BIAS else "true"
         layers.append(createLayer("fully_connected", [
-            withKey("name", f"layer{layer_id}_ffn_up"), withKey("unit", hidden_dim),
+            withKey("name", f"{p}_ffn_up"), withKey("unit", hidden_dim),
             withKey("disable_bias", no_bias), withKey("input_layers", input_name),
             withKey("weight_initializer", "ones")]))
         layers.append(createLayer("fully_connected", [
-            withKey("name", f"layer{layer_id}_ffn_gate"), withKey("unit", hidden_dim),
+            withKey("name", f"{p}_ffn_gate"), withKey("unit", hidden_dim),
             withKey("disable_bias", no_bias), withKey("input_layers", input_name),
             withKey("weight_initializer", "ones")]))
         layers.append(createLayer("swiglu", [
-            withKey("name", f"layer{layer_id}_ffn_swiglu"),
-            withKey("input_layers", f"layer{layer_id}_ffn_gate,layer{layer_id}_ffn_up")]))
+            withKey("name", f"{p}_ffn_swiglu"),
+            withKey("input_layers", f"{p}_ffn_gate,{p}_ffn_up")]))
         layers.append(createLayer("fully_connected", [
-            withKey("name", f"layer{layer_id}_ffn_down"), withKey("unit", dim),
+            withKey("name", f"{p}_ffn_down"), withKey("unit", dim),
             withKey("disable_bias", no_bias),
-            withKey("input_layers", f"layer{layer_id}_ffn_swiglu"),
+            withKey("input_layers", f"{p}_ffn_swiglu"),
             withKey("weight_initializer", "ones")]))
         return layers
 

@@ -298,11 +298,10 @@ def test_config_without_rope_gets_gpt_oss_defaults():
     model = GptOssForCausalLM(cfg, gen, nntr)
     assert model.ROPE_THETA == 150000.0 and model.SLIDING_WINDOW == 128
     assert model.NORM_EPS == 1e-5 and model.ATTENTION_BIAS is True
-    props = dict(p.split("=") for p in model.ropeProperties())
-    assert props == {"rope_scaling_type": "yarn", "rope_scaling_factor": "32.0",
-                     "rope_scaling_max_position_embeddings": "4096",
-                     "rope_scaling_beta_fast": "32.0", "rope_scaling_beta_slow": "1.0",
-                     "rope_scaling_truncate": "false"}
+    assert model.ropeProperties() == {
+        "rope_scaling_type": "yarn", "rope_scaling_factor": 32.0,
+        "rope_scaling_max_position_embeddings": 4096, "rope_scaling_beta_fast": 32.0,
+        "rope_scaling_beta_slow": 1.0, "rope_scaling_truncate": False}
 
 
 @pytest.mark.parametrize("changes, needles", [

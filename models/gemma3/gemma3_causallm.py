@@ -43,7 +43,7 @@ from layers.logit_softcapping import LogitSoftcappingLayer
 from layers.mha_core import ROPE_TYPES
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
-from models.transformer import HFWeight, ModelType, Transformer
+from models.transformer import SELF_ATTENTION, HFWeight, ModelType, Transformer
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
@@ -181,11 +181,13 @@ class Gemma3Transformer(Transformer):
         return layers
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
+                        query_name: str, key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION) -> list:
         layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        Q_norm, K_norm = f"layer{layer_id}_q_norm", f"layer{layer_id}_k_norm"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        prefix = prefix or f"layer{layer_id}"
+        Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
+        Q_norm, K_norm = f"{prefix}_q_norm", f"{prefix}_k_norm"
+        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
         no_bias = "false" if self.ATTENTION_BIAS else "true"
 
         for name, unit, source in ((Q, head_dim * n_heads, query_name),
@@ -202,22 +204,7 @@ class Gemma3Transformer(Transformer):
                 withKey("packed", "false"), withKey("epsilon", self.NORM_EPS),
                 withKey("feature_size", head_dim)]))
 
-        sliding = self.layer_types[layer_id] == SLIDING
-        rope_theta, rope_scaling = ((self.ROPE_LOCAL_THETA, self.ROPE_LOCAL_SCALING) if sliding
-                                    else (self.ROPE_THETA, self.ROPE_SCALING))
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", self.SLIDING_WINDOW if sliding else UINT_MAX),
-            withKey("rope_theta", rope_theta),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("attn_logit_softcapping", self.ATTN_LOGIT_SOFTCAPPING),
-            withKey("query_pre_attn_scalar", self.QUERY_PRE_ATTN_SCALAR),
-            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
-            *self.ropeProperties(rope_scaling),
-            withKey("input_layers", [Q_norm, K_norm, V])]))
+        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
 
         layers.append(createLayer("fully_connected", [
             withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
@@ -225,26 +212,42 @@ class Gemma3Transformer(Transformer):
             withKey("weight_dtype", self.FC_LAYER_DTYPE)]))
         return layers
 
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
-        i = layer_id
+    def attentionCoreProperties(self, layer_id: int, n_heads: int,
+                                kind: str = SELF_ATTENTION) -> dict:
+        """A sliding layer: the window and the local RoPE; a full layer: no window and the
+        global RoPE with its scaling; every layer: query_pre_attn_scalar, the softcap (off)."""
+        sliding = self.layer_types[layer_id] == SLIDING
+        theta, scaling = ((self.ROPE_LOCAL_THETA, self.ROPE_LOCAL_SCALING) if sliding
+                          else (self.ROPE_THETA, self.ROPE_SCALING))
+        props = {key: value for key, value in super().attentionCoreProperties(
+            layer_id, n_heads, kind).items() if not key.startswith("rope_scaling_")}
+        props.update(sliding_window=self.SLIDING_WINDOW if sliding else UINT_MAX,
+                     rope_theta=theta, attn_logit_softcapping=self.ATTN_LOGIT_SOFTCAPPING,
+                     query_pre_attn_scalar=self.QUERY_PRE_ATTN_SCALAR,
+                     **self.ropeProperties(scaling))
+        return props
+
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
+                  prefix: str = "") -> list:
+        p = prefix or f"layer{layer_id}"
         fc = [withKey("disable_bias", "true"), withKey("weight_initializer", "ones"),
               withKey("weight_dtype", self.FC_LAYER_DTYPE)]
         return [
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_gate"),
+            createLayer("fully_connected", [withKey("name", f"{p}_ffn_gate"),
                                             withKey("unit", hidden_dim),
                                             withKey("input_layers", input_name), *fc]),
-            createLayer("activation", [withKey("name", f"layer{i}_ffn_gate_gelu"),
+            createLayer("activation", [withKey("name", f"{p}_ffn_gate_gelu"),
                                        withKey("activation", self.HIDDEN_ACT),
-                                       withKey("input_layers", f"layer{i}_ffn_gate")]),
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_up"),
+                                       withKey("input_layers", f"{p}_ffn_gate")]),
+            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"),
                                             withKey("unit", hidden_dim),
                                             withKey("input_layers", input_name), *fc]),
-            createLayer("multiply", [withKey("name", f"layer{i}_ffn_geglu"),
+            createLayer("multiply", [withKey("name", f"{p}_ffn_geglu"),
                                      withKey("input_layers",
-                                             f"layer{i}_ffn_gate_gelu,layer{i}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"layer{i}_ffn_down"),
+                                             f"{p}_ffn_gate_gelu,{p}_ffn_up")]),
+            createLayer("fully_connected", [withKey("name", f"{p}_ffn_down"),
                                             withKey("unit", dim),
-                                            withKey("input_layers", f"layer{i}_ffn_geglu"), *fc]),
+                                            withKey("input_layers", f"{p}_ffn_geglu"), *fc]),
         ]
 
     def registerCustomLayers(self) -> None:

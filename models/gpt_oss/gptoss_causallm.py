@@ -42,7 +42,7 @@ from causallm.runtime.properties import UINT_MAX
 from layers.gpt_oss_moe import GptOssMoELayer
 from models.causal_lm import CausalLM
 from models.experts_on_file import HF_EXPERTS, ExpertsOnFileMixin, OnFileWeight
-from models.transformer import HFWeight, hfParts
+from models.transformer import SELF_ATTENTION, HFWeight, hfParts
 
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 GPT_OSS_SLIDING_WINDOW = 128           # HF GptOssConfig defaults, used when config.json lacks them
@@ -122,10 +122,11 @@ class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
         if self.NUM_EXPERTS_PER_TOK > self.NUM_EXPERTS:
             raise cfg.error("num_experts_per_tok",
                             f"at most num_local_experts ({self.NUM_EXPERTS})")
-        self.LAYER_TYPES = readGptOssLayerTypes(cfg, self.NUM_LAYERS)
+        # per-layer windows: Transformer.layerSlidingWindow reads layer_types
+        self.layer_types = readGptOssLayerTypes(cfg, self.NUM_LAYERS)
         if "sliding_window" not in cfg:
             self.SLIDING_WINDOW = GPT_OSS_SLIDING_WINDOW
-        elif self.SLIDING_WINDOW == UINT_MAX and "sliding_attention" in self.LAYER_TYPES:
+        elif self.SLIDING_WINDOW == UINT_MAX and "sliding_attention" in self.layer_types:
             raise CausalLMError(f"{cfg.path}: 'layer_types' has sliding_attention layers but "
                                 f"'sliding_window' is null")
         if "rms_norm_eps" not in cfg:
@@ -151,56 +152,17 @@ class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
                   f"\"moe_expert_cache\": N keeps N, 0 dequantizes them all at load)",
                   file=sys.stderr)
 
-    def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
-        layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
-        no_bias = "false" if self.ATTENTION_BIAS else "true"
+    def attentionCoreProperties(self, layer_id: int, n_heads: int,
+                                kind: str = SELF_ATTENTION) -> dict:
+        """The base attention core with a sink logit per head (``self_attn.sinks``). The C++
+        twin overrides createAttention for that alone; the projections are the base's (with
+        biases while ``attention_bias``), and the window follows ``layer_types``."""
+        return {**super().attentionCoreProperties(layer_id, n_heads, kind), "use_sink": True}
 
-        # Q layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", Q), withKey("unit", head_dim * n_heads),
-            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
-            withKey("weight_initializer", "ones")]))
-
-        # K layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
-            withKey("weight_initializer", "ones")]))
-
-        # V layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
-            withKey("weight_initializer", "ones")]))
-
-        # Attention core layer: sink attention, sliding window on "sliding_attention" layers
-        sliding_window = (self.SLIDING_WINDOW if self.LAYER_TYPES[layer_id] == "sliding_attention"
-                          else UINT_MAX)
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", sliding_window),
-            withKey("rope_theta", self.ROPE_THETA),
-            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("use_sink", "true"),
-            *self.ropeProperties(),
-            withKey("input_layers", [Q, K, V])]))
-
-        # O layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
-        return layers
-
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
+                  prefix: str = "") -> list:
         return [createLayer(self.MOE_LAYER_TYPE, [
-            withKey("name", f"layer{layer_id}_ffn_down"),
+            withKey("name", f"{prefix or f'layer{layer_id}'}_ffn_down"),
             withKey("input_layers", input_name),
             withKey("unit", hidden_dim),
             withKey("num_experts", self.NUM_EXPERTS),

@@ -21,6 +21,7 @@ from __future__ import annotations
 from causallm.api import registerFactory
 from layers.gpt_oss_moe import CachedSlimGptOssMoELayer
 from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
+from models.transformer import SELF_ATTENTION
 
 
 class GptOssCachedSlimCausalLM(GptOssForCausalLM):
@@ -31,9 +32,10 @@ class GptOssCachedSlimCausalLM(GptOssForCausalLM):
     MOE_LAYER_TYPE = CachedSlimGptOssMoELayer.type
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
+                        query_name: str, key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION) -> list:
         layers = super().createAttention(layer_id, seq_len, n_heads, head_dim, query_name,
-                                         key_name, value_name)
+                                         key_name, value_name, prefix, kind)
         layers[0:3] = layers[2::-1]  # V layer, K layer, Q layer (the C++ insertion order)
         return layers
 

@@ -22,7 +22,7 @@ from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.runtime.properties import UINT_MAX
 from models.causal_lm import CausalLM
-from models.transformer import HFWeight, Transformer
+from models.transformer import SELF_ATTENTION, HFWeight, Transformer
 
 QWEN_LAYER_TYPES = ("full_attention", "sliding_attention")
 QWEN_SLIDING_WINDOW_DEFAULT = 4096  # HF Qwen2Config / Qwen3Config ``sliding_window`` default
@@ -84,10 +84,12 @@ class Qwen2Transformer(Transformer):
         self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
+                        query_name: str, key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION) -> list:
         layers = []
-        Q, K, V = f"layer{layer_id}_wq", f"layer{layer_id}_wk", f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        prefix = prefix or f"layer{layer_id}"
+        Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
+        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
 
         # Q layer
         layers.append(createLayer("fully_connected", [
@@ -108,18 +110,7 @@ class Qwen2Transformer(Transformer):
             withKey("weight_initializer", "ones")]))
 
         # Attention core layer
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
-            withKey("rope_theta", self.ROPE_THETA),
-            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
-            *self.ropeProperties(),
-            withKey("input_layers", [Q, K, V])]))
+        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
 
         # O layer
         layers.append(createLayer("fully_connected", [

@@ -25,7 +25,7 @@ from causallm.io.config import JsonConfig
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
 from models.qwen2.qwen2_causallm import readQwenLayerTypes
-from models.transformer import HFWeight, Transformer
+from models.transformer import SELF_ATTENTION, HFWeight, Transformer
 
 QWEN3_HEAD_DIM_DEFAULT = 128  # HF Qwen3Config ``head_dim`` default
 
@@ -44,12 +44,14 @@ class Qwen3Transformer(Transformer):
         self.SLIDING_WINDOW, self.layer_types = readQwenLayerTypes(cfg, self.NUM_LAYERS)
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
-                        query_name: str, key_name: str, value_name: str) -> list:
+                        query_name: str, key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION) -> list:
         layers = []
-        Q, Q_norm = f"layer{layer_id}_wq", f"layer{layer_id}_q_norm"
-        K, K_norm = f"layer{layer_id}_wk", f"layer{layer_id}_k_norm"
-        V = f"layer{layer_id}_wv"
-        A, O = f"layer{layer_id}_attention", f"layer{layer_id}_attention_out"
+        prefix = prefix or f"layer{layer_id}"
+        Q, Q_norm = f"{prefix}_wq", f"{prefix}_q_norm"
+        K, K_norm = f"{prefix}_wk", f"{prefix}_k_norm"
+        V = f"{prefix}_wv"
+        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
         no_bias = "false" if self.ATTENTION_BIAS else "true"
 
         # Q layer
@@ -81,18 +83,7 @@ class Qwen3Transformer(Transformer):
             withKey("weight_initializer", "ones")]))
 
         # Attention core layer
-        layers.append(createLayer("mha_core", [
-            withKey("name", A),
-            withKey("num_heads", n_heads),
-            withKey("num_heads_kv", n_heads // self.GQA_SIZE),
-            withKey("max_timestep", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE),
-            withKey("sliding_window", self.layerSlidingWindow(layer_id)),
-            withKey("rope_theta", self.ROPE_THETA),
-            withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS),
-            withKey("max_new_tokens", self.NUM_TO_GENERATE),
-            withKey("is_causal", "true" if self.IS_CAUSAL else "false"),
-            *self.ropeProperties(),
-            withKey("input_layers", [Q_norm, K_norm, V])]))
+        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
 
         # O layer
         layers.append(createLayer("fully_connected", [

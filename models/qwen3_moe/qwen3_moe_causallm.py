@@ -83,10 +83,13 @@ class Qwen3MoECausalLM(ExpertsOnFileMixin, Qwen3CausalLM):
     def layerSlidingWindow(self, layer_id: int) -> int:
         return self.SLIDING_WINDOW  # UINT_MAX unless use_sliding_window: then every layer
 
-    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str) -> list:
+    def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
+                  prefix: str = "") -> list:
         if not self.isMoELayer(layer_id):
-            return super().createMlp(layer_id, dim, self.DENSE_INTERMEDIATE_SIZE, input_name)
-        props = [withKey("name", f"layer{layer_id}_ffn_down"), withKey("input_layers", input_name),
+            return super().createMlp(layer_id, dim, self.DENSE_INTERMEDIATE_SIZE, input_name,
+                                     prefix)
+        props = [withKey("name", f"{prefix or f'layer{layer_id}'}_ffn_down"),
+                 withKey("input_layers", input_name),
                  withKey("unit", hidden_dim), withKey("num_experts", self.NUM_EXPERTS),
                  withKey("num_experts_per_token", self.NUM_EXPERTS_PER_TOK),
                  withKey("moe_activation", "swish"),
