@@ -32,7 +32,7 @@ from causallm.errors import CausalLMError
 from causallm.generation.sampler import Sampler
 from causallm.tokenizer import StreamDecoder
 from layers.lm_head import LmHeadLayer
-from models.transformer import HFWeight, ModelType, Transformer
+from models.transformer import ModelType, Transformer
 
 
 @dataclass
@@ -124,17 +124,6 @@ class CausalLM(Transformer):
     def registerCustomLayers(self) -> None:
         super().registerCustomLayers()
         registerFactory(LmHeadLayer)
-
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        m = super().getHFWeightMap()
-        if not self.TIE_WORD_EMBEDDINGS:
-            m["lm_head.weight"] = HFWeight("output_of_causallm:weight", True)
-        return m
-
-    def getHFIgnoredTensors(self) -> set[str]:
-        # a tied checkpoint may still carry the (identical) head; the embedding is the one read
-        head = {"lm_head.weight"} if self.TIE_WORD_EMBEDDINGS else set()
-        return super().getHFIgnoredTensors() | head
 
     # -- token selection --------------------------------------------------------------------
     def samples(self, do_sample: bool) -> bool:

@@ -29,7 +29,7 @@ from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.io.lazy_weights import bin_slices, safetensors_slice
 from causallm.io.nntr_bin import write_bin
-from models.transformer import HFWeight, hfParts
+from causallm.io.weight_table import HFWeight
 
 HF_EXPERTS = ".mlp.experts."  # checkpoint names of the expert tensors
 
@@ -110,7 +110,7 @@ class ExpertsOnFileMixin:
         if self._experts_on_file:
             for name, entry in m.items():
                 if HF_EXPERTS in name:
-                    m[name] = [OnFileWeight(*part) for part in hfParts(entry)]
+                    m[name] = tuple(OnFileWeight(*part) for part in entry)
         return m
 
     def load_weight(self, weight_path: str) -> None:
@@ -145,7 +145,7 @@ class ExpertsOnFileMixin:
             self.attachExpertSources({
                 part.target: self.expertSource(ckpt, name, part)
                 for name, entry in self.getHFWeightMap().items() if HF_EXPERTS in name
-                for part in hfParts(entry)})
+                for part in entry})
 
     def openHFCheckpoint(self, folder: str):
         """The checkpoint (kept to locate the experts after the load), with placeholder experts
@@ -157,7 +157,8 @@ class ExpertsOnFileMixin:
         """Where expert part ``part`` of checkpoint tensor ``name`` lies: a FileSlice of its
         bytes (the part must be contiguous there: see ``safetensors_slice``), read transposed
         as the part is."""
-        return safetensors_slice(ckpt.file_of(name), name, part.index, part.transpose)
+        return safetensors_slice(ckpt.file_of(name), name, part.resolve(ckpt.shape(name)),
+                                 part.transpose)
 
     def attachExpertSources(self, slices: dict) -> None:
         """Give every MoE layer its experts' on-file weights (``scope:expert_{w}_{e}``)."""

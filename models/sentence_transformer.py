@@ -51,14 +51,15 @@ from causallm.io.safetensors import Checkpoint
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
 from models.causal_lm import PerformanceMetrics, peak_memory_kb
-from models.transformer import HFWeight, ModelType, Transformer
+from causallm.io.weight_table import Tensor, WeightTable
+from models.transformer import ModelType, Transformer
 
 DENSE_ACTIVATIONS = {"Tanh": "tanh", "Identity": "none", "ReLU": "relu", "Sigmoid": "sigmoid",
                      "GELU": "gelu", "SiLU": "swish"}
 """torch.nn activation class (last component of ``activation_function``) -> NNTrainer activation."""
 
 HF_NAME_PREFIXES = ("model.", "bert.")
-"""Prefixes a checkpoint may have (or lack) relative to a model's Hugging Face weight map."""
+"""Prefixes a checkpoint may have (or lack) relative to the family's weight table."""
 
 
 class SentenceTransformer(Transformer):
@@ -225,23 +226,19 @@ class SentenceTransformer(Transformer):
                 found.append((module, name))
         return found
 
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """The transformer's map plus ``<Dense path>/linear.weight`` (read transposed) and
-        ``<Dense path>/linear.bias`` for every Dense module."""
-        m = super().getHFWeightMap()
+    def getHFWeightTable(self) -> WeightTable:
+        """The transformer's table plus ``<Dense path>/linear.weight`` (read transposed) and
+        ``<Dense path>/linear.bias`` of every Dense module; names with or without the
+        ``model.`` / ``bert.`` prefix; an LM head a checkpoint carries is not read."""
+        dense = []
         for module, name in self.denseModules():
-            m[f"{module['path']}/linear.weight"] = HFWeight(f"{name}:weight", True)
-            if not self.module_layers[module["idx"]].layerProperty("disable_bias"):
-                m[f"{module['path']}/linear.bias"] = HFWeight(f"{name}:bias")
-        return m
-
-    def getHFIgnoredTensors(self) -> set[str]:
-        # an encoder has no LM head; a checkpoint saved from a *ForCausalLM may still carry it
-        return super().getHFIgnoredTensors() | {"lm_head.weight"}
+            dense += [Tensor(f"{name}:weight", f"{module['path']}/linear.weight", transpose=True),
+                      Tensor(f"{name}:bias", f"{module['path']}/linear.bias")]
+        return super().getHFWeightTable().extend(dense, ignore=["lm_head.weight"],
+                                                 prefixes=HF_NAME_PREFIXES)
 
     def openHFCheckpoint(self, folder: str) -> "ModuleCheckpoint":
-        expected = set(self.getHFWeightMap()) | self.getHFIgnoredTensors()
-        return ModuleCheckpoint(super().openHFCheckpoint(folder), expected,
+        return ModuleCheckpoint(super().openHFCheckpoint(folder),
                                 {module["path"]: self.module_dirs[module["idx"]]
                                  for module, _ in self.denseModules()})
 
@@ -289,28 +286,15 @@ class SentenceTransformer(Transformer):
 
 class ModuleCheckpoint:
     """A sentence-transformers folder's weights as one Checkpoint-like mapping: the transformer's
-    safetensors, its names given the prefix the weight map expects (``model.``, ``bert.``; added
-    or dropped), plus each Dense module's tensors as ``<module path>/<name>``."""
+    safetensors plus each Dense module's tensors as ``<module path>/<name>``."""
 
-    def __init__(self, base: Checkpoint, expected: set[str], dense_dirs: dict[str, str]) -> None:
-        self._where: dict[str, tuple[object, str]] = {}
-        for key in base.keys():
-            self._where[self._rename(key, expected)] = (base, key)
+    def __init__(self, base: Checkpoint, dense_dirs: dict[str, str]) -> None:
+        self.folder = base.folder
+        self._where: dict[str, tuple[object, str]] = {key: (base, key) for key in base.keys()}
         for module_path, module_dir in dense_dirs.items():
             ckpt = Checkpoint(module_dir)
             for key in ckpt.keys():
                 self._where[f"{module_path}/{key}"] = (ckpt, key)
-
-    @staticmethod
-    def _rename(key: str, expected: set[str]) -> str:
-        if key in expected:
-            return key
-        for prefix in HF_NAME_PREFIXES:
-            if prefix + key in expected:
-                return prefix + key
-            if key.startswith(prefix) and key[len(prefix):] in expected:
-                return key[len(prefix):]
-        return key
 
     def _find(self, name: str):
         try:

@@ -9,16 +9,13 @@ and two hooks the C++ writes inline: ``createNorm`` (the norm layer) and ``layer
 Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
 ``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama
 configs give the projections their biases; the tokenizer path is resolved against the model
-folder (G34); a Hugging Face safetensors folder loads directly through ``getHFWeightMap``.
+folder (G34); a Hugging Face safetensors folder loads directly through the family's weight
+table (``getHFWeightTable``, causallm/io/weight_table.py).
 """
 
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
-
-import numpy as np
-
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
@@ -27,6 +24,7 @@ from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from causallm.io.safetensors import Checkpoint
+from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from layers.embedding_layer import EmbeddingLayer
 from layers.mha_core import ROPE_TYPES, MHACoreLayer
 from layers.rms_norm import RMSNormLayer
@@ -45,46 +43,32 @@ class ModelType:
     EMBEDDING = "embedding"
 
 
-class HFWeight(NamedTuple):
-    """Where a Hugging Face tensor goes: the layer weight ``scope:name``, whether it is read
-    transposed (PyTorch [out, in] -> NNTrainer [in, out]), a constant added on the way in
-    (Gemma's norms store ``w`` for ``1 + w``; NNTrainer stores ``1 + w``), and ``columns``
-    ``(begin, end)``: only that slice of the tensor's last axis is this weight. A fused tensor
-    (GPT-2's ``c_attn``, [H, 3H] = q | k | v) maps to a list of such HFWeights, one per part.
-    ``index``, a numpy basic index (ints and slices) applied first, picks a part anywhere else:
-    gpt-oss ``gate_up_proj`` [E, H, 2I] gives expert e's gate as ``(e, slice(None),
-    slice(0, None, 2))``; the tensor back is ``full[index] = from_weight(w)`` for every part."""
-
-    target: str
-    transpose: bool = False
-    offset: float = 0.0
-    columns: tuple[int, int] | None = None
-    index: tuple | None = None
-
-    def to_weight(self, array):
-        """The checkpoint tensor as the layer weight (a view unless an offset is added)."""
-        if self.index is not None:
-            array = array[self.index]
-        if self.columns is not None:
-            array = array[..., self.columns[0]:self.columns[1]]
-        array = array.T if self.transpose else array
-        return array + np.float32(self.offset) if self.offset else array
-
-    def from_weight(self, array):
-        """The layer weight back as the checkpoint tensor (C-contiguous float32)."""
-        array = array - np.float32(self.offset) if self.offset else array
-        return np.ascontiguousarray(array.T if self.transpose else array, dtype=np.float32)
-
-
-def hfParts(entry: "HFWeight | list[HFWeight]") -> tuple[HFWeight, ...]:
-    """A getHFWeightMap value as a tuple of HFWeights: the one weight, or a fused tensor's parts.
-    The checkpoint tensor back from its weights is ``np.concatenate([p.from_weight(w_p) for p
-    in parts], axis=-1)``, or ``full[p.index] = p.from_weight(w_p)`` for parts with an index."""
-    return (entry,) if isinstance(entry, HFWeight) else tuple(entry)
-
-
-HF_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-"""Checkpoint buffers that are not weights (older Llama checkpoints store the RoPE table)."""
+LLAMA_WEIGHTS = WeightTable([
+    Tensor("embedding0:Embedding", "model.embed_tokens.weight", aliases=("lm_head.weight",)),
+    Tensor("layer{i}_attention_norm:gamma", "model.layers.{i}.input_layernorm.weight"),
+    Tensor("layer{i}_wq:weight", "model.layers.{i}.self_attn.q_proj.weight", transpose=True),
+    Tensor("layer{i}_wq:bias", "model.layers.{i}.self_attn.q_proj.bias"),
+    Tensor("layer{i}_wk:weight", "model.layers.{i}.self_attn.k_proj.weight", transpose=True),
+    Tensor("layer{i}_wk:bias", "model.layers.{i}.self_attn.k_proj.bias"),
+    Tensor("layer{i}_wv:weight", "model.layers.{i}.self_attn.v_proj.weight", transpose=True),
+    Tensor("layer{i}_wv:bias", "model.layers.{i}.self_attn.v_proj.bias"),
+    Tensor("layer{i}_attention_out:weight", "model.layers.{i}.self_attn.o_proj.weight",
+           transpose=True),
+    Tensor("layer{i}_attention_out:bias", "model.layers.{i}.self_attn.o_proj.bias"),
+    Tensor("layer{i}_ffn_norm:gamma", "model.layers.{i}.post_attention_layernorm.weight"),
+    Tensor("layer{i}_ffn_up:weight", "model.layers.{i}.mlp.up_proj.weight", transpose=True),
+    Tensor("layer{i}_ffn_up:bias", "model.layers.{i}.mlp.up_proj.bias"),
+    Tensor("layer{i}_ffn_gate:weight", "model.layers.{i}.mlp.gate_proj.weight", transpose=True),
+    Tensor("layer{i}_ffn_gate:bias", "model.layers.{i}.mlp.gate_proj.bias"),
+    Tensor("layer{i}_ffn_down:weight", "model.layers.{i}.mlp.down_proj.weight", transpose=True),
+    Tensor("layer{i}_ffn_down:bias", "model.layers.{i}.mlp.down_proj.bias"),
+    Tensor("output_norm:gamma", "model.norm.weight"),
+    Tensor("output_of_causallm:weight", "lm_head.weight", transpose=True),
+], ignore=["model.layers.{i}.self_attn.rotary_emb.inv_freq"])
+"""Llama's Hugging Face names (and Qwen2's, whose q/k/v biases are rows here too). Projections
+are stored [out, in] by PyTorch and [in, out] by NNTrainer, hence the transposes (taken as
+views, so memory-mapped weights stay mapped); a tied checkpoint may still carry the head, an
+alias of the embedding; older checkpoints store the RoPE table, which is not a weight."""
 
 
 class Transformer:
@@ -397,28 +381,17 @@ class Transformer:
             registerFactory(layer_class)
 
     # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """Hugging Face tensor name -> :class:`HFWeight` (layer weight, transpose?, offset).
+    def getHFWeightTable(self) -> WeightTable:
+        """The family's Hugging Face weight table (causallm/io/weight_table.py)."""
+        return LLAMA_WEIGHTS
 
-        Projections are stored [out, in] by PyTorch and [in, out] by NNTrainer, hence the
-        transposes (taken as views, so memory-mapped weights stay mapped)."""
-        m = {"model.embed_tokens.weight": HFWeight("embedding0:Embedding")}
-        for i in range(self.NUM_LAYERS):
-            hf, nn = f"model.layers.{i}.", f"layer{i}_"
-            m[hf + "input_layernorm.weight"] = HFWeight(nn + "attention_norm:gamma")
-            for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv"),
-                               ("o_proj", "attention_out")):
-                m[f"{hf}self_attn.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
-                if self.ATTENTION_BIAS:
-                    m[f"{hf}self_attn.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
-            m[hf + "post_attention_layernorm.weight"] = HFWeight(nn + "ffn_norm:gamma")
-            for proj, name in (("up_proj", "ffn_up"), ("gate_proj", "ffn_gate"),
-                               ("down_proj", "ffn_down")):
-                m[f"{hf}mlp.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
-                if self.MLP_BIAS:
-                    m[f"{hf}mlp.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
-        m["model.norm.weight"] = HFWeight("output_norm:gamma")
-        return m
+    def getHFWeightMap(self) -> dict[str, tuple[HFWeight, ...]]:
+        """{Hugging Face tensor name: the weights it feeds}: the table expanded against this
+        model's compiled weights (every weight must be covered)."""
+        if self.model is None:
+            raise CausalLMError("getHFWeightMap: call initialize() first")
+        return self.getHFWeightTable().weightMap(
+            [s.full_name for s in self.model.getWeightSpecs()], type(self).__name__)
 
     def load_weight(self, weight_path: str) -> None:
         """Load an NNTrainer .bin file, or a Hugging Face safetensors file or folder."""
@@ -435,53 +408,14 @@ class Transformer:
         several folders returns a merged view with the same methods)."""
         return Checkpoint(folder)
 
-    def getHFIgnoredTensors(self) -> set[str]:
-        """Checkpoint tensors that are read by no layer on purpose (none for the base model)."""
-        return set()
-
     def load_hf_weight(self, path: str) -> None:
-        """Map every tensor of a safetensors checkpoint onto a layer weight; every weight must be
-        covered and every tensor used (the error names the ones that are not)."""
+        """Map every tensor of a safetensors checkpoint onto a layer weight through the weight
+        table; every weight must be covered and every tensor used (the error names the ones
+        that are not)."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
         ckpt = self.openHFCheckpoint(folder)
-        name_map = self.getHFWeightMap()
-        ignored = self.getHFIgnoredTensors()
-        unused = []
-        for name in ckpt.keys():
-            if name.endswith(HF_IGNORED_SUFFIXES) or name in ignored:
-                continue
-            if name not in name_map:
-                unused.append(name)
-                continue
-            parts = hfParts(name_map[name])
-            array = ckpt.get(name)
-            spans = [p.columns for p in parts if p.columns is not None]
-            if spans and (array.ndim == 0 or array.shape[-1] != max(e for _, e in spans)):
-                raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
-                                    f"{tuple(array.shape)}: expected {max(e for _, e in spans)} "
-                                    f"columns, split over {', '.join(p.target for p in parts)}")
-            for entry in parts:
-                try:
-                    self.model.setWeight(entry.target, entry.to_weight(array))
-                except (CausalLMError, IndexError) as e:
-                    part = f" (columns {entry.columns[0]}:{entry.columns[1]})" \
-                        if entry.columns else ""
-                    part += f" (part {entry.target})" if entry.index is not None else ""
-                    raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
-                                        f"{tuple(array.shape)}{part}"
-                                        f"{' (read transposed)' * entry.transpose}: {e}") from None
-        missing = [n for n in name_map if n not in ckpt]
-        problems = ([f"{len(unused)} checkpoint tensor(s) match no weight of "
-                     f"{type(self).__name__}: {_some(unused)}"] if unused else []) + \
-            ([f"{len(missing)} tensor(s) missing from the checkpoint: {_some(missing)}"]
-             if missing else [])
-        if problems:
-            raise CausalLMError(f"{folder}: {'; '.join(problems)}")
-        uncovered = {s.full_name for s in self.model.getWeightSpecs()} - \
-            {part.target for entry in name_map.values() for part in hfParts(entry)}
-        if uncovered:
-            raise CausalLMError(f"{type(self).__name__}.getHFWeightMap maps no checkpoint "
-                                f"tensor to: {_some(sorted(uncovered))}")
+        self.getHFWeightTable().load(ckpt, self.getHFWeightMap(), self.model.setWeight,
+                                     type(self).__name__)
 
     def save_weight(self, weight_path: str, dtype: str | None = None,
                     layer_dtype_map: dict | None = None) -> None:
@@ -501,7 +435,3 @@ class Transformer:
 def set_threads(n: int) -> None:
     """``-t/--threads``: the numba thread count used by the parallel kernels."""
     kernels.set_num_threads(n)
-
-
-def _some(names: list[str], n: int = 8) -> str:
-    return ", ".join(names[:n]) + (f" ... ({len(names) - n} more)" if len(names) > n else "")

@@ -172,7 +172,7 @@ def test_fp16_bin_layout_is_fc_fp16_rest_fp32(tmp_path):
     model = load(name, r.path, model_tensor_type="FP16-FP32")
     dtypes = {s.full_name: s.dtype for s in model.model.getWeightSpecs()}
     hf_map = model.getHFWeightMap()
-    for hf_name, entry in hf_map.items():
+    for hf_name, (entry,) in hf_map.items():
         assert dtypes[entry.target] == ("FP16" if hf_name in fc else "FP32"), hf_name
     # this fixture's weights are F16 values already: FP16 storage is exact, so the logits are
     # the FP32 .bin's bit for bit, and transformers' tokens come out

@@ -112,7 +112,7 @@ def test_bin_round_trip_and_hf_map_inverse(tmp_path):
     n_floats = sum(int(np.prod(s.shape)) for s in again.model.getWeightSpecs()
                    if s.full_name != "output_of_causallm:Embedding")
     assert os.path.getsize(path) == 4 * n_floats
-    entry = again.getHFWeightMap()["model.layers.0.pre_feedforward_layernorm.weight"]
+    (entry,) = again.getHFWeightMap()["model.layers.0.pre_feedforward_layernorm.weight"]
     assert entry.target == "layer0pre_ffn_norm:gamma" and entry.offset == 1.0
 
 

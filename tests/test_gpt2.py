@@ -158,9 +158,10 @@ def test_weight_map_splits_c_attn_and_covers_every_weight():
     model = load("gpt2-untied-scaled", init_seq_len=8, num_to_generate=8)
     m = model.getHFWeightMap()
     parts = m["transformer.h.1.attn.c_attn.weight"]
-    assert [(p.target, p.columns, p.transpose) for p in parts] == [
-        ("layer1_wq:weight", (0, 48), False), ("layer1_wk:weight", (48, 96), False),
-        ("layer1_wv:weight", (96, 144), False)]
+    assert [(p.target, p.resolve((48, 144)), p.transpose) for p in parts] == [
+        ("layer1_wq:weight", (slice(None), slice(0, 48)), False),
+        ("layer1_wk:weight", (slice(None), slice(48, 96)), False),
+        ("layer1_wv:weight", (slice(None), slice(96, 144)), False)]
     ckpt = Checkpoint(os.path.join(FIXTURES, "gpt2-untied-scaled"))
     fused = ckpt.get("transformer.h.1.attn.c_attn.weight")
     bias = ckpt.get("transformer.h.1.attn.c_attn.bias")
@@ -188,8 +189,8 @@ def test_c_attn_with_wrong_width_is_one_line_error(tmp_path):
     cfg, gen, nntr = load_model_configs(str(folder))
     model = GPT2CausalLM(cfg, gen, nntr)
     model.initialize()
-    with pytest.raises(CausalLMError, match=r"c_attn.weight' of shape \(48, 192\): expected 144 "
-                                            r"columns, split over layer0_wq:weight") as e:
+    with pytest.raises(CausalLMError, match=r"c_attn.weight' of shape \(48, 192\): weight "
+                                            r"'layer0_wq:weight': expected shape \(48, 48\)") as e:
         model.load_weight(str(folder))
     assert "\n" not in str(e.value)
 

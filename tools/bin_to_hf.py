@@ -6,7 +6,7 @@
 MODEL_DIR gives the configs the .bin was made for (its nntr_config.json's model_tensor_type fixes
 the .bin layout unless ``--model-tensor-type`` says otherwise). The .bin is loaded into our model
 (its size is checked exactly) and every weight is written to OUT_DIR/model.safetensors under its
-Hugging Face name, the inverse of ``getHFWeightMap``: FC weights go back from [in, out] to
+Hugging Face name, the inverse of loading through the family's weight table: FC weights go back from [in, out] to
 PyTorch's [out, in] (W.T), the embedding and the norms as they are. A tied LM head is not written
 (transformers ties it from ``tie_word_embeddings``). The header carries ``{"format": "pt"}``,
 which transformers requires. config.json, generation_config.json and the tokenizer files of
@@ -30,7 +30,7 @@ from hf_to_bin import build_model  # noqa: E402  (importing hf_to_bin puts ROOT 
 from causallm.errors import CausalLMError  # noqa: E402
 from causallm.io.safetensors import write_safetensors  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes  # noqa: E402
-from models.transformer import hfParts  # noqa: E402
+from causallm.io.weight_table import WeightTable  # noqa: E402
 
 SAFETENSORS_DTYPES = ("F32", "F16", "BF16")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -47,44 +47,11 @@ class ExportResult(NamedTuple):
 
 
 def hf_tensors(model) -> dict[str, np.ndarray]:
-    """{Hugging Face name: C-contiguous float32 array} for every weight of a loaded model, in
-    ``getHFWeightMap`` order; transposed entries are turned back to [out, in], and a fused
-    tensor split over several weights (GPT-2's c_attn) is joined back along its last axis."""
-    tensors = {}
-    for hf_name, entry in model.getHFWeightMap().items():
-        parts = hfParts(entry)
-        arrays = [p.from_weight(model.model.getWeight(p.target)) for p in parts]
-        if any(p.index is not None for p in parts):
-            tensors[hf_name] = _scatter(hf_name, parts, arrays)
-        else:
-            tensors[hf_name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
-    return tensors
-
-
-def _scatter(hf_name: str, parts, arrays) -> np.ndarray:
-    """Rebuild a fused tensor from parts taken with a numpy index (ints and slices), e.g. gpt-oss
-    ``gate_up_proj[e, :, 0::2]``: each axis is as long as the farthest element a part reaches,
-    and every element must be written by exactly one part."""
-    def extent(p, a):
-        dims, k = [], 0
-        for item in p.index:
-            if isinstance(item, slice):
-                start, step = item.start or 0, item.step or 1
-                dims.append(start + (a.shape[k] - 1) * step + 1)
-                k += 1
-            else:
-                dims.append(int(item) + 1)
-        return dims + list(a.shape[k:])
-
-    shapes = [extent(p, a) for p, a in zip(parts, arrays)]
-    full = np.zeros([max(d) for d in zip(*shapes)], dtype=np.float32)
-    count = np.zeros(full.shape, dtype=np.int8)
-    for p, a in zip(parts, arrays):
-        full[p.index] = a
-        count[p.index] += 1
-    if not (count == 1).all():
-        raise CausalLMError(f"{hf_name}: the weights of its parts do not tile the tensor")
-    return full
+    """{Hugging Face name: C-contiguous float32 array} for every weight of a loaded model, from
+    its weight table (``WeightTable.export``): transposed entries are turned back to
+    [out, in], and a fused tensor split over several weights (GPT-2's c_attn, gpt-oss's
+    gate_up_proj) is put back together."""
+    return WeightTable.export(model.getHFWeightMap(), model.model.getWeight)
 
 
 def _copy_atomic(src: str, dst: str) -> None:

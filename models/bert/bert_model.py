@@ -34,13 +34,42 @@ from __future__ import annotations
 
 from causallm.api import createLayer, createModel, withKey
 from causallm.io.config import JsonConfig
+from causallm.io.weight_table import Tensor, WeightTable
 from models.layer_norm_transformer import LayerNormTransformer
 from models.sentence_transformer import SentenceTransformer
-from models.transformer import HFWeight
 
 BERT_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu",
                     "relu": "relu", "silu": "swish", "swish": "swish"}
 """HF ``hidden_act`` -> NNTrainer ``activation`` (gelu is the exact erf form)."""
+
+_LAYER = "encoder.layer.{i}."
+BERT_WEIGHTS = WeightTable([
+    Tensor("embedding0:Embedding", "embeddings.word_embeddings.weight"),
+    Tensor("embedding_position:Embedding", "embeddings.position_embeddings.weight"),
+    Tensor("embedding_position:TokenTypeEmbedding", "embeddings.token_type_embeddings.weight"),
+    Tensor("embedding_norm:gamma", "embeddings.LayerNorm.weight"),
+    Tensor("embedding_norm:beta", "embeddings.LayerNorm.bias"),
+    Tensor("layer{i}_wq:weight", _LAYER + "attention.self.query.weight", transpose=True),
+    Tensor("layer{i}_wq:bias", _LAYER + "attention.self.query.bias"),
+    Tensor("layer{i}_wk:weight", _LAYER + "attention.self.key.weight", transpose=True),
+    Tensor("layer{i}_wk:bias", _LAYER + "attention.self.key.bias"),
+    Tensor("layer{i}_wv:weight", _LAYER + "attention.self.value.weight", transpose=True),
+    Tensor("layer{i}_wv:bias", _LAYER + "attention.self.value.bias"),
+    Tensor("layer{i}_attention_out:weight", _LAYER + "attention.output.dense.weight",
+           transpose=True),
+    Tensor("layer{i}_attention_out:bias", _LAYER + "attention.output.dense.bias"),
+    Tensor("layer{i}_attention_norm:gamma", _LAYER + "attention.output.LayerNorm.weight"),
+    Tensor("layer{i}_attention_norm:beta", _LAYER + "attention.output.LayerNorm.bias"),
+    Tensor("layer{i}_ffn_up:weight", _LAYER + "intermediate.dense.weight", transpose=True),
+    Tensor("layer{i}_ffn_up:bias", _LAYER + "intermediate.dense.bias"),
+    Tensor("layer{i}_ffn_down:weight", _LAYER + "output.dense.weight", transpose=True),
+    Tensor("layer{i}_ffn_down:bias", _LAYER + "output.dense.bias"),
+    Tensor("layer{i}_decoder_output:gamma", _LAYER + "output.LayerNorm.weight"),
+    Tensor("layer{i}_decoder_output:beta", _LAYER + "output.LayerNorm.bias"),
+], ignore=["pooler.*", "embeddings.position_ids"])
+"""BertModel's names (a ``bert.`` prefix, as in BertFor* checkpoints, is dropped when loading
+through SentenceTransformer); Linear weights are read transposed; the pooler is not part of a
+sentence embedding and the position ids are a buffer."""
 
 
 class BertTransformer(LayerNormTransformer):
@@ -119,33 +148,8 @@ class BertTransformer(LayerNormTransformer):
         layers.append(self.createNorm(f"layer{i}_decoder_output", f"layer{i}_ffn_add"))
         return layers
 
-    # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """BertModel tensor names -> layer weights; Linear weights are read transposed."""
-        m = {"embeddings.word_embeddings.weight": HFWeight("embedding0:Embedding"),
-             "embeddings.position_embeddings.weight": HFWeight("embedding_position:Embedding")}
-        if self.TYPE_VOCAB_SIZE:
-            m["embeddings.token_type_embeddings.weight"] = \
-                HFWeight("embedding_position:TokenTypeEmbedding")
-        m["embeddings.LayerNorm.weight"] = HFWeight("embedding_norm:gamma")
-        m["embeddings.LayerNorm.bias"] = HFWeight("embedding_norm:beta")
-        for i in range(self.NUM_LAYERS):
-            hf, nn = f"encoder.layer.{i}.", f"layer{i}_"
-            for module, name in (("attention.self.query", "wq"), ("attention.self.key", "wk"),
-                                 ("attention.self.value", "wv"),
-                                 ("attention.output.dense", "attention_out"),
-                                 ("intermediate.dense", "ffn_up"), ("output.dense", "ffn_down")):
-                m[f"{hf}{module}.weight"] = HFWeight(f"{nn}{name}:weight", True)
-                m[f"{hf}{module}.bias"] = HFWeight(f"{nn}{name}:bias")
-            for module, name in (("attention.output.LayerNorm", "attention_norm"),
-                                 ("output.LayerNorm", "decoder_output")):
-                m[f"{hf}{module}.weight"] = HFWeight(f"{nn}{name}:gamma")
-                m[f"{hf}{module}.bias"] = HFWeight(f"{nn}{name}:beta")
-        return m
-
-    def getHFIgnoredTensors(self) -> set[str]:
-        return super().getHFIgnoredTensors() | {
-            "pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids"}
+    def getHFWeightTable(self) -> WeightTable:
+        return BERT_WEIGHTS
 
 
 class BertEmbedding(SentenceTransformer, BertTransformer):

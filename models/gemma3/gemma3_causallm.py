@@ -43,12 +43,28 @@ from layers.logit_softcapping import LogitSoftcappingLayer
 from layers.mha_core import ROPE_TYPES
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
-from models.transformer import SELF_ATTENTION, HFWeight, ModelType, Transformer
+from causallm.io.weight_table import Tensor, WeightTable
+from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, ModelType, Transformer
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 """transformers' Gemma3TextConfig.default_theta: global ``rope_theta``, local
 ``rope_local_base_freq``."""
+
+_LAYER = "model.layers.{i}."
+GEMMA3_WEIGHTS = LLAMA_WEIGHTS.extend([
+    Tensor("layer{i}_attention_norm:gamma", _LAYER + "input_layernorm.weight", offset=1.0),
+    Tensor("layer{i}_q_norm:gamma", _LAYER + "self_attn.q_norm.weight", offset=1.0),
+    Tensor("layer{i}_k_norm:gamma", _LAYER + "self_attn.k_norm.weight", offset=1.0),
+    Tensor("layer{i}_post_attention_norm:gamma", _LAYER + "post_attention_layernorm.weight",
+           offset=1.0),
+    Tensor("layer{i}pre_ffn_norm:gamma", _LAYER + "pre_feedforward_layernorm.weight", offset=1.0),
+    Tensor("layer{i}post_ffn_norm:gamma", _LAYER + "post_feedforward_layernorm.weight",
+           offset=1.0),
+    Tensor("output_norm:gamma", "model.norm.weight", offset=1.0),
+])
+"""Gemma3TextModel's names (``model.`` prefix): Llama's projections and embedding; every norm
+stores w for ``1 + w`` (NNTrainer stores 1 + w as gamma), hence offset 1."""
 
 HIDDEN_ACTIVATIONS = {"gelu_pytorch_tanh": "tanh_gelu", "gelu_new": "tanh_gelu", "gelu": "gelu"}
 """config.json ``hidden_activation`` -> NNTrainer ``activation`` computing the same function."""
@@ -255,29 +271,8 @@ class Gemma3Transformer(Transformer):
         registerFactory(ReshapedRMSNormLayer)
 
     # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """Gemma3TextModel tensor names (``model.`` prefix) -> layer weights. Norm weights get
-        ``offset=1`` (gamma = 1 + w); projections are read transposed."""
-        m = {"model.embed_tokens.weight": HFWeight("embedding0:Embedding")}
-        for i in range(self.NUM_LAYERS):
-            hf, nn = f"model.layers.{i}.", f"layer{i}"
-            m[hf + "input_layernorm.weight"] = HFWeight(f"{nn}_attention_norm:gamma", False, 1.0)
-            for proj, name in (("q_proj", "_wq"), ("k_proj", "_wk"), ("v_proj", "_wv"),
-                               ("o_proj", "_attention_out")):
-                m[f"{hf}self_attn.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
-                if self.ATTENTION_BIAS:
-                    m[f"{hf}self_attn.{proj}.bias"] = HFWeight(f"{nn}{name}:bias")
-            for norm, name in (("q_norm", "_q_norm"), ("k_norm", "_k_norm")):
-                m[f"{hf}self_attn.{norm}.weight"] = HFWeight(f"{nn}{name}:gamma", False, 1.0)
-            for norm, name in (("post_attention_layernorm", "_post_attention_norm"),
-                               ("pre_feedforward_layernorm", "pre_ffn_norm"),
-                               ("post_feedforward_layernorm", "post_ffn_norm")):
-                m[f"{hf}{norm}.weight"] = HFWeight(f"{nn}{name}:gamma", False, 1.0)
-            for proj, name in (("gate_proj", "_ffn_gate"), ("up_proj", "_ffn_up"),
-                               ("down_proj", "_ffn_down")):
-                m[f"{hf}mlp.{proj}.weight"] = HFWeight(f"{nn}{name}:weight", True)
-        m["model.norm.weight"] = HFWeight("output_norm:gamma", False, 1.0)
-        return m
+    def getHFWeightTable(self) -> WeightTable:
+        return GEMMA3_WEIGHTS
 
 
 class Gemma3CausalLM(CausalLM, Gemma3Transformer):

@@ -21,9 +21,9 @@ _attention_out, _decoder_add, _ffn_norm (gamma, beta), _ffn_up, _ffn_act (activa
 _ffn_down, _decoder_output (every FC with weight then bias), then output_norm (gamma, beta) and
 output_of_causallm (tied to embedding0 unless ``tie_word_embeddings`` is false).
 
-Weights: transformers' Conv1D stores [in, out], the NNTrainer layout, so nothing is transposed;
-``c_attn`` ([D, 3D] and its bias [3D]) is split by columns into wq | wk | wv (HFWeight
-``columns``). Names are ``transformer.*`` as transformers saves them, or unprefixed as in the
+Weights (:data:`GPT2_WEIGHTS`): transformers' Conv1D stores [in, out], the NNTrainer layout, so
+nothing is transposed; ``c_attn`` ([D, 3D] and its bias [3D]) is split by columns into
+wq | wk | wv. Names are ``transformer.*`` as transformers saves them, or unprefixed as in the
 OpenAI checkpoints on the Hub; the causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` are
 skipped. Positions stop at n_positions: generation ends there (finish reason ``cache_full``).
 
@@ -36,19 +36,46 @@ add_cross_attention=true (an encoder-decoder block) is rejected.
 
 from __future__ import annotations
 
-import os
 
 from causallm.api import createLayer, createModel, withKey
 from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from causallm.io.safetensors import Checkpoint
+from causallm.io.weight_table import Split, Tensor, WeightTable
 from models.causal_lm import CausalLM, GenerationResult
 from models.layer_norm_transformer import LayerNormTransformer
-from models.transformer import HFWeight
 
 GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
                     "relu": "relu"}
 """HF ``activation_function`` -> NNTrainer ``activation`` (gelu_new is the tanh approximation)."""
+
+_H = "transformer.h.{i}."
+GPT2_WEIGHTS = WeightTable([
+    Tensor("embedding0:Embedding", "transformer.wte.weight", aliases=("lm_head.weight",)),
+    Tensor("position_embedding0:Embedding", "transformer.wpe.weight"),
+    Tensor("layer{i}_attention_norm:gamma", _H + "ln_1.weight"),
+    Tensor("layer{i}_attention_norm:beta", _H + "ln_1.bias"),
+    Tensor("layer{i}_wq:weight", _H + "attn.c_attn.weight", part=(..., Split(0, 3))),
+    Tensor("layer{i}_wk:weight", _H + "attn.c_attn.weight", part=(..., Split(1, 3))),
+    Tensor("layer{i}_wv:weight", _H + "attn.c_attn.weight", part=(..., Split(2, 3))),
+    Tensor("layer{i}_wq:bias", _H + "attn.c_attn.bias", part=(..., Split(0, 3))),
+    Tensor("layer{i}_wk:bias", _H + "attn.c_attn.bias", part=(..., Split(1, 3))),
+    Tensor("layer{i}_wv:bias", _H + "attn.c_attn.bias", part=(..., Split(2, 3))),
+    Tensor("layer{i}_attention_out:weight", _H + "attn.c_proj.weight"),
+    Tensor("layer{i}_attention_out:bias", _H + "attn.c_proj.bias"),
+    Tensor("layer{i}_ffn_norm:gamma", _H + "ln_2.weight"),
+    Tensor("layer{i}_ffn_norm:beta", _H + "ln_2.bias"),
+    Tensor("layer{i}_ffn_up:weight", _H + "mlp.c_fc.weight"),
+    Tensor("layer{i}_ffn_up:bias", _H + "mlp.c_fc.bias"),
+    Tensor("layer{i}_ffn_down:weight", _H + "mlp.c_proj.weight"),
+    Tensor("layer{i}_ffn_down:bias", _H + "mlp.c_proj.bias"),
+    Tensor("output_norm:gamma", "transformer.ln_f.weight"),
+    Tensor("output_norm:beta", "transformer.ln_f.bias"),
+    Tensor("output_of_causallm:weight", "lm_head.weight", transpose=True),
+], ignore=[_H + "attn.bias", _H + "attn.masked_bias"], prefixes=["transformer."])
+"""GPT-2's names as transformers saves them (``transformer.*``; the OpenAI checkpoints on the
+Hub lack the prefix). Conv1D weights are [in, out] already, so nothing is transposed but the
+untied head; ``attn.c_attn`` ([D, 3D] and its bias [3D]) is q | k | v by columns; the
+causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` are not weights."""
 
 
 def gpt2BaseConfig(cfg: JsonConfig) -> JsonConfig:
@@ -94,7 +121,6 @@ class GPT2Transformer(LayerNormTransformer):
         # KV cache rows: a position past n_positions has no learned embedding
         self.MAX_TIMESTEP = min(self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
                                 self.MAX_POSITION_EMBEDDINGS)
-        self.HF_PREFIX = "transformer."
 
     def kvCacheRows(self) -> int:
         """mha_core ``max_timestep``: MAX_TIMESTEP (positions stop at n_positions)."""
@@ -139,42 +165,8 @@ class GPT2Transformer(LayerNormTransformer):
         for layer in layers:
             self.model.addLayer(layer)
 
-    # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, HFWeight | list[HFWeight]]:
-        """GPT-2 tensor name -> HFWeight; Conv1D weights are [in, out] already (no transpose)
-        and ``attn.c_attn`` maps to its three column blocks [0, D), [D, 2D), [2D, 3D)."""
-        p, D = self.HF_PREFIX, self.DIM
-        m = {p + "wte.weight": HFWeight("embedding0:Embedding"),
-             p + "wpe.weight": HFWeight("position_embedding0:Embedding")}
-        for i in range(self.NUM_LAYERS):
-            hf, nn = f"{p}h.{i}.", f"layer{i}_"
-            for kind in ("weight", "bias"):
-                m[f"{hf}ln_1.{kind}"] = HFWeight(nn + "attention_norm:" +
-                                                 ("gamma" if kind == "weight" else "beta"))
-                m[f"{hf}attn.c_attn.{kind}"] = [
-                    HFWeight(f"{nn}{name}:{kind}", columns=(j * D, (j + 1) * D))
-                    for j, name in enumerate(("wq", "wk", "wv"))]
-                m[f"{hf}attn.c_proj.{kind}"] = HFWeight(f"{nn}attention_out:{kind}")
-                m[f"{hf}ln_2.{kind}"] = HFWeight(nn + "ffn_norm:" +
-                                                 ("gamma" if kind == "weight" else "beta"))
-                m[f"{hf}mlp.c_fc.{kind}"] = HFWeight(f"{nn}ffn_up:{kind}")
-                m[f"{hf}mlp.c_proj.{kind}"] = HFWeight(f"{nn}ffn_down:{kind}")
-        m[p + "ln_f.weight"] = HFWeight("output_norm:gamma")
-        m[p + "ln_f.bias"] = HFWeight("output_norm:beta")
-        return m
-
-    def getHFIgnoredTensors(self) -> set[str]:
-        """The causal-mask buffers older checkpoints store beside the weights."""
-        return super().getHFIgnoredTensors() | {
-            f"{self.HF_PREFIX}h.{i}.attn.{buffer}"
-            for i in range(self.NUM_LAYERS) for buffer in ("bias", "masked_bias")}
-
-    def load_hf_weight(self, path: str) -> None:
-        """As the base, with the names the checkpoint uses: ``transformer.wte.weight`` (as
-        transformers saves) or ``wte.weight`` (the OpenAI checkpoints on the Hub)."""
-        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        self.HF_PREFIX = "" if "wte.weight" in Checkpoint(folder) else "transformer."
-        super().load_hf_weight(path)
+    def getHFWeightTable(self) -> WeightTable:
+        return GPT2_WEIGHTS
 
 
 class GPT2CausalLM(CausalLM, GPT2Transformer):

@@ -20,7 +20,7 @@ factor 32, beta 32/1, truncate false, original 4096, theta 150000), as do ``laye
 ``sliding_window`` (128), ``rms_norm_eps`` (1e-5) and ``attention_bias`` (true); the experts clamp
 and add the router bias as transformers does (G15); ``swiglu_alpha`` / ``swiglu_limit`` are read.
 The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
-:meth:`GptOssForCausalLM.getHFWeightMap`. The Hub's checkpoints (openai/gpt-oss-20b, -120b)
+:data:`GPT_OSS_WEIGHTS`. The Hub's checkpoints (openai/gpt-oss-20b, -120b)
 store the experts as MXFP4 ``_blocks`` / ``_scales`` pairs (config.json
 ``quantization_config``); causallm.io.safetensors.Checkpoint shows each pair as the float32 tensor
 transformers dequantizes it to (causallm/io/mxfp4.py), so the same map reads them, and the expert
@@ -41,8 +41,9 @@ from causallm.io.mxfp4 import MXFP4_DTYPE
 from causallm.runtime.properties import UINT_MAX
 from layers.gpt_oss_moe import GptOssMoELayer
 from models.causal_lm import CausalLM
-from models.experts_on_file import HF_EXPERTS, ExpertsOnFileMixin, OnFileWeight
-from models.transformer import SELF_ATTENTION, HFWeight, hfParts
+from models.experts_on_file import ExpertsOnFileMixin
+from causallm.io.weight_table import Every, HFWeight, Tensor, WeightTable
+from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION
 
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 GPT_OSS_SLIDING_WINDOW = 128           # HF GptOssConfig defaults, used when config.json lacks them
@@ -54,7 +55,28 @@ GPT_OSS_ROPE_SCALING = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 _ALL = slice(None)
-_EVEN, _ODD = slice(0, None, 2), slice(1, None, 2)  # gate_up_proj columns: gate, up
+
+_MOE = "model.layers.{i}.mlp."
+GPT_OSS_WEIGHTS = LLAMA_WEIGHTS.extend([
+    Tensor("layer{i}_attention:sink", "model.layers.{i}.self_attn.sinks"),
+    Tensor("layer{i}_ffn_down:gate", _MOE + "router.weight", transpose=True),
+    Tensor("layer{i}_ffn_down:gate_bias", _MOE + "router.bias"),
+    Tensor("layer{i}_ffn_down:expert_gate_{e}", _MOE + "experts.gate_up_proj",
+           part=("e", _ALL, Every(0, 2))),
+    Tensor("layer{i}_ffn_down:expert_up_{e}", _MOE + "experts.gate_up_proj",
+           part=("e", _ALL, Every(1, 2))),
+    Tensor("layer{i}_ffn_down:expert_gate_bias_{e}", _MOE + "experts.gate_up_proj_bias",
+           part=("e", Every(0, 2))),
+    Tensor("layer{i}_ffn_down:expert_up_bias_{e}", _MOE + "experts.gate_up_proj_bias",
+           part=("e", Every(1, 2))),
+    Tensor("layer{i}_ffn_down:expert_down_{e}", _MOE + "experts.down_proj", part=("e",)),
+    Tensor("layer{i}_ffn_down:expert_down_bias_{e}", _MOE + "experts.down_proj_bias",
+           part=("e",)),
+])
+"""Llama's names (no dense MLP) plus, per layer i (E experts; targets in ``layer{i}_attention``
+and ``layer{i}_ffn_down``): the sinks [nQ]; the router [E, H] (transposed) and its bias; the
+fused ``gate_up_proj`` [E, H, 2I] whose even columns are expert e's gate and odd ones its up,
+its bias [E, 2I] likewise; ``down_proj`` [E, I, H] (already [in, out]) and its bias [E, H]."""
 
 
 def readGptOssLayerTypes(cfg: JsonConfig, num_layers: int) -> list[str]:
@@ -176,44 +198,8 @@ class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
         super().registerCustomLayers()
         registerFactory(GptOssMoELayer)
 
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """The base map without the dense MLP, plus per layer i (E experts; targets are in
-        ``layer{i}_attention`` and ``layer{i}_ffn_down``):
-
-        ``self_attn.sinks`` [nQ]                  -> ``attention:sink``
-        ``mlp.router.weight`` [E, H] (transposed) -> ``gate``;  ``mlp.router.bias`` -> ``gate_bias``
-        ``mlp.experts.gate_up_proj`` [E, H, 2I]    -> ``expert_gate_e`` = [e, :, 0::2],
-                                                     ``expert_up_e`` = [e, :, 1::2]
-        ``mlp.experts.gate_up_proj_bias`` [E, 2I]  -> ``expert_gate_bias_e`` = [e, 0::2],
-                                                     ``expert_up_bias_e`` = [e, 1::2]
-        ``mlp.experts.down_proj`` [E, I, H]        -> ``expert_down_e`` = [e] (already [in, out])
-        ``mlp.experts.down_proj_bias`` [E, H]      -> ``expert_down_bias_e`` = [e]
-        """
-        m = super().getHFWeightMap()
-        for i in range(self.NUM_LAYERS):
-            hf, nn = f"model.layers.{i}.", f"layer{i}_"
-            for proj in ("up_proj", "gate_proj", "down_proj"):
-                del m[f"{hf}mlp.{proj}.weight"]
-            m[hf + "self_attn.sinks"] = HFWeight(nn + "attention:sink")
-            moe = nn + "ffn_down:"
-            m[hf + "mlp.router.weight"] = HFWeight(moe + "gate", True)
-            m[hf + "mlp.router.bias"] = HFWeight(moe + "gate_bias")
-            experts = range(self.NUM_EXPERTS)
-            m[hf + "mlp.experts.gate_up_proj"] = [
-                HFWeight(f"{moe}expert_{part}_{e}", index=(e, _ALL, cols))
-                for e in experts for part, cols in (("gate", _EVEN), ("up", _ODD))]
-            m[hf + "mlp.experts.gate_up_proj_bias"] = [
-                HFWeight(f"{moe}expert_{part}_bias_{e}", index=(e, cols))
-                for e in experts for part, cols in (("gate", _EVEN), ("up", _ODD))]
-            m[hf + "mlp.experts.down_proj"] = [
-                HFWeight(f"{moe}expert_down_{e}", index=(e,)) for e in experts]
-            m[hf + "mlp.experts.down_proj_bias"] = [
-                HFWeight(f"{moe}expert_down_bias_{e}", index=(e,)) for e in experts]
-        if self._experts_on_file:  # added after ExpertsOnFileMixin.getHFWeightMap ran: mark
-            for name, entry in m.items():  # them too, so no strided part is copied from zeros
-                if HF_EXPERTS in name:
-                    m[name] = [OnFileWeight(*part) for part in hfParts(entry)]
-        return m
+    def getHFWeightTable(self) -> WeightTable:
+        return GPT_OSS_WEIGHTS
 
     def expertSource(self, ckpt, name: str, part: HFWeight):
         """Where expert part ``part`` of ``name`` lies, in the layout its loaded weight has: a
@@ -223,8 +209,9 @@ class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
         ColumnSlice, C-contiguous, of that block, or for MXFP4 of the Mxfp4Slice of just those
         columns (only those rows are dequantized)."""
         path = ckpt.file_of(name)
-        if len(part.index) == 1:
-            return safetensors_slice(path, name, part.index)
+        index = part.resolve(ckpt.shape(name))
+        if len(index) == 1:
+            return safetensors_slice(path, name, index)
         if ckpt.dtype(name) == MXFP4_DTYPE:
-            return ColumnSlice(safetensors_slice(path, name, part.index), _ALL)
-        return ColumnSlice(safetensors_slice(path, name, part.index[:1]), part.index[-1])
+            return ColumnSlice(safetensors_slice(path, name, index), _ALL)
+        return ColumnSlice(safetensors_slice(path, name, index[:1]), index[-1])

@@ -22,7 +22,7 @@ from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.runtime.properties import UINT_MAX
 from models.causal_lm import CausalLM
-from models.transformer import SELF_ATTENTION, HFWeight, Transformer
+from models.transformer import SELF_ATTENTION, Transformer
 
 QWEN_LAYER_TYPES = ("full_attention", "sliding_attention")
 QWEN_SLIDING_WINDOW_DEFAULT = 4096  # HF Qwen2Config / Qwen3Config ``sliding_window`` default
@@ -117,14 +117,6 @@ class Qwen2Transformer(Transformer):
             withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "true"),
             withKey("input_layers", A), withKey("weight_initializer", "ones")]))
         return layers
-
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """The base map plus ``self_attn.{q,k,v}_proj.bias`` -> ``layer{i}_w{q,k,v}:bias``."""
-        m = super().getHFWeightMap()
-        for i in range(self.NUM_LAYERS):
-            for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
-                m[f"model.layers.{i}.self_attn.{proj}.bias"] = HFWeight(f"layer{i}_{name}:bias")
-        return m
 
 
 class Qwen2CausalLM(CausalLM, Qwen2Transformer):

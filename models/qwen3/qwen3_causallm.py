@@ -25,9 +25,16 @@ from causallm.io.config import JsonConfig
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
 from models.qwen2.qwen2_causallm import readQwenLayerTypes
-from models.transformer import SELF_ATTENTION, HFWeight, Transformer
+from causallm.io.weight_table import Tensor, WeightTable
+from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, Transformer
 
 QWEN3_HEAD_DIM_DEFAULT = 128  # HF Qwen3Config ``head_dim`` default
+
+QWEN3_WEIGHTS = LLAMA_WEIGHTS.extend([
+    Tensor("layer{i}_q_norm:gamma", "model.layers.{i}.self_attn.q_norm.weight"),
+    Tensor("layer{i}_k_norm:gamma", "model.layers.{i}.self_attn.k_norm.weight"),
+])
+"""Llama's names plus the per-head q/k norms."""
 
 
 class Qwen3Transformer(Transformer):
@@ -95,13 +102,8 @@ class Qwen3Transformer(Transformer):
         super().registerCustomLayers()
         registerFactory(ReshapedRMSNormLayer)
 
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """The base map plus ``self_attn.{q,k}_norm.weight`` -> ``layer{i}_{q,k}_norm:gamma``."""
-        m = super().getHFWeightMap()
-        for i in range(self.NUM_LAYERS):
-            for norm in ("q_norm", "k_norm"):
-                m[f"model.layers.{i}.self_attn.{norm}.weight"] = HFWeight(f"layer{i}_{norm}:gamma")
-        return m
+    def getHFWeightTable(self) -> WeightTable:
+        return QWEN3_WEIGHTS
 
 
 class Qwen3CausalLM(CausalLM, Qwen3Transformer):

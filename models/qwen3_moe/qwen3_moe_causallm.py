@@ -39,10 +39,30 @@ from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from layers.qwen_moe import MoELayer
 from models.experts_on_file import ExpertsOnFileMixin
-from models.qwen3.qwen3_causallm import Qwen3CausalLM
-from models.transformer import HFWeight
+from models.qwen3.qwen3_causallm import QWEN3_WEIGHTS, Qwen3CausalLM
+from causallm.io.weight_table import Split, Tensor, WeightTable
 
 EXPERT_WEIGHTS = ("up", "gate", "down")  # a qwen_moe expert's weights, in request order
+
+_ROUTER = Tensor("layer{i}_ffn_down:gate", "model.layers.{i}.mlp.gate.weight", transpose=True)
+QWEN3_MOE_WEIGHTS = QWEN3_WEIGHTS.extend([
+    _ROUTER,
+    Tensor("layer{i}_ffn_down:expert_{w}_{e}", "model.layers.{i}.mlp.experts.{e}.{w}_proj.weight",
+           transpose=True),
+])
+"""Qwen3's names (dense layers keep its MLP rows) plus the router [E, H] and the Hub's
+per-expert tensors, each [out, in]."""
+QWEN3_MOE_FUSED_WEIGHTS = QWEN3_WEIGHTS.extend([
+    _ROUTER,
+    Tensor("layer{i}_ffn_down:expert_gate_{e}", "model.layers.{i}.mlp.experts.gate_up_proj",
+           transpose=True, part=("e", Split(0, 2))),
+    Tensor("layer{i}_ffn_down:expert_up_{e}", "model.layers.{i}.mlp.experts.gate_up_proj",
+           transpose=True, part=("e", Split(1, 2))),
+    Tensor("layer{i}_ffn_down:expert_down_{e}", "model.layers.{i}.mlp.experts.down_proj",
+           transpose=True, part=("e",)),
+])
+"""transformers 5's fused experts: ``gate_up_proj`` [E, 2I, H] (gate rows, then up rows) and
+``down_proj`` [E, H, I]."""
 
 
 class Qwen3MoECausalLM(ExpertsOnFileMixin, Qwen3CausalLM):
@@ -103,31 +123,10 @@ class Qwen3MoECausalLM(ExpertsOnFileMixin, Qwen3CausalLM):
         registerFactory(self.MOE_LAYER)
 
     # -- weights ----------------------------------------------------------------------------
-    def getHFWeightMap(self) -> dict[str, HFWeight]:
-        """Qwen3's map with each MoE layer's ``mlp.*`` replaced by the router (``mlp.gate``,
-        [E, H] read transposed) and the experts, per expert or fused (see the module docstring)."""
-        m = super().getHFWeightMap()
-        E, I = self.NUM_EXPERTS, self.INTERMEDIATE_SIZE
-        for i in range(self.NUM_LAYERS):
-            if not self.isMoELayer(i):
-                continue
-            hf, L = f"model.layers.{i}.mlp.", f"layer{i}_ffn_down"
-            for proj in ("up_proj", "gate_proj", "down_proj"):
-                del m[f"{hf}{proj}.weight"]
-            m[hf + "gate.weight"] = HFWeight(f"{L}:gate", True)
-            if self.hf_fused_experts:
-                m[hf + "experts.gate_up_proj"] = [
-                    part for e in range(E) for part in (
-                        HFWeight(f"{L}:expert_gate_{e}", True, index=(e, slice(0, I))),
-                        HFWeight(f"{L}:expert_up_{e}", True, index=(e, slice(I, 2 * I))))]
-                m[hf + "experts.down_proj"] = [HFWeight(f"{L}:expert_down_{e}", True, index=(e,))
-                                               for e in range(E)]
-            else:
-                for e in range(E):
-                    for w in EXPERT_WEIGHTS:
-                        m[f"{hf}experts.{e}.{w}_proj.weight"] = HFWeight(f"{L}:expert_{w}_{e}",
-                                                                         True)
-        return m
+    def getHFWeightTable(self) -> WeightTable:
+        """Qwen3's table with each MoE layer's router and experts, per expert or fused as the
+        checkpoint has them (``hf_fused_experts``, set when it is opened)."""
+        return QWEN3_MOE_FUSED_WEIGHTS if self.hf_fused_experts else QWEN3_MOE_WEIGHTS
 
     def openHFCheckpoint(self, folder: str):
         """The checkpoint; its names tell per-expert from fused experts (``hf_fused_experts``,
