@@ -113,10 +113,12 @@ class ExpertsOnFileMixin:
                     m[name] = tuple(OnFileWeight(*part) for part in entry)
         return m
 
-    def load_weight(self, weight_path: str) -> None:
+    def load_weight(self, weight_path: str | None = None) -> None:
         """As Transformer.load_weight; with the expert cache on, a .bin's experts stay on file."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
+        if weight_path is None:
+            weight_path = self.defaultWeightPath()
         if (os.path.isdir(weight_path) or weight_path.endswith(".safetensors")
                 or not self.expertCacheOn()):
             super().load_weight(weight_path)

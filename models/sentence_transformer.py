@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -47,10 +47,10 @@ import orjson
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
 from causallm.errors import CausalLMError
+from causallm.generation.generator import PerformanceMetrics, peak_memory_kb
 from causallm.io.safetensors import Checkpoint
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
-from models.causal_lm import PerformanceMetrics, peak_memory_kb
 from causallm.io.weight_table import Tensor, WeightTable
 from models.transformer import ModelType, Transformer
 
@@ -258,21 +258,22 @@ class SentenceTransformer(Transformer):
                                 f" (an embedding is computed in one step); raise init_seq_len "
                                 f"in nntr_config.json")
         B = self.BATCH_SIZE
-        t0 = time.perf_counter()
-        out = self.model.incremental_inference(B, [np.asarray([ids] * B, dtype=np.float32)],
-                                               None, n, 0, n)[0]
-        ms = (time.perf_counter() - t0) * 1e3
+        metrics = PerformanceMetrics()
+        with metrics.phase("encode", n):
+            out = self.model.incremental_inference(B, [np.asarray([ids] * B, dtype=np.float32)],
+                                                   None, n, 0, n)[0]
+        metrics.total_duration_ms = metrics.encode_duration_ms
+        metrics.peak_memory_kb = peak_memory_kb()
         self.prompt_ids = list(ids)
-        self.performance_metrics = PerformanceMetrics(
-            prefill_tokens=n, prefill_duration_ms=ms, total_duration_ms=ms,
-            peak_memory_kb=peak_memory_kb())
+        self.performance_metrics = metrics
         return out
 
     def run(self, prompt: str, do_sample: bool = False, system_prompt: str = "",
-            tail_prompt: str = "", log_output: bool = True, out=None) -> np.ndarray:
+            tail_prompt: str = "", log_output: bool = True, out=None) -> "EmbeddingResult":
         """``encode`` and, with ``log_output``, print each row's first 10 values and its size
-        (the C++ format); returns the ``(B, D)`` embedding. ``do_sample`` is unused."""
+        (the C++ format) and the encode time to stderr. ``do_sample`` is unused."""
         embedding = self.encode(prompt, system_prompt, tail_prompt)
+        m = self.performance_metrics
         if log_output:
             out = out or sys.stdout
             B, D = embedding.shape
@@ -281,7 +282,27 @@ class SentenceTransformer(Transformer):
                 head = ", ".join(f"{v:g}" for v in embedding[b, :10])
                 out.write(f"Batch {b}: [{head}{', ...' if D > 10 else ''}] (Total DIM: {D})\n")
             out.flush()
-        return embedding
+            sys.stderr.write(f"encode: {m.encode_tokens} tokens, {m.encode_duration_ms:.0f} ms\n"
+                             f"peak memory: {m.peak_memory_kb} KB\n")
+        return EmbeddingResult(list(self.prompt_ids), embedding, m)
+
+
+@dataclass
+class EmbeddingResult:
+    """What ``SentenceTransformer.run`` produced: the prompt ids, the ``(B, D)`` embedding and
+    the metrics (the encode phase)."""
+
+    prompt_ids: list
+    embedding: np.ndarray
+    metrics: PerformanceMetrics
+
+    def record(self) -> dict:
+        """The CLI's --json fields: row 0's embedding, its size, the encode time."""
+        return {"prompt_ids": self.prompt_ids,
+                "embedding": [float(v) for v in self.embedding[0]],
+                "dim": int(self.embedding.shape[1]),
+                "encode_ms": round(self.metrics.encode_duration_ms, 3),
+                "peak_memory_kb": self.metrics.peak_memory_kb}
 
 
 class ModuleCheckpoint:

@@ -393,10 +393,24 @@ class Transformer:
         return self.getHFWeightTable().weightMap(
             [s.full_name for s in self.model.getWeightSpecs()], type(self).__name__)
 
-    def load_weight(self, weight_path: str) -> None:
-        """Load an NNTrainer .bin file, or a Hugging Face safetensors file or folder."""
+    def defaultWeightPath(self) -> str:
+        """Where this model's weights are: nntr_config's ``model_file_name`` (relative to the
+        model folder), else the folder itself (its safetensors)."""
+        if self.nntr_cfg.contains("model_file_name"):
+            path = self.nntr_cfg.resolve_path(self.nntr_cfg.get_str("model_file_name"))
+            if not os.path.exists(path):
+                raise CausalLMError(f"{self.nntr_cfg.path}: model_file_name '{path}' does not "
+                                    f"exist")
+            return path
+        return self.cfg.directory
+
+    def load_weight(self, weight_path: str | None = None) -> None:
+        """Load an NNTrainer .bin file, or a Hugging Face safetensors file or folder (by
+        default ``defaultWeightPath()``)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
+        if weight_path is None:
+            weight_path = self.defaultWeightPath()
         if os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
             self.load_hf_weight(weight_path)
         else:
@@ -423,6 +437,15 @@ class Transformer:
         if not self.is_initialized:
             raise CausalLMError("save_weight: call initialize() first")
         self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
+
+    def setGenerationOptions(self, **options) -> None:
+        """Sampling options (temperature, top_k, ...) from the command line: a model that does
+        not generate has none to set (LanguageModel overrides this)."""
+
+    def chatPrompt(self, chat_input: JsonConfig) -> str | None:
+        """The prompt nntr_config's ``chat_input`` stands for, or None when this model has no
+        chat template for it (main.cpp then falls back to ``sample_input``)."""
+        return None
 
     def run(self, prompt: str, do_sample: bool = False, system_prompt: str = "",
             tail_prompt: str = "", log_output: bool = True):

@@ -25,7 +25,7 @@ from causallm.io.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
 from causallm.kernels.embedding_sum import position_add
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool, l2_normalize
-from factory import Factory
+from factory import Factory, resolve_architecture
 from graphs import build, feature_input
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
@@ -206,12 +206,8 @@ def expected(name):
 
 
 def create(folder, **nntr):
-    main.registerModels()
-    cfg, gen, nntr_cfg = load_model_configs(folder)
-    nntr_cfg.update(nntr)
-    architecture = main.resolve_architecture(cfg, nntr_cfg)
-    model = Factory.Instance().create(architecture, cfg, gen, nntr_cfg)
-    return architecture, model
+    model = Factory.Instance().createFromFolder(folder, **nntr)
+    return model.architecture, model
 
 
 def load(folder, **nntr):
@@ -312,7 +308,7 @@ def test_module_graph_order_and_bin_round_trip(tmp_path):
 
 def test_run_prints_the_cpp_block(capsys):
     model = load(os.path.join(FIXTURES, "bert-st-mean"))
-    emb = model.run("A function definition is an executable statement.")
+    emb = model.run("A function definition is an executable statement.").embedding
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Embedding Result (1 batch(es)):"
     assert lines[1].startswith(f"Batch 0: [{emb[0, 0]:g}, ") and lines[1].endswith(
@@ -353,24 +349,24 @@ def nntr_of(folder="/nonexistent", **data):
     ("Gemma3TextModel", "EmbeddingGemma"), ("Qwen2Model", "Qwen2Embedding"),
     ("BertModel", "BertEmbedding")])
 def test_resolve_architecture_embedding_model_type(arch, want):
-    assert main.resolve_architecture(cfg_of(arch), nntr_of(model_type="Embedding")) == want
+    assert resolve_architecture(cfg_of(arch), nntr_of(model_type="Embedding")) == want
 
 
 def test_resolve_architecture_rules(tmp_path):
     with pytest.raises(CausalLMError, match="unsupported architecture for embedding model: "
                                             "LlamaForCausalLM"):
-        main.resolve_architecture(cfg_of("LlamaForCausalLM"), nntr_of(model_type="embedding"))
+        resolve_architecture(cfg_of("LlamaForCausalLM"), nntr_of(model_type="embedding"))
     # no modules.json: causal LMs stay causal; BertModel is always an encoder
-    assert main.resolve_architecture(cfg_of("Qwen3ForCausalLM"), nntr_of()) == "Qwen3ForCausalLM"
-    assert main.resolve_architecture(cfg_of("BertModel")) == "BertEmbedding"
+    assert resolve_architecture(cfg_of("Qwen3ForCausalLM"), nntr_of()) == "Qwen3ForCausalLM"
+    assert resolve_architecture(cfg_of("BertModel")) == "BertEmbedding"
     # a sentence-transformers folder resolves by itself, unless nntr_config says otherwise
     (tmp_path / "modules.json").write_text("[]")
     folder = str(tmp_path)
-    assert main.resolve_architecture(cfg_of("Qwen3ForCausalLM", folder),
+    assert resolve_architecture(cfg_of("Qwen3ForCausalLM", folder),
                                      nntr_of(folder)) == "Qwen3Embedding"
-    assert main.resolve_architecture(cfg_of("Qwen3ForCausalLM", folder),
+    assert resolve_architecture(cfg_of("Qwen3ForCausalLM", folder),
                                      nntr_of(folder, model_type="CausalLM")) == "Qwen3ForCausalLM"
-    assert main.resolve_architecture(cfg_of("LlamaForCausalLM", folder),
+    assert resolve_architecture(cfg_of("LlamaForCausalLM", folder),
                                      nntr_of(folder)) == "LlamaForCausalLM"
 
 

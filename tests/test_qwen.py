@@ -229,8 +229,8 @@ def test_transformer_classes_stay_free_of_causallm():
     for cls in (Qwen2Transformer, Qwen3Transformer):
         assert not any(c.__name__ == "CausalLM" for c in cls.__mro__)
     for causal, base in ((Qwen2CausalLM, Qwen2Transformer), (Qwen3CausalLM, Qwen3Transformer)):
-        assert [c.__name__ for c in causal.__mro__[:4]] == [
-            causal.__name__, "CausalLM", base.__name__, "Transformer"]
+        assert [c.__name__ for c in causal.__mro__[:5]] == [
+            causal.__name__, "CausalLM", "LanguageModel", base.__name__, "Transformer"]
 
 
 def converter_bin(path, folder, qwen3, tied):

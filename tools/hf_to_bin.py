@@ -58,18 +58,11 @@ def build_model(model_dir: str, model_tensor_type: str | None = None):
     ``architectures[0]``), with ``model_tensor_type`` overridden when given and the runtime
     sizes made small (they do not change the weights or their order). Weights are still zero."""
     from factory import Factory
-    from main import registerModels, resolve_architecture
 
-    cfg, gen_cfg, nntr_cfg = load_model_configs(model_dir)
-    nntr_cfg.update(_SMALL_RUNTIME)
+    overrides = dict(_SMALL_RUNTIME)
     if model_tensor_type is not None:
-        nntr_cfg["model_tensor_type"] = model_tensor_type
-    registerModels()
-    architecture = resolve_architecture(cfg)
-    model = Factory.Instance().create(architecture, cfg, gen_cfg, nntr_cfg)
-    if model is None:
-        raise CausalLMError(f"unknown architecture '{architecture}' in {cfg.path}; registered: "
-                            f"{', '.join(Factory.Instance().getRegistered())}")
+        overrides["model_tensor_type"] = model_tensor_type
+    model = Factory.Instance().createFromFolder(model_dir, **overrides)
     model.initialize()
     return model
 

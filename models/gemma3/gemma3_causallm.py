@@ -43,6 +43,7 @@ from layers.logit_softcapping import LogitSoftcappingLayer
 from layers.mha_core import ROPE_TYPES
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
+from models.gemma3.function import function_gemma_prompt
 from causallm.io.weight_table import Tensor, WeightTable
 from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, ModelType, Transformer
 
@@ -303,3 +304,7 @@ class Gemma3CausalLM(CausalLM, Gemma3Transformer):
     def registerCustomLayers(self) -> None:
         super().registerCustomLayers()
         registerFactory(LogitSoftcappingLayer)
+
+    def chatPrompt(self, chat_input: JsonConfig) -> str:
+        """nntr_config ``chat_input`` through the FunctionGemma template (main.cpp step 6)."""
+        return function_gemma_prompt(chat_input, self.tokenizer)

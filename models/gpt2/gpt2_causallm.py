@@ -41,7 +41,7 @@ from causallm.api import createLayer, createModel, withKey
 from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
 from causallm.io.weight_table import Split, Tensor, WeightTable
-from models.causal_lm import CausalLM, GenerationResult
+from models.causal_lm import CausalLM
 from models.layer_norm_transformer import LayerNormTransformer
 
 GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
@@ -182,13 +182,10 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
         """Positions a run can use: the KV cache rows, at most n_positions."""
         return self.MAX_TIMESTEP
 
-    def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
-                        do_sample: bool | None = None, start_pos: int = 0,
-                        on_token=None, context_ids: list[int] = ()) -> GenerationResult:
-        """CausalLM.generate_tokens, after checking the prompt fits GPT-2's learned positions."""
-        n = start_pos + (len(prompt_ids[0]) if prompt_ids else 0)
+    def start(self, prompt_ids, start_pos, context_ids, metrics):
+        """CausalLM.start, after checking the prompt fits GPT-2's learned positions."""
+        n = start_pos + prompt_ids.shape[1]
         if n > self.MAX_POSITION_EMBEDDINGS:
             raise CausalLMError(f"{self.cfg.path}: the prompt has {n} tokens but the model has "
                                 f"n_positions = {self.MAX_POSITION_EMBEDDINGS} learned positions")
-        return super().generate_tokens(prompt_ids, max_new_tokens, do_sample, start_pos, on_token,
-                                       context_ids)
+        return super().start(prompt_ids, start_pos, context_ids, metrics)

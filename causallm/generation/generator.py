@@ -1,0 +1,230 @@
+"""The generator: one loop that drives any language model, decoder-only or encoder-decoder.
+
+A model only has to start and step (``Generative``):
+
+- ``start(prompt_ids, start_pos, context_ids, metrics) -> Start``: run what comes before the
+  first new token (a decoder-only model prefills the prompt at ``[start_pos, start_pos + P)``;
+  an encoder-decoder encodes it and prefills its decoder with ``decoder_start_token_id``),
+  timing each phase in ``metrics``; return the first token's logits, the ids each row's
+  penalties count, and how many new tokens its caches allow;
+- ``step(tokens) -> logits``: feed one token per row at the next position.
+
+The generator owns the rest, the same for every model: token selection (``Sampler``: greedy or
+sampling, repetition penalty, bad words), stop rules (an EOS id ends its row; ``max_new_tokens``;
+the caches' capacity, reported as ``cache_full``), streaming text (a UTF-8-safe
+``StreamDecoder`` per row, EOS never printed, row 0 written to ``stream``) and the metrics
+(``PerformanceMetrics``: encode, prefill and generation phases, peak memory).
+
+Fixed against the C++ loop (spec §10): every token, the first included, goes through the same
+selection (G6, G16); every token is streamed and recorded, EOS is neither printed nor followed
+(G7, G8); streamed text never splits a UTF-8 character (G8); rows stop independently (G30).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from causallm.errors import CausalLMError
+from causallm.generation.sampler import Sampler
+from causallm.tokenizer import StreamDecoder
+
+
+def peak_memory_kb() -> int:
+    """Peak resident set size of this process, in KB (getrusage ``ru_maxrss``)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+@dataclass
+class PerformanceMetrics:
+    """models/performance_metrics.h, with the phases of a run: ``encode`` (an encoder-decoder's
+    encoder pass), ``prefill`` and ``generation`` (the one-token steps)."""
+
+    encode_tokens: int = 0
+    encode_duration_ms: float = 0.0
+    prefill_tokens: int = 0
+    prefill_duration_ms: float = 0.0
+    generation_tokens: int = 0
+    generation_duration_ms: float = 0.0
+    total_duration_ms: float = 0.0
+    initialization_duration_ms: float = 0.0
+    peak_memory_kb: int = 0
+
+    @contextmanager
+    def phase(self, name: str, tokens: int):
+        """Time the block as phase ``name`` ("encode", "prefill" or "generation") over
+        ``tokens`` tokens (added to what the phase has)."""
+        t0 = time.perf_counter()
+        yield
+        ms = (time.perf_counter() - t0) * 1e3
+        setattr(self, f"{name}_tokens", getattr(self, f"{name}_tokens") + tokens)
+        setattr(self, f"{name}_duration_ms", getattr(self, f"{name}_duration_ms") + ms)
+
+    def phases(self) -> list[tuple[str, int, float]]:
+        """(name, tokens, ms) of each phase that ran (encode only for an encoder-decoder)."""
+        out = [("encode", self.encode_tokens, self.encode_duration_ms)] \
+            if self.encode_tokens else []
+        return out + [("prefill", self.prefill_tokens, self.prefill_duration_ms),
+                      ("generation", self.generation_tokens, self.generation_duration_ms)]
+
+    def print(self, stream) -> None:
+        """The NNTrainer metrics block."""
+        def tps(n: int, ms: float) -> str:
+            return f"{n / ms * 1000:.2f}" if ms > 0 else "inf"
+
+        stream.write("==================[ LLM with NNTrainer ]===================\n")
+        for name, n, ms in self.phases():
+            stream.write(f"{name}: {n} tokens, {ms:.0f} ms, {tps(n, ms)} TPS\n")
+        stream.write(f"total: {self.total_duration_ms:.0f} ms\n"
+                     f"peak memory: {self.peak_memory_kb} KB\n")
+        stream.flush()
+
+    def record(self) -> dict:
+        """The phases as JSON fields: {name: {"tokens", "ms", "tps"}} and ``peak_memory_kb``."""
+        def rate(n, ms):
+            return round(n / ms * 1000, 3) if ms > 0 else None
+
+        out = {name: {"tokens": n, "ms": round(ms, 3), "tps": rate(n, ms)}
+               for name, n, ms in self.phases()}
+        out["peak_memory_kb"] = self.peak_memory_kb
+        return out
+
+
+@dataclass
+class Start:
+    """What a model's ``start`` returns."""
+
+    logits: np.ndarray               # (B, V): the logits of the first new token
+    history: list[list[int]]         # per row: the ids the repetition penalty counts so far
+    capacity: int                    # new tokens the caches allow, the first included
+
+
+class Generative(Protocol):
+    """What the generator needs of a model (see the module docstring)."""
+
+    BATCH_SIZE: int
+
+    def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: Sequence[int],
+              metrics: PerformanceMetrics) -> Start: ...
+
+    def step(self, tokens: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced, per batch row."""
+
+    prompt_ids: list = field(default_factory=list)      # [B][P]
+    generated_ids: list = field(default_factory=list)   # [B][n], new tokens only (EOS included)
+    texts: list = field(default_factory=list)           # [B] decoded new text (no special tokens)
+    finish_reasons: list = field(default_factory=list)  # [B] "eos" | "length" | "cache_full"
+    do_sample: bool = False
+    metrics: PerformanceMetrics = field(default_factory=PerformanceMetrics)
+
+    def record(self) -> dict:
+        """The CLI's --json fields of this result (row 0, plus every row when B > 1)."""
+        out = {"prompt_ids": self.prompt_ids[0], "generated_ids": self.generated_ids[0],
+               "text": self.texts[0] if self.texts else "",
+               "finish_reason": self.finish_reasons[0], "do_sample": self.do_sample,
+               **self.metrics.record()}
+        if len(self.generated_ids) > 1:
+            out["batch"] = [{"generated_ids": g, "text": t, "finish_reason": r} for g, t, r in
+                            zip(self.generated_ids, self.texts, self.finish_reasons)]
+        return out
+
+
+class Generator:
+    """Generates with ``model`` (a ``Generative``), choosing tokens with ``sampler`` and
+    stopping a row at any of ``eos_ids``. With a ``tokenizer``, the new text of every row is
+    decoded as it comes (``GenerationResult.texts``) and row 0's is written to ``stream``."""
+
+    def __init__(self, model: Generative, sampler: Sampler, eos_ids: Sequence[int] = (),
+                 tokenizer=None, stream=None) -> None:
+        self.model = model
+        self.sampler = sampler
+        self.eos = set(eos_ids)
+        self.tokenizer = tokenizer
+        self.stream = stream
+
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int, start_pos: int = 0,
+                 context_ids: Sequence[int] = (),
+                 on_token: Callable[[int, int], None] | None = None) -> GenerationResult:
+        """Start ``model`` on ``prompt_ids`` (one equal-length list per batch row) and generate
+        up to ``max_new_tokens`` new tokens per row. ``on_token(b, token_id)`` is called for
+        every new token of a running row. ``context_ids`` are tokens before ``start_pos`` (a
+        loaded system prompt), which the repetition penalty counts too."""
+        B = self.model.BATCH_SIZE
+        if len(prompt_ids) != B:
+            raise CausalLMError(f"generate: got {len(prompt_ids)} prompts for batch_size {B}")
+        P = len(prompt_ids[0])
+        if P == 0:
+            raise CausalLMError("generate: the prompt encodes to no tokens")
+        if any(len(row) != P for row in prompt_ids):
+            raise CausalLMError("generate: the prompts of a batch must have the same token length")
+        if max_new_tokens < 1:
+            raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
+                                f"{max_new_tokens}")
+        metrics = PerformanceMetrics()
+        result = GenerationResult(prompt_ids=[list(r) for r in prompt_ids],
+                                  generated_ids=[[] for _ in range(B)],
+                                  finish_reasons=["length"] * B,
+                                  do_sample=self.sampler.do_sample, metrics=metrics)
+        decoders = [StreamDecoder(self.tokenizer) for _ in range(B)] if self.tokenizer else []
+        texts = [""] * B
+        finished = [False] * B
+
+        def emit(tokens: np.ndarray) -> None:
+            for b in range(B):
+                if finished[b]:
+                    continue
+                token = int(tokens[b])
+                result.generated_ids[b].append(token)
+                histories[b].append(token)
+                if on_token is not None:
+                    on_token(b, token)
+                if token in self.eos:
+                    finished[b] = True
+                    result.finish_reasons[b] = "eos"
+                elif decoders:
+                    text = decoders[b].step(token)
+                    texts[b] += text
+                    if b == 0 and text and self.stream is not None:
+                        self.stream.write(text)
+                        self.stream.flush()
+
+        t0 = time.perf_counter()
+        start = self.model.start(np.asarray(prompt_ids, dtype=np.float32), start_pos,
+                                 list(context_ids), metrics)
+        histories = start.history
+        n_new = min(max_new_tokens, start.capacity)
+        with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
+            emit(self.sampler.select(start.logits, histories))
+        steps = 0
+        tokens = np.zeros(B, dtype=np.float32)
+        with metrics.phase("generation", 0):
+            while steps + 1 < n_new and not all(finished):
+                tokens[:] = [h[-1] for h in histories]
+                logits = self.model.step(tokens)
+                steps += 1
+                emit(self.sampler.select(logits, histories))
+        metrics.generation_tokens = steps
+        for b, decoder in enumerate(decoders):
+            tail = decoder.flush()
+            texts[b] += tail
+            if b == 0 and tail and self.stream is not None:
+                self.stream.write(tail)
+        if self.stream is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+        result.texts = texts
+        if n_new < max_new_tokens:
+            result.finish_reasons = [r if r == "eos" else "cache_full"
+                                     for r in result.finish_reasons]
+        metrics.total_duration_ms = (time.perf_counter() - t0) * 1e3
+        metrics.peak_memory_kb = peak_memory_kb()
+        return result
