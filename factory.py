@@ -83,6 +83,7 @@ def registerModels(factory: Factory) -> None:
         Qwen3CachedSlimMoECausalLM)
     from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
     from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
+    from models.t5.t5 import T5ForConditionalGeneration
 
     factory.registerModel("LlamaForCausalLM", lambda cfg, gen, nntr: CausalLM(cfg, gen, nntr))
     factory.registerModel("Qwen3MoeForCausalLM",
@@ -104,6 +105,8 @@ def registerModels(factory: Factory) -> None:
     factory.registerModel("Qwen2Embedding", lambda cfg, gen, nntr: Qwen2Embedding(cfg, gen, nntr))
     factory.registerModel("EmbeddingGemma", lambda cfg, gen, nntr: EmbeddingGemma(cfg, gen, nntr))
     factory.registerModel("BertEmbedding", lambda cfg, gen, nntr: BertEmbedding(cfg, gen, nntr))
+    factory.registerModel("T5ForConditionalGeneration",
+                          lambda cfg, gen, nntr: T5ForConditionalGeneration(cfg, gen, nntr))
 
 
 EMBEDDING_ARCHITECTURES = {

@@ -5,9 +5,10 @@ One layer type, two modes, chosen by ``unit``:
 - embedding mode (``unit`` unset): exactly ``embedding_layer``:
   ``out[b, i] = W[ids[b, i]] * scale``, weight ``Embedding`` (in_dim, out_dim) = [vocab, hidden].
 - lm-head mode (``unit`` set, used with ``shared_from=embedding0``):
-  ``logits[b] = x[b, step - 1] @ W^T (+ bias)``, x (B, 1, H, D) -> (B, 1, 1, unit). The weight
-  request ``Embedding`` (unit, D) resolves to the embedding's tensor, so the head adds no bytes to
-  the .bin.
+  ``logits[b] = (x[b, step - 1] * scale) @ W^T (+ bias)``, x (B, 1, H, D) -> (B, 1, 1, unit)
+  (T5 scales the decoder output by d_model^-1/2 before its tied head). The weight request
+  ``Embedding`` (unit, D) resolves to the embedding's tensor, so the head adds no bytes to the
+  .bin.
 
 Properties: ``in_dim``, ``out_dim``, ``scale`` (1.0), ``unit``, and ``disable_bias``.
 """
@@ -33,6 +34,7 @@ class TieWordEmbedding(Layer):
         if len(dims) != 1:
             raise context.error(f"needs 1 input, got {len(dims)}")
         unit, x = self.props["unit"], dims[0]
+        self.scale = self.props["scale"]
         context.requestWeight("Embedding", (unit, x.width))
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
@@ -44,6 +46,12 @@ class TieWordEmbedding(Layer):
         if not self.lm_head:
             embedding_lookup(self, context, w[0], to - from_)
             return
-        x = context.inputs[0]
+        x, out = context.inputs[0], context.outputs[0]
         last = min(to - from_, x.shape[1]) - 1
-        linear(x, w[0].T, w[1] if self.has_bias else NO_BIAS, context.outputs[0], last, 0, 1)
+        if self.scale == 1.0:
+            linear(x, w[0].T, w[1] if self.has_bias else NO_BIAS, out, last, 0, 1)
+            return
+        linear(x, w[0].T, NO_BIAS, out, last, 0, 1)
+        out *= self.scale  # (x s) W^T = s (x W^T)
+        if self.has_bias:
+            out += w[1]

@@ -8,7 +8,7 @@ ARCHITECTURES = [
     "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
     "Qwen3SlimMoeForCausalLM", "Qwen3CachedSlimMoeForCausalLM", "Gemma3ForCausalLM",
     "GptOssForCausalLM", "GptOssCachedSlimCausalLM", "GPT2LMHeadModel", "Qwen3Embedding",
-    "Qwen2Embedding", "EmbeddingGemma", "BertEmbedding",
+    "Qwen2Embedding", "EmbeddingGemma", "BertEmbedding", "T5ForConditionalGeneration",
 ]
 
 

@@ -1,0 +1,266 @@
+"""EncoderDecoder: an encoder run once per prompt and a decoder run step by step, reading the
+encoder's output through cross-attention (NNTrainer's encoder-decoder plan, porting spec §9.1,
+fixed where §9.4 shows it wrong).
+
+``constructModel`` builds one graph in two stages (causallm/runtime/compiler.py)::
+
+    encoder   encoder_input0 -> encoder_embedding0 -> encoder_layer{i} blocks -> encoder_output_norm
+              (+ every decoder layer's cross-attention K and V projections of encoder_output_norm)
+    decoder   decoder_input0 -> decoder_embedding0 -> decoder_layer{i} blocks -> decoder_output_norm
+              -> output_of_encoder_decoder (the LM head)
+
+An encoder block (``createTransformerEncoderBlock``), x its input, names ``encoder_layer{i}_*``::
+
+    a = x + Attention_bidirectional(Norm(x))         _attention_norm, _wq.._attention_out, _attention_add
+    y = a + Mlp(Norm(a))                             _ffn_norm, _ffn_*, _output
+
+A decoder block (``createTransformerDecoderBlock``), names ``decoder_layer{i}_*``::
+
+    a = x + Attention_causal(Norm(x))                _attention_norm, _wq.._attention_out, _attention_add
+    c = a + CrossAttention(Norm(a), enc)             _cross_attention_norm, _cross_wq (from the
+                                                     decoder), _cross_wk/_cross_wv (from
+                                                     encoder_output_norm), _cross_attention,
+                                                     _cross_attention_out, _cross_attention_add
+    y = c + Mlp(Norm(c))                             _ffn_norm, _ffn_*, _output
+
+The cross K and V projections read only the encoder, so the compiler puts them in the encoder
+stage: they run once per prompt and their outputs are the decoder's cross-attention KV caches
+(kind "cross"). The decoder embedding shares the encoder's weight, and a tied head shares it
+too (``shared_from=encoder_embedding0``), as every Hugging Face encoder-decoder ties them.
+
+The note's three phases, in Python::
+
+    model.encode(ids)           encoder prefill: the encoder stage over the whole prompt, once;
+                                returns encoder_output (B, L, D) and leaves the cross K/V
+    model.decode(ids, 0)        decoder prefill with encoder_output (held by the model): logits
+    model.decode(token, pos)    one-token decoder step with encoder_output: logits
+
+``start`` (for the generator) encodes the prompt and prefills the decoder with
+``decoder_start_token_id``; ``step`` is one ``decode``. Text in, text out: ``run`` (LanguageModel).
+
+Config (beyond Transformer's): ``num_encoder_layers`` and ``num_decoder_layers`` (default
+``num_hidden_layers``), ``decoder_start_token_id`` (generation_config.json, else config.json;
+required). nntr_config ``init_seq_len`` is the longest prompt the encoder takes (in one step:
+attention is bidirectional), ``num_to_generate`` the decoder's positions (its KV cache rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from causallm.api import createLayer, createModel, registerFactory, withKey
+from causallm.errors import CausalLMError
+from causallm.generation.generator import PerformanceMetrics, Start
+from causallm.io.config import JsonConfig
+from causallm.runtime.properties import UINT_MAX
+from layers.lm_head import LmHeadLayer
+from models.language_model import LanguageModel
+from models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION, ModelType
+
+ENCODER, DECODER = "encoder", "decoder"
+"""The stages."""
+
+
+class EncoderDecoder(LanguageModel):
+    """The encoder-decoder base (module docstring); T5 and the families after it subclass it."""
+
+    MODEL_TYPE = ModelType.MODEL
+
+    def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                        nntr_cfg: JsonConfig) -> None:
+        super().setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.NUM_ENCODER_LAYERS = cfg.get_int("num_encoder_layers", self.NUM_LAYERS, minimum=1)
+        self.NUM_DECODER_LAYERS = cfg.get_int("num_decoder_layers", self.NUM_LAYERS, minimum=1)
+        key = "decoder_start_token_id"
+        source = generation_cfg if generation_cfg.contains(key) else cfg
+        if not source.contains(key):
+            raise CausalLMError(f"{cfg.path}: missing key '{key}' (the token the decoder starts "
+                                f"from; in generation_config.json or config.json)")
+        self.DECODER_START_TOKEN_ID = source.get_int(key, minimum=0)
+        if self.DECODER_START_TOKEN_ID >= self.NUM_VOCAB:
+            raise source.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
+        self.DECODER_SEQ_LEN = self.NUM_TO_GENERATE  # decoder positions: its KV cache rows
+        self.LM_HEAD_SCALE = 1.0  # the decoder output's scale before a tied head (T5's)
+
+    # -- graph ------------------------------------------------------------------------------
+    def constructModel(self) -> None:
+        layers = []
+        self.model = createModel()
+
+        layers.append(createLayer("input", [withKey("name", "encoder_input0"),
+                                            withKey("input_shape", f"1:1:{self.INIT_SEQ_LEN}")]))
+        layers.append(self.createEmbedding("encoder_embedding0", "encoder_input0"))
+        layers += self.createPositionBias(ENCODER, "encoder_input0")
+        for i in range(self.NUM_ENCODER_LAYERS):
+            input_name = "encoder_embedding0" if i == 0 else f"encoder_layer{i - 1}_output"
+            layers += self.createTransformerEncoderBlock(i, input_name)
+        layers.append(self.createNorm("encoder_output_norm",
+                                      f"encoder_layer{self.NUM_ENCODER_LAYERS - 1}_output"))
+
+        layers.append(createLayer("input", [withKey("name", "decoder_input0"),
+                                            withKey("input_shape",
+                                                    f"1:1:{self.DECODER_SEQ_LEN}")]))
+        layers.append(self.createEmbedding("decoder_embedding0", "decoder_input0",
+                                           shared_from="encoder_embedding0"))
+        layers += self.createPositionBias(DECODER, "decoder_input0")
+        for i in range(self.NUM_DECODER_LAYERS):
+            input_name = "decoder_embedding0" if i == 0 else f"decoder_layer{i - 1}_output"
+            layers += self.createTransformerDecoderBlock(i, input_name, "encoder_output_norm")
+        layers.append(self.createNorm("decoder_output_norm",
+                                      f"decoder_layer{self.NUM_DECODER_LAYERS - 1}_output"))
+
+        head_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "lm_head"
+        head = [withKey("name", "output_of_encoder_decoder"), withKey("unit", self.NUM_VOCAB),
+                withKey("disable_bias", "true"), withKey("input_layers", "decoder_output_norm"),
+                withKey("weight_dtype", self.LMHEAD_DTYPE)]
+        if self.TIE_WORD_EMBEDDINGS:
+            head += [withKey("shared_from", "encoder_embedding0"),
+                     withKey("scale", self.LM_HEAD_SCALE)]
+        layers.append(createLayer(head_type, head))
+
+        for layer in layers:
+            self.model.addLayer(layer)
+        self.model.addStage(ENCODER, ["encoder_input0"], ["encoder_output_norm"])
+        self.model.addStage(DECODER, ["decoder_input0"], ["output_of_encoder_decoder"])
+
+    def createEmbedding(self, name: str, input_name: str, shared_from: str | None = None):
+        """A token embedding (``tie_word_embeddings`` when the head is tied, as in CausalLM)."""
+        layer_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "embedding_layer"
+        props = [withKey("name", name), withKey("input_layers", input_name),
+                 withKey("in_dim", self.NUM_VOCAB), withKey("out_dim", self.DIM),
+                 withKey("weight_dtype", self.EMBEDDING_DTYPE),
+                 withKey("scale", self.EMBEDDING_SCALE)]
+        if shared_from:
+            props.append(withKey("shared_from", shared_from))
+        return createLayer(layer_type, props)
+
+    def createPositionBias(self, stack: str, input_name: str) -> list:
+        """Layers computing a stack's attention position bias, read by every attention of that
+        stack (``attentionBiasInput``): none here (T5 adds its relative position bias)."""
+        return []
+
+    def attentionBiasInput(self, kind: str) -> str | None:
+        """The position bias layer an attention of ``kind`` adds to its scores, or None."""
+        return None
+
+    def createTransformerEncoderBlock(self, layer_id: int, input_name: str) -> list:
+        p = f"encoder_layer{layer_id}"
+        layers = [self.createNorm(f"{p}_attention_norm", input_name)]
+        layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
+                                       f"{p}_attention_norm", f"{p}_attention_norm",
+                                       f"{p}_attention_norm", prefix=p, kind=ENCODER_ATTENTION)
+        layers.append(createLayer("addition", [
+            withKey("name", f"{p}_attention_add"),
+            withKey("input_layers", f"{input_name},{p}_attention_out")]))
+        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_attention_add"))
+        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
+                                 prefix=p)
+        layers.append(createLayer("addition", [
+            withKey("name", f"{p}_output"),
+            withKey("input_layers", f"{p}_attention_add,{p}_ffn_down")]))
+        return layers
+
+    def createTransformerDecoderBlock(self, layer_id: int, input_name: str,
+                                      encoder_output_name: str = "encoder_output_norm") -> list:
+        p = f"decoder_layer{layer_id}"
+        layers = [self.createNorm(f"{p}_attention_norm", input_name)]
+        layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
+                                       self.HEAD_DIM, f"{p}_attention_norm",
+                                       f"{p}_attention_norm", f"{p}_attention_norm", prefix=p,
+                                       kind=SELF_ATTENTION)
+        layers.append(createLayer("addition", [
+            withKey("name", f"{p}_attention_add"),
+            withKey("input_layers", f"{input_name},{p}_attention_out")]))
+        # cross-attention: Q from the decoder, K and V from the encoder output
+        layers.append(self.createNorm(f"{p}_cross_attention_norm", f"{p}_attention_add"))
+        layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
+                                       self.HEAD_DIM, f"{p}_cross_attention_norm",
+                                       encoder_output_name, encoder_output_name,
+                                       prefix=f"{p}_cross", kind=CROSS_ATTENTION)
+        layers.append(createLayer("addition", [
+            withKey("name", f"{p}_cross_attention_add"),
+            withKey("input_layers", f"{p}_attention_add,{p}_cross_attention_out")]))
+        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attention_add"))
+        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
+                                 prefix=p)
+        layers.append(createLayer("addition", [
+            withKey("name", f"{p}_output"),
+            withKey("input_layers", f"{p}_cross_attention_add,{p}_ffn_down")]))
+        return layers
+
+    def createAttentionCore(self, name: str, layer_id: int, n_heads: int, input_layers: list,
+                            kind: str = SELF_ATTENTION):
+        """Transformer's attention core, plus the stack's position bias when it has one."""
+        bias = self.attentionBiasInput(kind)
+        return super().createAttentionCore(name, layer_id, n_heads,
+                                           [*input_layers, bias] if bias else input_layers, kind)
+
+    def attentionCoreProperties(self, layer_id: int, n_heads: int,
+                                kind: str = SELF_ATTENTION) -> dict:
+        """The encoder's self-attention is bidirectional over its INIT_SEQ_LEN positions; the
+        decoder's is causal over DECODER_SEQ_LEN positions; its cross-attention reads the
+        encoder's keys as they are (no RoPE, no mask, no window)."""
+        props = super().attentionCoreProperties(layer_id, n_heads, kind)
+        if kind == ENCODER_ATTENTION:
+            props.update(max_timestep=self.INIT_SEQ_LEN, is_causal=False)
+        elif kind == SELF_ATTENTION:
+            props.update(max_timestep=self.DECODER_SEQ_LEN, is_causal=True)
+        else:
+            props = {k: v for k, v in props.items() if not k.startswith("rope_")}
+            props.update(max_timestep=self.DECODER_SEQ_LEN, is_cross_attention=True,
+                         use_rope=False, is_causal=False, sliding_window=UINT_MAX)
+        props["max_new_tokens"] = self.NUM_TO_GENERATE
+        return props
+
+    def registerCustomLayers(self) -> None:
+        super().registerCustomLayers()
+        registerFactory(LmHeadLayer)
+
+    # -- the three phases -------------------------------------------------------------------
+    def encode(self, prompt_ids) -> np.ndarray:
+        """Encoder prefill: the encoder stage over ``prompt_ids`` (B, L), in one step (its
+        attention is bidirectional). Returns the encoder output (B, L, D); the decoder's
+        cross-attention K and V are projected from it in the same pass."""
+        ids = np.asarray(prompt_ids, dtype=np.float32)
+        B, L = ids.shape
+        if L > self.INIT_SEQ_LEN:
+            raise CausalLMError(f"the prompt has {L} tokens but the encoder takes at most "
+                                f"init_seq_len = {self.INIT_SEQ_LEN} (in one step); raise "
+                                f"init_seq_len in nntr_config.json")
+        out = self.model.incremental_inference(B, [ids], None, L, 0, L, stage=ENCODER)[0]
+        return out.reshape(B, -1, self.DIM)[:, :L]
+
+    def decode(self, ids, from_: int) -> np.ndarray:
+        """A decoder step: ``ids`` (B, n) at positions ``[from_, from_ + n)``, attending to its
+        cached positions and to the last encoded prompt. The logits of the last position
+        (B, vocab)."""
+        ids = np.asarray(ids, dtype=np.float32)
+        B, n = ids.shape
+        if from_ + n > self.DECODER_SEQ_LEN:
+            raise CausalLMError(f"decoder position {from_ + n} is past its "
+                                f"{self.DECODER_SEQ_LEN} positions (num_to_generate)")
+        return self.model.incremental_inference(B, [ids], None, n, from_, from_ + n,
+                                                stage=DECODER)[0]
+
+    # -- what the generator drives ----------------------------------------------------------
+    def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],
+              metrics: PerformanceMetrics) -> Start:
+        """Encode the prompt, then prefill the decoder with ``decoder_start_token_id``."""
+        if start_pos:
+            raise CausalLMError(f"{type(self).__name__}: the prompt goes through the encoder; "
+                                f"it cannot continue a cached system prompt")
+        B, P = prompt_ids.shape
+        with metrics.phase("encode", P):
+            self.encode(prompt_ids)
+        start = np.full((B, 1), self.DECODER_START_TOKEN_ID, dtype=np.float32)
+        with metrics.phase("prefill", 1):
+            logits = self.decode(start, 0)
+        self.position = 1
+        return Start(logits, [[self.DECODER_START_TOKEN_ID] for _ in range(B)],
+                     self.DECODER_SEQ_LEN)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """One decoder step: one token per row at the next decoder position."""
+        logits = self.decode(tokens.reshape(self.BATCH_SIZE, 1), self.position)
+        self.position += 1
+        return logits
