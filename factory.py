@@ -80,7 +80,8 @@ def registerModels(factory: Factory) -> None:
     from models.qwen3.qwen3_causallm import Qwen3CausalLM
     from models.qwen3.qwen3_embedding import Qwen3Embedding
     from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import (
-        Qwen3CachedSlimMoECausalLM)
+        Qwen3CachedSlimMoECausalLM,
+    )
     from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
     from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
     from models.t5.t5 import T5ForConditionalGeneration

@@ -38,10 +38,10 @@ between them and ``scatter_add_rows`` to add its weighted output to its tokens.
 
 import numpy as np
 
+from causallm.io.lazy_weights import ExpertCache
 from causallm.kernels import linear
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
 from causallm.runtime.layer import Layer
-from causallm.io.lazy_weights import ExpertCache
 from causallm.runtime.properties import float_, uint
 
 CHUNK_ROWS = 64

@@ -36,10 +36,10 @@ ported.
 
 import numpy as np
 
+from causallm.io.lazy_weights import ExpertCache
 from causallm.kernels import linear
 from causallm.kernels.moe import expert_ffn, moe_group, moe_topk
 from causallm.runtime.layer import Layer
-from causallm.io.lazy_weights import ExpertCache
 from causallm.runtime.properties import bool_, str_, uint
 
 NO_BIAS = np.zeros(0, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""``relative_position_bias``: T5's bucketed relative position bias (HF ``T5Attention.compute_bias``).
+"""``relative_position_bias``: T5's bucketed relative position bias (HF ``compute_bias``).
 
     out[b, 0, h, C + r] = W[bucket(r), h]        r = key position - query position, C = T - 1
 

@@ -9,19 +9,20 @@ fixed where §9.4 shows it wrong).
     decoder   decoder_input0 -> decoder_embedding0 -> decoder_layer{i} blocks -> decoder_output_norm
               -> output_of_encoder_decoder (the LM head)
 
-An encoder block (``createTransformerEncoderBlock``), x its input, names ``encoder_layer{i}_*``::
+An encoder block (``createTransformerEncoderBlock``), x its input, names ``encoder_layer{i}_*``
+as the note writes them::
 
-    a = x + Attention_bidirectional(Norm(x))         _attention_norm, _wq.._attention_out, _attention_add
-    y = a + Mlp(Norm(a))                             _ffn_norm, _ffn_*, _output
+    a = x + Attention_bidirectional(Norm(x))   _attention_norm, _wq.._attention_out, _encoder_add
+    y = a + Mlp(Norm(a))                       _ffn_norm, _ffn_*, _encoder_output
 
 A decoder block (``createTransformerDecoderBlock``), names ``decoder_layer{i}_*``::
 
-    a = x + Attention_causal(Norm(x))                _attention_norm, _wq.._attention_out, _attention_add
-    c = a + CrossAttention(Norm(a), enc)             _cross_attention_norm, _cross_wq (from the
-                                                     decoder), _cross_wk/_cross_wv (from
-                                                     encoder_output_norm), _cross_attention,
-                                                     _cross_attention_out, _cross_attention_add
-    y = c + Mlp(Norm(c))                             _ffn_norm, _ffn_*, _output
+    a = x + Attention_causal(Norm(x))          _self_attn_norm, _wq.._attention_out, _self_attn_add
+    c = a + CrossAttention(Norm(a), enc)       _cross_attn_norm, _cross_wq (from the decoder),
+                                               _cross_wk/_cross_wv (from encoder_output_norm),
+                                               _cross_attention, _cross_attention_out,
+                                               _cross_attn_add
+    y = c + Mlp(Norm(c))                       _ffn_norm, _ffn_*, _decoder_output
 
 The cross K and V projections read only the encoder, so the compiler puts them in the encoder
 stage: they run once per prompt and their outputs are the decoder's cross-attention KV caches
@@ -92,10 +93,11 @@ class EncoderDecoder(LanguageModel):
         layers.append(self.createEmbedding("encoder_embedding0", "encoder_input0"))
         layers += self.createPositionBias(ENCODER, "encoder_input0")
         for i in range(self.NUM_ENCODER_LAYERS):
-            input_name = "encoder_embedding0" if i == 0 else f"encoder_layer{i - 1}_output"
+            input_name = ("encoder_embedding0" if i == 0
+                          else f"encoder_layer{i - 1}_encoder_output")
             layers += self.createTransformerEncoderBlock(i, input_name)
         layers.append(self.createNorm("encoder_output_norm",
-                                      f"encoder_layer{self.NUM_ENCODER_LAYERS - 1}_output"))
+                                      f"encoder_layer{self.NUM_ENCODER_LAYERS - 1}_encoder_output"))
 
         layers.append(createLayer("input", [withKey("name", "decoder_input0"),
                                             withKey("input_shape",
@@ -104,10 +106,11 @@ class EncoderDecoder(LanguageModel):
                                            shared_from="encoder_embedding0"))
         layers += self.createPositionBias(DECODER, "decoder_input0")
         for i in range(self.NUM_DECODER_LAYERS):
-            input_name = "decoder_embedding0" if i == 0 else f"decoder_layer{i - 1}_output"
+            input_name = ("decoder_embedding0" if i == 0
+                          else f"decoder_layer{i - 1}_decoder_output")
             layers += self.createTransformerDecoderBlock(i, input_name, "encoder_output_norm")
         layers.append(self.createNorm("decoder_output_norm",
-                                      f"decoder_layer{self.NUM_DECODER_LAYERS - 1}_output"))
+                                      f"decoder_layer{self.NUM_DECODER_LAYERS - 1}_decoder_output"))
 
         head_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "lm_head"
         head = [withKey("name", "output_of_encoder_decoder"), withKey("unit", self.NUM_VOCAB),
@@ -150,42 +153,42 @@ class EncoderDecoder(LanguageModel):
                                        f"{p}_attention_norm", f"{p}_attention_norm",
                                        f"{p}_attention_norm", prefix=p, kind=ENCODER_ATTENTION)
         layers.append(createLayer("addition", [
-            withKey("name", f"{p}_attention_add"),
+            withKey("name", f"{p}_encoder_add"),
             withKey("input_layers", f"{input_name},{p}_attention_out")]))
-        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_attention_add"))
+        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_encoder_add"))
         layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
                                  prefix=p)
         layers.append(createLayer("addition", [
-            withKey("name", f"{p}_output"),
-            withKey("input_layers", f"{p}_attention_add,{p}_ffn_down")]))
+            withKey("name", f"{p}_encoder_output"),
+            withKey("input_layers", f"{p}_encoder_add,{p}_ffn_down")]))
         return layers
 
     def createTransformerDecoderBlock(self, layer_id: int, input_name: str,
                                       encoder_output_name: str = "encoder_output_norm") -> list:
         p = f"decoder_layer{layer_id}"
-        layers = [self.createNorm(f"{p}_attention_norm", input_name)]
+        layers = [self.createNorm(f"{p}_self_attn_norm", input_name)]
         layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
-                                       self.HEAD_DIM, f"{p}_attention_norm",
-                                       f"{p}_attention_norm", f"{p}_attention_norm", prefix=p,
+                                       self.HEAD_DIM, f"{p}_self_attn_norm",
+                                       f"{p}_self_attn_norm", f"{p}_self_attn_norm", prefix=p,
                                        kind=SELF_ATTENTION)
         layers.append(createLayer("addition", [
-            withKey("name", f"{p}_attention_add"),
+            withKey("name", f"{p}_self_attn_add"),
             withKey("input_layers", f"{input_name},{p}_attention_out")]))
         # cross-attention: Q from the decoder, K and V from the encoder output
-        layers.append(self.createNorm(f"{p}_cross_attention_norm", f"{p}_attention_add"))
+        layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_self_attn_add"))
         layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
-                                       self.HEAD_DIM, f"{p}_cross_attention_norm",
+                                       self.HEAD_DIM, f"{p}_cross_attn_norm",
                                        encoder_output_name, encoder_output_name,
                                        prefix=f"{p}_cross", kind=CROSS_ATTENTION)
         layers.append(createLayer("addition", [
-            withKey("name", f"{p}_cross_attention_add"),
-            withKey("input_layers", f"{p}_attention_add,{p}_cross_attention_out")]))
-        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attention_add"))
+            withKey("name", f"{p}_cross_attn_add"),
+            withKey("input_layers", f"{p}_self_attn_add,{p}_cross_attention_out")]))
+        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attn_add"))
         layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
                                  prefix=p)
         layers.append(createLayer("addition", [
-            withKey("name", f"{p}_output"),
-            withKey("input_layers", f"{p}_cross_attention_add,{p}_ffn_down")]))
+            withKey("name", f"{p}_decoder_output"),
+            withKey("input_layers", f"{p}_cross_attn_add,{p}_ffn_down")]))
         return layers
 
     def createAttentionCore(self, name: str, layer_id: int, n_heads: int, input_layers: list,

@@ -25,8 +25,8 @@ import os
 
 import numpy as np
 
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
 from causallm.io.lazy_weights import bin_slices, safetensors_slice
 from causallm.io.nntr_bin import write_bin
 from causallm.io.weight_table import HFWeight

@@ -45,13 +45,13 @@ import numpy as np
 import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
 from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics, peak_memory_kb
+from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
 from causallm.io.safetensors import Checkpoint
+from causallm.io.weight_table import Tensor, WeightTable
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
-from causallm.io.weight_table import Tensor, WeightTable
 from models.transformer import ModelType, Transformer
 
 DENSE_ACTIVATIONS = {"Tanh": "tanh", "Identity": "none", "ReLU": "relu", "Sigmoid": "sigmoid",

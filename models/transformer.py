@@ -16,21 +16,21 @@ table (``getHFWeightTable``, causallm/io/weight_table.py).
 from __future__ import annotations
 
 import os
+
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
-from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import NNTR_DEFAULTS, JsonConfig
+from causallm.io.safetensors import Checkpoint
+from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
-from causallm.io.safetensors import Checkpoint
-from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from layers.embedding_layer import EmbeddingLayer
 from layers.mha_core import ROPE_TYPES, MHACoreLayer
 from layers.rms_norm import RMSNormLayer
 from layers.swiglu import SwiGLULayer
 from layers.tie_word_embeddings import TieWordEmbedding
-
 
 SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 """The attention kinds createAttention builds: a decoder's (causal) self-attention, an encoder's
@@ -289,7 +289,8 @@ class Transformer:
         """Q, K, V projections, the attention core and the output projection of layer
         ``layer_id``, named ``{prefix}_wq`` ... ``{prefix}_attention_out`` (prefix: ``layer{i}``
         when empty; an encoder-decoder passes ``encoder_layer{i}``, ``decoder_layer{i}`` or
-        ``decoder_layer{i}_cross``). ``kind`` says which attention it is (attentionCoreProperties)."""
+        ``decoder_layer{i}_cross``). ``kind`` says which attention it is
+        (attentionCoreProperties)."""
         layers = []
         prefix = prefix or f"layer{layer_id}"
         Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"

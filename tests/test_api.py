@@ -6,9 +6,9 @@ import os
 import re
 
 import pytest
+from parity import FIXTURES, ROOT
 
 from factory import Factory
-from parity import FIXTURES, ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 EXAMPLE = re.search(r"## From Python\n+```python\n(.*?)```", README, re.S).group(1)

@@ -14,13 +14,13 @@ import shutil
 import sys
 
 import numpy as np
-import pytest
-
 import parity
-from causallm.io.config import load_model_configs
-from causallm.errors import CausalLMError
-from models.causal_lm import CausalLM
+import pytest
 from parity import assert_logits_close, expected, prefill
+
+from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
+from models.causal_lm import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))

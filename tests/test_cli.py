@@ -22,8 +22,8 @@ import pytest
 
 import main
 from causallm.io.config import load_model_configs
-from causallm.tokenizer import Tokenizer
 from causallm.io.safetensors import SafetensorsFile, write_safetensors
+from causallm.tokenizer import Tokenizer
 from models.causal_lm import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

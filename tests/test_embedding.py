@@ -18,15 +18,15 @@ import sys
 
 import numpy as np
 import pytest
+from graphs import build, feature_input
 
 import main
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.io.config import JsonConfig, load_model_configs
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
 from causallm.kernels.embedding_sum import position_add
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool, l2_normalize
 from factory import Factory, resolve_architecture
-from graphs import build, feature_input
 from layers.embedding_normalize import EmbeddingNormalizeLayer
 from layers.embedding_pooling import EmbeddingPoolingLayer
 from layers.layer_normalization import LayerNormalizationLayer

@@ -13,11 +13,11 @@ import shutil
 
 import numpy as np
 import pytest
+from parity import FIXTURES, assert_logits_close
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
 from models.encoder_decoder import EncoderDecoder
-from parity import FIXTURES, assert_logits_close
 
 CONFIG = {"architectures": ["EncoderDecoder"], "vocab_size": 2408, "hidden_size": 48,
           "intermediate_size": 80, "num_hidden_layers": 2, "num_decoder_layers": 3,
@@ -50,7 +50,7 @@ DECODED = [0, 11, 12, 13, 14, 15, 16]
 def test_names_stages_and_shared_embedding(model):
     names = model.model.getLayerNames()
     assert names[:3] == ["encoder_input0", "encoder_embedding0", "encoder_layer0_attention_norm"]
-    for name in ("encoder_layer1_output", "encoder_output_norm", "decoder_layer2_cross_wq",
+    for name in ("encoder_layer1_encoder_output", "encoder_output_norm", "decoder_layer2_cross_wq",
                  "decoder_layer2_cross_attention_out", "decoder_output_norm",
                  "output_of_encoder_decoder"):
         assert name in names

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from causallm.errors import CausalLMError
-from causallm.generation.sampler import (Sampler, applyBadWordsPenalty, applyRepetitionPenalty,
-                                 applyTKP, generate_multi_tokens)
+from causallm.generation.sampler import (
+    Sampler,
+    applyBadWordsPenalty,
+    applyRepetitionPenalty,
+    applyTKP,
+    generate_multi_tokens,
+)
 
 NEG_INF = float("-inf")
 

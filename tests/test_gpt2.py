@@ -15,19 +15,19 @@ import shutil
 import sys
 
 import numpy as np
-import pytest
-
 import parity
-from causallm.api import createLayer, registerFactory
-from causallm.io.config import load_model_configs
-from causallm.errors import CausalLMError
-from causallm.kernels.layer_norm import layer_norm
-from causallm.io.safetensors import Checkpoint, write_safetensors
+import pytest
 from graphs import build, feature_input
+from parity import FIXTURES, ROOT, expected, prefill
+
+from causallm.api import createLayer, registerFactory
+from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
+from causallm.io.safetensors import Checkpoint, write_safetensors
+from causallm.kernels.layer_norm import layer_norm
 from layers.layer_normalization import LayerNormalizationLayer
 from layers.positional_embedding import PositionalEmbeddingLayer
 from models.gpt2.gpt2_causallm import GPT2CausalLM
-from parity import FIXTURES, ROOT, expected, prefill
 
 GPT2_FIXTURES = ["gpt2-tied", "gpt2-untied-scaled"]
 F32 = np.float32

@@ -14,20 +14,20 @@ import shutil
 import sys
 
 import numpy as np
-import pytest
-
 import parity
+import pytest
+from graphs import build, feature_input
+from parity import FIXTURES, ROOT, assert_logits_close, expected, prefill
+
 from causallm.api import createLayer, createModel, registerFactory, withKey
-from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
+from causallm.io.safetensors import Checkpoint
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
 from causallm.runtime.properties import UINT_MAX
-from causallm.io.safetensors import Checkpoint
-from graphs import build, feature_input
 from layers.gpt_oss_moe import CHUNK_ROWS, CachedSlimGptOssMoELayer, GptOssMoELayer
 from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
 from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
-from parity import FIXTURES, ROOT, assert_logits_close, expected, prefill
 
 NAME = "gpt-oss-tiny"
 FOLDER = os.path.join(FIXTURES, NAME)

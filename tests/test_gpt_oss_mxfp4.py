@@ -17,12 +17,12 @@ import sys
 
 import numpy as np
 import orjson
-import pytest
-
 import parity
-from causallm.io.config import load_model_configs
-from causallm.errors import CausalLMError
+import pytest
 from parity import assert_logits_close, prefill
+
+from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
 from causallm.io.lazy_weights import Mxfp4Slice, safetensors_slice
 from causallm.io.mxfp4 import FP4_VALUES, convert_moe_packed_tensors, dequantize_rows
 from causallm.io.safetensors import Checkpoint, SafetensorsFile, write_safetensors

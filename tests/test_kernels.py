@@ -13,8 +13,8 @@ import os
 import numpy as np
 import orjson
 import pytest
-
 import reference as ref
+
 from causallm import kernels as K
 
 B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003

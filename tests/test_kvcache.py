@@ -15,8 +15,8 @@ import shutil
 import numpy as np
 import pytest
 
-from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
 from models.causal_lm import CausalLM
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "llama-gqa3")

@@ -13,11 +13,11 @@ import os
 import numpy as np
 import orjson
 import pytest
+from graphs import build, feature_input
 
 from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
-from graphs import build, feature_input
+from causallm.io.config import JsonConfig
 from layers.embedding_layer import EmbeddingLayer
 from layers.lm_head import LmHeadLayer
 from layers.mha_core import MHACoreLayer

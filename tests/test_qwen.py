@@ -18,16 +18,16 @@ import os
 import sys
 
 import numpy as np
-import pytest
-
 import parity
-from causallm.io.config import JsonConfig, load_model_configs
+import pytest
+from parity import FIXTURES, ROOT, assert_logits_close, expected, full_sequence, prefill
+
 from causallm.errors import CausalLMError
-from causallm.runtime.properties import UINT_MAX
+from causallm.io.config import JsonConfig, load_model_configs
 from causallm.io.safetensors import Checkpoint
+from causallm.runtime.properties import UINT_MAX
 from models.qwen2.qwen2_causallm import Qwen2CausalLM, Qwen2Transformer, readQwenLayerTypes
 from models.qwen3.qwen3_causallm import Qwen3CausalLM, Qwen3Transformer
-from parity import FIXTURES, ROOT, assert_logits_close, expected, full_sequence, prefill
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hf_to_bin  # noqa: E402

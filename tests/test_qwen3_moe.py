@@ -22,22 +22,22 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
 import parity
+import pytest
+from graphs import build, feature_input
+from parity import FIXTURES, ROOT, expected, teacher_forced
+
 from causallm.api import createLayer, createModel, withKey
-from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
+from causallm.io.safetensors import write_safetensors
 from causallm.kernels.linear import BLAS_MIN_ROWS
 from causallm.kernels.moe import expert_ffn, expert_ffn_io, expert_ffn_oi, moe_group, moe_topk
 from causallm.runtime.registry import registerFactory
-from causallm.io.safetensors import write_safetensors
-from graphs import build, feature_input
 from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
 from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import Qwen3CachedSlimMoECausalLM
 from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
-from parity import FIXTURES, ROOT, expected, teacher_forced
 
 for _cls in (MoELayer, SlimMoELayer, CachedSlimMoELayer):
     registerFactory(_cls)

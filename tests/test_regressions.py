@@ -8,8 +8,8 @@ import pytest
 
 import main
 from causallm.api import createLayer, createModel, withKey
-from causallm.io.config import load_model_configs
 from causallm.errors import CausalLMError
+from causallm.io.config import load_model_configs
 from models.causal_lm import CausalLM
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "llama-gqa3")

@@ -10,10 +10,10 @@ import os
 
 import numpy as np
 import pytest
+from graphs import feature_input
 
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
-from graphs import feature_input
 from layers.mha_core import MHACoreLayer
 from layers.relative_position_bias import RelativePositionBiasLayer
 
@@ -222,7 +222,8 @@ def test_relative_position_bias_rows_a_step_needs(bidirectional):
                                           from_, to)[0].reshape(H, 2 * T_ - 1)
         for p in range(from_, to):
             for t in range(to):
-                np.testing.assert_array_equal(out[:, T_ - 1 + t - p], table[buckets[T_ - 1 + t - p]])
+                j = T_ - 1 + t - p
+                np.testing.assert_array_equal(out[:, j], table[buckets[j]])
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -232,7 +233,8 @@ def test_self_attention_adds_the_stack_position_bias(causal):
     from causallm.kernels.position_bias import relative_position_buckets
     S, H, KV, d, T_ = 7, 4, 2, 8, 10
     model = createModel()
-    for layer in (createLayer("input", [withKey("name", "ids"), withKey("input_shape", f"1:1:{S}")]),
+    for layer in (createLayer("input", [withKey("name", "ids"),
+                                        withKey("input_shape", f"1:1:{S}")]),
                   createLayer("relative_position_bias", [
                       withKey("name", "bias"), withKey("num_heads", H), withKey("max_timestep", T_),
                       withKey("num_buckets", 8), withKey("max_distance", 6),

@@ -15,11 +15,11 @@ import sys
 
 import numpy as np
 import pytest
+from parity import FIXTURES, ROOT, assert_logits_close
 
 from causallm.errors import CausalLMError
 from causallm.io.safetensors import Checkpoint
 from factory import Factory
-from parity import FIXTURES, ROOT, assert_logits_close
 
 NAMES = ["t5-relu-tied", "t5-v11-gated-untied", "t5-flan-short"]
 

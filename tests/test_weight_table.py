@@ -69,7 +69,8 @@ def test_aliases_ignores_and_prefixes():
     got = load(TABLE, ["emb:Embedding"], {"encoder.embed.weight": emb})
     np.testing.assert_array_equal(got["emb:Embedding"], emb)
     # an untied head claims lm_head.weight as its own tensor
-    got = load(TABLE, ["emb:Embedding", "head:weight"], {"shared.weight": emb, "lm_head.weight": other})
+    got = load(TABLE, ["emb:Embedding", "head:weight"],
+               {"shared.weight": emb, "lm_head.weight": other})
     np.testing.assert_array_equal(got["head:weight"], other.T)
 
 
@@ -93,7 +94,8 @@ def test_parts_split_every_and_fields_round_trip():
     names = [f"layer0_moe:expert_{w}_{e}" for e in range(3) for w in ("gate", "up")] + \
         ["layer0_c0:weight", "layer0_d0:weight"]
     m = table.weightMap(names)
-    got = load(table, names, {"layers.0.experts.gate_up": gate_up, "layers.0.c_attn.weight": c_attn})
+    got = load(table, names, {"layers.0.experts.gate_up": gate_up,
+                              "layers.0.c_attn.weight": c_attn})
     np.testing.assert_array_equal(got["layer0_moe:expert_gate_2"], gate_up[2, :, 0::2])
     np.testing.assert_array_equal(got["layer0_moe:expert_up_1"], gate_up[1, :, 1::2])
     np.testing.assert_array_equal(got["layer0_d0:weight"], c_attn[:, 4:])

@@ -8,8 +8,13 @@ import pytest
 
 from causallm.errors import CausalLMError
 from causallm.io.nntr_bin import bin_nbytes, read_bin, write_bin
-from causallm.io.safetensors import (Checkpoint, SafetensorsFile, bf16_to_f32, f32_to_bf16,
-                                     write_safetensors)
+from causallm.io.safetensors import (
+    Checkpoint,
+    SafetensorsFile,
+    bf16_to_f32,
+    f32_to_bf16,
+    write_safetensors,
+)
 
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4)]
 

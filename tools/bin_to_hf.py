@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_to_bin import build_model  # noqa: E402  (importing hf_to_bin puts ROOT on sys.path)
 
 from causallm.errors import CausalLMError  # noqa: E402
-from causallm.io.safetensors import write_safetensors  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes  # noqa: E402
+from causallm.io.safetensors import write_safetensors  # noqa: E402
 from causallm.io.weight_table import WeightTable  # noqa: E402
 
 SAFETENSORS_DTYPES = ("F32", "F16", "BF16")

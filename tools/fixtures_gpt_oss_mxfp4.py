@@ -36,8 +36,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from fixture_common import (last_logits, run_cli, search, summary, write_folder,  # noqa: E402
-                            write_json)
+from fixture_common import last_logits, run_cli, search, summary, write_folder, write_json  # noqa: E402
 from fixtures_gpt_oss import FIXTURES as GPT_OSS_FIXTURES  # noqa: E402
 from fixtures_gpt_oss import MIN_DISTINCT, build, clamp_fractions, clamps_active  # noqa: E402
 

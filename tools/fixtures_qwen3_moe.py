@@ -40,8 +40,16 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from fixture_common import (COMMON, check_reload, random_model, run_cli, search,  # noqa: E402
-                            summary, write_folder, write_json)
+from fixture_common import (  # noqa: E402
+    COMMON,
+    check_reload,
+    random_model,
+    run_cli,
+    search,
+    summary,
+    write_folder,
+    write_json,
+)
 
 MIN_DISTINCT = 8  # greedy tokens must not settle into a short loop
 

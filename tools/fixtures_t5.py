@@ -89,11 +89,19 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_common import (  # noqa: E402
-    MIN_MARGIN, NORM_STD, WEIGHT_STD, Run, folder_bytes, min_margin, random_model, run_cli,
-    torch_dtype, write_json,
-)
 import train_t5_tokenizer as t5tok  # noqa: E402
+from fixture_common import (  # noqa: E402
+    MIN_MARGIN,
+    NORM_STD,
+    WEIGHT_STD,
+    Run,
+    folder_bytes,
+    min_margin,
+    random_model,
+    run_cli,
+    torch_dtype,
+    write_json,
+)
 
 PAD_ID, EOS_ID, UNK_ID = t5tok.PAD_ID, t5tok.EOS_ID, t5tok.UNK_ID
 START = PAD_ID

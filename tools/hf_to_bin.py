@@ -33,9 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from causallm.io.config import load_json, load_model_configs  # noqa: E402
-from causallm.io.files import write_json_atomic  # noqa: E402
 from causallm.errors import CausalLMError  # noqa: E402
+from causallm.io.config import load_json  # noqa: E402
+from causallm.io.files import write_json_atomic  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes  # noqa: E402
 
 BIN_DTYPES = ("FP32", "FP16")

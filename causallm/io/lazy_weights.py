@@ -25,8 +25,8 @@ import orjson
 
 from causallm.errors import CausalLMError
 from causallm.io.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_rows, mxfp4_shape
-from causallm.io.safetensors import bf16_to_f32
 from causallm.io.nntr_bin import bin_nbytes
+from causallm.io.safetensors import bf16_to_f32
 
 # stored dtype -> (numpy dtype of the raw values, bytes per value)
 _RAW = {"F32": ("<f4", 4), "FP32": ("<f4", 4), "F16": ("<f2", 2), "FP16": ("<f2", 2),

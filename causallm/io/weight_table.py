@@ -35,7 +35,7 @@ check (every weight covered, every checkpoint tensor used) all read the same tab
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 import numpy as np

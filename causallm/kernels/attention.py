@@ -26,7 +26,8 @@ i.e. the keys at distance < window, before the query only (causal) or on both si
 kv_len = pos0 + nrows (the keys written so far); cross-attention (the cache holds the encoder's
 kv_len keys, no window) has every key.
 
-    s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]];  s_t = tanh(s_t / softcap) * softcap  if softcap > 0
+    s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]]
+    s_t = tanh(s_t / softcap) * softcap                             if softcap > 0
     m   = max(max_t s_t, sink_h)                                    (sink only if given)
     p_t = exp(s_t - m) / (sum_u exp(s_u - m) + exp(sink_h - m))
     out = sum_t p_t v_t

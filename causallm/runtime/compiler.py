@@ -27,7 +27,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from causallm.errors import CausalLMError
-from causallm.runtime.layer import InitLayerContext, KVCacheSpec, TensorDim, WeightSpec
+from causallm.runtime.layer import InitLayerContext, TensorDim, WeightSpec
 from causallm.runtime.node import LAYER_IMPL_PROPERTIES, LayerNode
 
 DEFAULT_STAGE = "model"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from causallm.runtime import registry
 from causallm.errors import CausalLMError
+from causallm.runtime import registry
 from causallm.runtime.layer import DTYPES, Layer
 from causallm.runtime.properties import Prop, bool_, float_, parse_into, split_properties, str_
 

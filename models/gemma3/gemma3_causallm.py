@@ -36,15 +36,15 @@ import math
 import numpy as np
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
+from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
 from layers.logit_softcapping import LogitSoftcappingLayer
 from layers.mha_core import ROPE_TYPES
 from layers.reshaped_rms_norm import ReshapedRMSNormLayer
 from models.causal_lm import CausalLM
 from models.gemma3.function import function_gemma_prompt
-from causallm.io.weight_table import Tensor, WeightTable
 from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, ModelType, Transformer
 
 SLIDING, FULL = "sliding_attention", "full_attention"

@@ -36,10 +36,9 @@ add_cross_attention=true (an encoder-decoder block) is rejected.
 
 from __future__ import annotations
 
-
 from causallm.api import createLayer, createModel, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Split, Tensor, WeightTable
 from models.causal_lm import CausalLM
 from models.layer_norm_transformer import LayerNormTransformer

@@ -34,15 +34,15 @@ import sys
 import numpy as np
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
 from causallm.io.lazy_weights import safetensors_slice
 from causallm.io.mxfp4 import MXFP4_DTYPE
+from causallm.io.weight_table import Every, HFWeight, Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
 from layers.gpt_oss_moe import GptOssMoELayer
 from models.causal_lm import CausalLM
 from models.experts_on_file import ExpertsOnFileMixin
-from causallm.io.weight_table import Every, HFWeight, Tensor, WeightTable
 from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION
 
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")

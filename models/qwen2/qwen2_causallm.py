@@ -18,8 +18,8 @@ them), the MLP has no bias whatever ``mlp_bias`` says, and an untied checkpoint'
 from __future__ import annotations
 
 from causallm.api import createLayer, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
 from causallm.runtime.properties import UINT_MAX
 from models.causal_lm import CausalLM
 from models.transformer import SELF_ATTENTION, Transformer

@@ -35,12 +35,12 @@ placeholders ``model.getWeight`` then gives for the experts). Logits are identic
 from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
-from causallm.io.config import JsonConfig
 from causallm.errors import CausalLMError
+from causallm.io.config import JsonConfig
+from causallm.io.weight_table import Split, Tensor, WeightTable
 from layers.qwen_moe import MoELayer
 from models.experts_on_file import ExpertsOnFileMixin
 from models.qwen3.qwen3_causallm import QWEN3_WEIGHTS, Qwen3CausalLM
-from causallm.io.weight_table import Split, Tensor, WeightTable
 
 EXPERT_WEIGHTS = ("up", "gate", "down")  # a qwen_moe expert's weights, in request order
 
