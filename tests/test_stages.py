@@ -288,3 +288,15 @@ def test_position_bias_dims_are_checked():
         model.addLayer(layer)
     with pytest.raises(CausalLMError, match=r"layer 'attn' \(mha_core\): position bias dims"):
         model.compile()
+
+
+def test_kv_cache_reorder_takes_batch_rows():
+    from causallm.runtime.kv_cache import KVCache
+    key = np.arange(3 * 2 * 4, dtype=F32).reshape(3, 2, 4)
+    value = -key
+    cache = KVCache("attn", "self", "model", key, value)
+    want_k, want_v = key[[2, 2, 0]].copy(), value[[2, 2, 0]].copy()
+    cache.reorder([2, 2, 0])
+    np.testing.assert_array_equal(cache.key, want_k)
+    np.testing.assert_array_equal(cache.value, want_v)
+    assert cache.key is key and cache.length == 2  # in place; a self cache's capacity
