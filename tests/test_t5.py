@@ -168,12 +168,13 @@ def run_cli(*args):
                           capture_output=True, text=True, encoding="utf-8", timeout=300)
 
 
-def test_cli_greedy_json():
-    name = "t5-flan-short"
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_greedy_json(name):
+    """``main.py <T5 folder> PROMPT --greedy -n 24 --json`` gives transformers' tokens; the
+    metrics report the encoder pass apart from the decoder's prefill and steps."""
     ref = expected(name)
-    prompt = "translate English to German: The house is small."
-    assert str(ref["prompt"]) == prompt
-    p = run_cli(os.path.join("tests", "fixtures", name), prompt, "--greedy", "-n", 24, "--json")
+    p = run_cli(os.path.join("tests", "fixtures", name), str(ref["prompt"]), "--greedy", "-n", 24,
+                "--json")
     assert p.returncode == 0, p.stderr
     *text, last = p.stdout.rstrip("\n").split("\n")
     record = json.loads(last)
@@ -184,6 +185,20 @@ def test_cli_greedy_json():
     assert record["encode"]["tokens"] == len(ref["prompt_ids"])
     assert record["prefill"]["tokens"] == 1 and record["generation"]["tokens"] == 23
     assert "encode: " in p.stderr and "prefill: 1 tokens" in p.stderr
+
+
+def test_cli_example_prompt():
+    assert str(expected("t5-flan-short")["prompt"]) == \
+        "translate English to German: The house is small."
+
+
+def test_batch_rows_decode_alike():
+    name = "t5-v11-gated-untied"
+    ref = expected(name)
+    model = load(name, batch_size=2)
+    result = model.generate_tokens([ref["prompt_ids"].tolist()] * 2, max_new_tokens=12,
+                                   do_sample=False)
+    assert result.generated_ids == [ref["tokens"][:12].tolist()] * 2
 
 
 def test_long_prompt_is_a_one_line_error():
