@@ -4,7 +4,10 @@
 ``createTransformerDecoderBlock`` (pre-norm attention + pre-norm SwiGLU MLP, each with a residual
 add) -> ``output_norm``. Subclasses override ``setupParameters``, ``createAttention``,
 ``createMlp``, ``createTransformerDecoderBlock`` and ``registerCustomLayers`` like their C++ twins,
-and two hooks the C++ writes inline: ``createNorm`` (the norm layer) and ``layerSlidingWindow``.
+and the hooks the C++ writes inline: ``createNorm`` (the norm layer), ``layerSlidingWindow`` and
+``attentionCoreProperties`` (the one ``mha_core`` property block, which families override by
+value). ``createAttention`` and ``createMlp`` take a name prefix (``layer{i}`` by default) and
+an attention kind, so an encoder-decoder's stacks build their blocks with the same methods.
 
 Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
 ``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama

@@ -8,7 +8,9 @@
         ACT_NONE       x
         ACT_SILU       x * sigmoid(x) = x / (1 + exp(-x))          (NNTrainer "swish")
         ACT_GELU       0.5 x (1 + erf(x / sqrt(2)))               (exact gelu)
-        ACT_TANH_GELU  0.5 x (1 + tanh(0.7978845608 (x + 0.044715 x^3)))   (gelu_pytorch_tanh)
+        ACT_TANH_GELU  0.5 x (1 + tanh(z)),  z = 0.7978845608 (x + 0.044715 x^3)   (gelu_pytorch_tanh)
+                       computed as x / (1 + exp(-2 z)): 1 + tanh(z) = 2 / (1 + exp(-2z)), which
+                       has no cancellation at either end and vectorizes (a scalar tanh does not)
         ACT_RELU       max(x, 0)
         ACT_TANH       tanh(x)
         ACT_SIGMOID    1 / (1 + exp(-x))
@@ -58,24 +60,33 @@ def swiglu(gate, up, out, nrows):
 
 
 @njit(cache=True)
-def _act(v, kind):
-    """One activation of a float32 scalar (see module doc)."""
+def _act_row(x, y, kind):
+    """y = act(x) over one row; one loop per kind, so each loop vectorizes (module doc)."""
     one = np.float32(1.0)
-    half = np.float32(0.5)
+    n = x.shape[0]
     if kind == ACT_SILU:
-        return v / (one + np.exp(-v))
-    if kind == ACT_GELU:
-        return half * v * (one + math.erf(v * np.float32(0.7071067811865476)))
-    if kind == ACT_TANH_GELU:
-        inner = np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)
-        return half * v * (one + np.tanh(inner))
-    if kind == ACT_RELU:
-        return v if v > 0 else np.float32(0.0)
-    if kind == ACT_TANH:
-        return np.tanh(v)
-    if kind == ACT_SIGMOID:
-        return one / (one + np.exp(-v))
-    return v
+        for j in range(n):
+            y[j] = x[j] / (one + np.exp(-x[j]))
+    elif kind == ACT_GELU:
+        for j in range(n):
+            y[j] = np.float32(0.5) * x[j] * (one + math.erf(x[j] * np.float32(0.7071067811865476)))
+    elif kind == ACT_TANH_GELU:
+        for j in range(n):
+            v = x[j]
+            z = np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)
+            y[j] = v / (one + np.exp(np.float32(-2.0) * z))
+    elif kind == ACT_RELU:
+        for j in range(n):
+            y[j] = x[j] if x[j] > 0 else np.float32(0.0)
+    elif kind == ACT_TANH:
+        for j in range(n):
+            y[j] = np.tanh(x[j])
+    elif kind == ACT_SIGMOID:
+        for j in range(n):
+            y[j] = one / (one + np.exp(-x[j]))
+    else:
+        for j in range(n):
+            y[j] = x[j]
 
 
 @njit(cache=True)
@@ -85,10 +96,7 @@ def activation(x, y, nrows, kind):
         raise ValueError("activation: unknown activation kind")
     for b in range(x.shape[0]):
         for r in range(nrows):
-            xr = x[b, r]
-            yr = y[b, r]
-            for j in range(xr.shape[0]):
-                yr[j] = _act(xr[j], kind)
+            _act_row(x[b, r], y[b, r], kind)
 
 
 @njit(cache=True)

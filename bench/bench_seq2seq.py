@@ -1,0 +1,227 @@
+"""Benchmark an encoder-decoder (T5) end to end against transformers, measured in the same run.
+
+Run by hand (not a test):
+
+    python bench/bench_seq2seq.py [--models t5-small-shape] [-t N] [--prompt-len 128]
+                                  [--decode 64] [--repeat 3] [--cache-dir DIR] [--json]
+
+For each model (a random-weight ``T5ForConditionalGeneration`` folder made once with
+transformers, float32 safetensors, fixed seed, kept under ``--cache-dir``):
+
+- ours: ``generate_tokens`` greedy over the same prompt ids: the encoder pass over P tokens,
+  the decoder's first step from ``decoder_start_token_id``, then D - 1 one-token steps;
+- torch: transformers in float32, ``inference_mode``, the same thread count: the encoder over
+  the prompt, then the decoder step by step with an ``EncoderDecoderCache`` (the cross K/V
+  computed at its first step, as ``generate`` does), greedy argmax.
+
+Both report the encoder time and the decoder's tokens per second (its first step included),
+best of ``--repeat`` runs after a warm-up; each engine runs in its own child process with
+every thread pool sized to ``-t``. Ours must produce torch's tokens (a warning says otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = "@@BENCH_JSON@@ "
+SEED = 1234
+
+MODELS = {
+    # google-t5/t5-small's shapes (relu, tied, 6 + 6 layers)
+    "t5-small-shape": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
+                           num_heads=8, feed_forward_proj="relu"),
+    # google/flan-t5-small's shapes (gated-gelu, untied, 8 + 8 layers, 6 heads)
+    "flan-t5-small-shape": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024,
+                                num_layers=8, num_heads=6, feed_forward_proj="gated-gelu",
+                                tie_word_embeddings=False),
+}
+
+
+def prompt_ids(vocab_size: int, n: int) -> list[int]:
+    """n token ids drawn uniformly from [2, vocab_size) (no pad, no EOS), seeded; EOS last."""
+    rng = random.Random(SEED)
+    return [rng.randrange(2, vocab_size) for _ in range(n - 1)] + [1]
+
+
+def report(result: dict) -> None:
+    print(MARK + json.dumps(result), flush=True)
+
+
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_make(name: str, folder: str) -> None:
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(SEED)
+    cfg = T5Config(**MODELS[name], decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(cfg).to(torch.float32).eval()
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=os.path.dirname(folder))
+    model.save_pretrained(tmp)
+    # the engine wants a tokenizer.json; the benchmark passes ids, never text
+    Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")).save(os.path.join(tmp, "tokenizer.json"))
+    os.replace(tmp, folder)
+    report({"folder": folder})
+
+
+def child_ours(folder: str, ids: list[int], decode: int, threads: int, repeat: int) -> None:
+    sys.path.insert(0, ROOT)
+    t0 = time.perf_counter()
+    from causallm import kernels
+    from factory import Factory
+
+    used = kernels.set_num_threads(threads)
+    model = Factory.Instance().createFromFolder(folder, init_seq_len=len(ids),
+                                                num_to_generate=decode)
+    model.initialize()
+    model.load_weight()
+    model.EOS_TOKEN_ID = []  # a fixed number of steps, as torch's loop
+    load_s = time.perf_counter() - t0
+
+    def run():
+        res = model.generate_tokens([ids], max_new_tokens=decode, do_sample=False)
+        m = res.metrics
+        return {"encode_ms": m.encode_duration_ms,
+                "decode_ms": m.prefill_duration_ms + m.generation_duration_ms,
+                "tokens": res.generated_ids[0]}
+
+    first = run()
+    report({"threads": used, "load_s": load_s, "first": first,
+            "runs": [run() for _ in range(repeat)], "peak_rss_mb": peak_rss_mb()})
+
+
+def child_torch(folder: str, ids: list[int], decode: int, threads: int, repeat: int) -> None:
+    t0 = time.perf_counter()
+    import torch
+    from transformers import DynamicCache, EncoderDecoderCache, T5ForConditionalGeneration
+
+    torch.set_num_threads(threads)
+    model = T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    load_s = time.perf_counter() - t0
+    prompt = torch.tensor([ids], dtype=torch.long)
+    start = model.config.decoder_start_token_id
+
+    def run():
+        with torch.inference_mode():
+            t = time.perf_counter()
+            enc = model.get_encoder()(input_ids=prompt)
+            t1 = time.perf_counter()
+            cache = EncoderDecoderCache(DynamicCache(config=model.decoder.config),
+                                        DynamicCache(config=model.decoder.config))
+            token = torch.tensor([[start]])
+            tokens = []
+            for _ in range(decode):
+                out = model(encoder_outputs=enc, decoder_input_ids=token,
+                            past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                tokens.append(int(token))
+            t2 = time.perf_counter()
+        return {"encode_ms": (t1 - t) * 1e3, "decode_ms": (t2 - t1) * 1e3, "tokens": tokens}
+
+    first = run()
+    report({"threads": torch.get_num_threads(), "load_s": load_s, "first": first,
+            "runs": [run() for _ in range(repeat)], "peak_rss_mb": peak_rss_mb(),
+            "torch": torch.__version__, "attn": model.config._attn_implementation})
+
+
+def spawn(args: list[str], threads: int) -> dict:
+    n = str(threads)
+    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n,
+               NUMBA_NUM_THREADS=n)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args],
+                          env=env, stdout=subprocess.PIPE, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"child {args[0]} failed (exit {proc.returncode}, "
+                         f"{'no' if not lines else 'a'} report)")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def bench_model(name: str, args, log) -> dict:
+    folder = os.path.join(args.cache_dir, f"{name}-seed{SEED}")
+    if not os.path.isdir(folder):
+        os.makedirs(args.cache_dir, exist_ok=True)
+        log(f"[make] {name} -> {folder}")
+        spawn(["make", name, folder], args.threads)
+    common = [name, folder, str(args.prompt_len), str(args.decode), str(args.threads),
+              str(args.repeat)]
+    out = {"model": name}
+    for engine in ("ours", "torch"):
+        log(f"[{name}] {engine} ...")
+        r = spawn([engine, *common], args.threads)
+        best_enc = min(x["encode_ms"] for x in r["runs"])
+        best_dec = min(x["decode_ms"] for x in r["runs"])
+        out[engine] = {"encode_ms": best_enc, "decode_tps": args.decode / best_dec * 1e3,
+                       "load_s": r["load_s"], "peak_rss_mb": r["peak_rss_mb"],
+                       "tokens": r["runs"][-1]["tokens"]}
+    out["same_tokens"] = out["ours"]["tokens"] == out["torch"]["tokens"]
+    if not out["same_tokens"]:
+        log(f"WARNING: {name}: ours and torch decoded different tokens")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "causallm-bench"))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    for flag, value in (("-t", args.threads), ("--prompt-len", args.prompt_len),
+                        ("--decode", args.decode), ("--repeat", args.repeat)):
+        if value < 1:
+            ap.error(f"{flag} must be at least 1")
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    results = [bench_model(name, args, log) for name in args.models]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"threads {args.threads}, prompt {args.prompt_len} tokens, {args.decode} decoder "
+          f"steps, best of {args.repeat} runs after a warm-up; float32")
+    print(f"{'model':22} {'engine':6} {'encode ms':>10} {'decode tok/s':>13} {'vs torch':>9} "
+          f"{'peak RSS MB':>12}")
+    for r in results:
+        for engine in ("ours", "torch"):
+            e = r[engine]
+            ratio = e["decode_tps"] / r["torch"]["decode_tps"]
+            print(f"{r['model']:22} {engine:6} {e['encode_ms']:10.1f} {e['decode_tps']:13.1f} "
+                  f"{ratio:9.2f} {e['peak_rss_mb']:12.0f}")
+        print(f"{'':22} greedy tokens {'match' if r['same_tokens'] else 'DIFFER'}")
+
+
+def child_main(argv: list[str]) -> None:
+    kind, rest = argv[0], argv[1:]
+    if kind == "make":
+        child_make(rest[0], rest[1])
+        return
+    name, folder, prompt_len, decode, threads, repeat = rest
+    ids = prompt_ids(MODELS[name]["vocab_size"], int(prompt_len))
+    child = child_ours if kind == "ours" else child_torch
+    child(folder, ids, int(decode), int(threads), int(repeat))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2:])
+    else:
+        main()
