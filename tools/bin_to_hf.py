@@ -10,7 +10,7 @@ Hugging Face name, the inverse of loading through the family's weight table: FC 
 PyTorch's [out, in] (W.T), the embedding and the norms as they are. A tied LM head is not written
 (transformers ties it from ``tie_word_embeddings``). The header carries ``{"format": "pt"}``,
 which transformers requires. config.json, generation_config.json and the tokenizer files of
-MODEL_DIR are copied beside it, so ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and our own
+MODEL_DIR are copied beside it, so transformers' ``from_pretrained(OUT_DIR)`` and our own
 safetensors loader both read OUT_DIR. Every file is written to a temporary name and renamed.
 """
 

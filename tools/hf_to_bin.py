@@ -5,7 +5,7 @@
 The model is built from MODEL_DIR's config.json (and generation_config.json / nntr_config.json)
 through the Factory, as main.py builds it, but with ``model_tensor_type = "<dtype>-FP32"``. Its
 weights are read from the folder's safetensors (F32, F16 or BF16; one file or shards) through
-``getHFWeightMap``, and ``Model.save`` writes every weight once, in graph order, each in the dtype
+the family's weight table (``getHFWeightTable``), and ``Model.save`` writes every weight once, in graph order, each in the dtype
 its layer requested (porting spec 7.1, 2.2):
 
     FP32-FP32   every weight FP32 (4 bytes an element).
@@ -54,7 +54,7 @@ class ConvertResult(NamedTuple):
 
 
 def build_model(model_dir: str, model_tensor_type: str | None = None):
-    """The initialized CausalLM for MODEL_DIR's configs, as main.py makes it (Factory keyed by
+    """The initialized model for MODEL_DIR's configs, as main.py makes it (Factory keyed by
     ``architectures[0]``), with ``model_tensor_type`` overridden when given and the runtime
     sizes made small (they do not change the weights or their order). Weights are still zero."""
     from factory import Factory
