@@ -27,7 +27,8 @@ Cross-attention (``is_cross_attention=true``, the decoder reading the encoder): 
 keys and values an earlier stage projected from its sequence (the encoder output), read as they
 are; the query at any position sees all of that stage's last step rows, no mask, no window, no
 RoPE (``use_rope`` must be false), no cache of its own: its KV cache is those inputs (kind
-"cross"), projected once per prompt.
+"cross"), projected once per prompt. With B_q query rows and B_k key rows (B_k dividing B_q),
+query row b reads key row b // (B_q / B_k): the beams of a prompt share its encoder rows.
 
 Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32,
 row t = position t, a KV cache of kind "self"; keys are cached after RoPE. Weights: ``sink``
@@ -123,8 +124,11 @@ class MHACoreLayer(Layer):
             if dim.width != n_kv * d:
                 raise context.error(f"{label} width {dim.width} != num_heads_KV {n_kv} x "
                                     f"head_dim {d}")
-            if dim.batch != q.batch or (dim.height != q.height and not self.cross):
+            if (dim.height != q.height or dim.batch != q.batch) and not self.cross:
                 raise context.error(f"{label} dims {dim} do not match query dims {q}")
+            if self.cross and q.batch % dim.batch:
+                raise context.error(f"{label} batch {dim.batch} does not divide the query's "
+                                    f"{q.batch} (each group of query rows reads one key row)")
         if k.height != v.height:
             raise context.error(f"key dims {k} and value dims {v} differ")
         if d % 2 and p["use_rope"]:

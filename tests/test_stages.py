@@ -33,7 +33,7 @@ def fc(name, unit, source):
                                            withKey("input_layers", source)])
 
 
-def cross_model(batch=1, stages=True):
+def cross_model(batch=1, stages=True, encoder_batch=None):
     """enc_x -> enc_out (the encoder's output) and the cross K/V projections enc_k, enc_v;
     dec_x -> dec_q -> cross (mha_core is_cross_attention over enc_k, enc_v)."""
     model = createModel()
@@ -51,7 +51,7 @@ def cross_model(batch=1, stages=True):
     for layer in layers:
         model.addLayer(layer)
     if stages:
-        model.addStage("encoder", ["enc_x"], ["enc_out"])
+        model.addStage("encoder", ["enc_x"], ["enc_out"], batch=encoder_batch)
         model.addStage("decoder", ["dec_x"], ["cross"])
     model.compile()
     model.initialize()
@@ -120,6 +120,22 @@ def test_cross_attention_reads_the_encoder_run_at_every_decoder_step(batch):
     np.testing.assert_allclose(run(model, "decoder", dec[:, :2], 0, 2, N_HEADS * D),
                                cross_reference(model, enc[:, :4], dec[:, :2]), rtol=1e-4,
                                atol=2e-5)
+
+
+@pytest.mark.parametrize("encoder_batch, batch", [(1, 3), (2, 4)])
+def test_groups_of_decoder_rows_share_an_encoder_row(encoder_batch, batch):
+    """A decoder stage of B x k rows (k beams per prompt) reads an encoder stage of B rows:
+    decoder row b attends to encoder row b // k."""
+    model = cross_model(batch, encoder_batch=encoder_batch)
+    assert (model.getStageBatch("encoder"), model.getStageBatch("decoder")) == (encoder_batch, batch)
+    rng = np.random.default_rng(6)
+    enc = rng.standard_normal((encoder_batch, ENC_ROWS, WIDTH)).astype(F32)
+    dec = rng.standard_normal((batch, 2, WIDTH)).astype(F32)
+    run(model, "encoder", enc, 0, ENC_ROWS, 5)
+    got = run(model, "decoder", dec, 0, 2, N_HEADS * D)
+    k = batch // encoder_batch
+    want = cross_reference(model, np.repeat(enc, k, axis=0), dec)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
 
 
 def test_kv_caches_are_listed_with_their_kind_and_stage():
@@ -300,3 +316,8 @@ def test_kv_cache_reorder_takes_batch_rows():
     np.testing.assert_array_equal(cache.key, want_k)
     np.testing.assert_array_equal(cache.value, want_v)
     assert cache.key is key and cache.length == 2  # in place; a self cache's capacity
+    before = cache.key.copy()
+    cache.reorder([1, 1, 2], length=1)  # only position 0 of the rows that change
+    np.testing.assert_array_equal(cache.key[0, 0], before[1, 0])
+    np.testing.assert_array_equal(cache.key[0, 1], before[0, 1])
+    np.testing.assert_array_equal(cache.key[1:], before[1:])

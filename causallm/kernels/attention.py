@@ -6,7 +6,8 @@ HF ``repeat_kv``)::
 
     q, out              (B, H, n_heads * d)   rows [0, nrows) hold positions pos0 + i
     k, v                (B, H, n_kv * d)
-    k_cache, v_cache    (B, T, n_kv * d)      row t holds key position t; head j at [j*d, (j+1)*d)
+    k_cache, v_cache    (B', T, n_kv * d)     row t holds key position t; head j at [j*d, (j+1)*d);
+                                              B' divides B: query row b reads key row b // (B / B')
     cos, sin            (rows >= pos0 + nrows, d/2)   from rope.rope_tables
     sinks               (n_heads,) or (0,)
     bias                (B, n_heads, 2C + 1) or (0, 0, 0): bias[b, h, C + t - p] is added to the
@@ -87,6 +88,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
     b = task // n_heads
+    kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
     h = task % n_heads
     g = h // group
     score = scratch[task, :T]
@@ -112,7 +114,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
         # scores and their max
         m = np.float32(0.0)
         for t in range(n):
-            kt = k_cache[b, lo + t, g * d:(g + 1) * d]
+            kt = k_cache[kb, lo + t, g * d:(g + 1) * d]
             acc = np.float32(0.0)
             for j in range(d):
                 acc += qr[j] * kt[j]
@@ -141,7 +143,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
             o[j] = 0
         for t in range(n):
             pt = score[t] * inv
-            vt = v_cache[b, lo + t, g * d:(g + 1) * d]
+            vt = v_cache[kb, lo + t, g * d:(g + 1) * d]
             for j in range(d):
                 o[j] += pt * vt[j]
 

@@ -18,7 +18,9 @@ Steps, as nntrainer's realizers and ``NetworkGraph`` do them, plus the stages:
    every other layer to the latest stage among its inputs: a layer that reads only encoder
    tensors (the decoder's cross-attention K and V projections) runs with the encoder, once per
    prompt. A stage runs its layers in graph order; a tensor read by a later stage is kept for
-   it (the planner never reuses its buffer).
+   it (the planner never reuses its buffer). A stage may have its own batch: a decoder running
+   B x num_beams rows reads an encoder that ran B (each group of beams shares its prompt's
+   encoder rows).
 """
 
 from __future__ import annotations
@@ -36,21 +38,24 @@ DEFAULT_STAGE = "model"
 
 @dataclass
 class StageSpec:
-    """A declared stage: its input layers and the layers whose outputs a run returns."""
+    """A declared stage: its input layers, the layers whose outputs a run returns, and its
+    batch (None: the model's batch_size)."""
 
     name: str
     inputs: list[str]
     outputs: list[str]
+    batch: int | None = None
 
 
 @dataclass
 class Stage:
-    """A compiled stage: its nodes in graph order, input and output layer names."""
+    """A compiled stage: its nodes in graph order, input and output layer names, batch."""
 
     name: str
     nodes: list[LayerNode] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    batch: int = 1
 
 
 @dataclass
@@ -90,8 +95,10 @@ def compile_graph(nodes: list[LayerNode], stage_specs: list[StageSpec], batch: i
                 raise CausalLMError(f"layer '{node.getName()}': input layer '{producer}' "
                                     f"does not exist")
     order = _topological_sort(nodes)
-    contexts, out_dims, weight_specs = _finalize(order, by_name, batch, tensor_type)
-    stages, stage_of, kept = _split_stages(order, stage_specs)
+    stages, stage_of, kept = _split_stages(order, stage_specs, batch)
+    batch_of = {s.name: s.batch for s in stages}
+    contexts, out_dims, weight_specs = _finalize(order, by_name, tensor_type,
+                                                 {n: batch_of[s] for n, s in stage_of.items()})
     return CompiledGraph(order, contexts, out_dims, weight_specs, stages, stage_of, kept)
 
 
@@ -172,8 +179,8 @@ def _topological_sort(nodes: list[LayerNode]) -> list[LayerNode]:
     return [nodes[i] for i in order]
 
 
-def _finalize(order: list[LayerNode], by_name: dict[str, LayerNode], batch: int,
-              tensor_type: str):
+def _finalize(order: list[LayerNode], by_name: dict[str, LayerNode], tensor_type: str,
+              batch_of: dict[str, int]):
     w_dtype, a_dtype = tensor_type.split("-")
     out_dims: dict[str, list[TensorDim]] = {}
     contexts: list[InitLayerContext] = []
@@ -193,7 +200,7 @@ def _finalize(order: list[LayerNode], by_name: dict[str, LayerNode], batch: int,
         dtype = node.getProperty("weight_dtype")
         if dtype is None:
             dtype = a_dtype if node.getProperty("packed") is False else w_dtype
-        ctx = InitLayerContext(name, node.getType(), input_dims, batch, shared or name,
+        ctx = InitLayerContext(name, node.getType(), input_dims, batch_of[name], shared or name,
                                dtype.upper(), a_dtype)
         ctx.input_shape = node.getProperty("input_shape")
         _fill_defaults(node)
@@ -234,13 +241,14 @@ def _fill_defaults(node: LayerNode) -> None:
             layer.props[key] = spec.default
 
 
-def _split_stages(order: list[LayerNode], specs: list[StageSpec]):
+def _split_stages(order: list[LayerNode], specs: list[StageSpec], batch: int):
     """(stages, stage of every layer, tensors read by a later stage); see the module docstring."""
     names = [n.getName() for n in order]
     consumed = {p for n in order for p, _ in n.getInputConnections()}
     inputs = [n.getName() for n in order if n.getType() == "input"]
     if not specs:
-        stage = Stage(DEFAULT_STAGE, list(order), inputs, [n for n in names if n not in consumed])
+        stage = Stage(DEFAULT_STAGE, list(order), inputs, [n for n in names if n not in consumed],
+                      batch)
         return [stage], {n: DEFAULT_STAGE for n in names}, set()
 
     rank: dict[str, int] = {}
@@ -264,7 +272,7 @@ def _split_stages(order: list[LayerNode], specs: list[StageSpec]):
             raise CausalLMError(f"stage '{specs[rank[name]].name}': '{name}' is not an input layer")
         rank[name] = max(rank[p] for p, _ in node.getInputConnections())
     stages = [Stage(s.name, [n for n in order if rank[n.getName()] == k], list(s.inputs),
-                    list(s.outputs)) for k, s in enumerate(specs)]
+                    list(s.outputs), s.batch or batch) for k, s in enumerate(specs)]
     for k, spec in enumerate(specs):
         for name in spec.outputs:
             if name not in rank:

@@ -98,16 +98,20 @@ class Model:
                       "initialize()", _INITIALIZED: "after initialize()"}[state]
             raise CausalLMError(f"{what} must be called {needed}; the model is {self._state}")
 
-    def addStage(self, name: str, inputs: list[str], outputs: list[str]) -> None:
-        """Declare a stage (in the order stages run): the input layers it is fed through and the
-        layers whose outputs its run returns. Every other layer joins the latest stage among its
-        inputs (compiler docstring). A model that declares none has one stage, ``"model"``."""
+    def addStage(self, name: str, inputs: list[str], outputs: list[str],
+                 batch: int | None = None) -> None:
+        """Declare a stage (in the order stages run): the input layers it is fed through, the
+        layers whose outputs its run returns, and its batch (default: the model's batch_size).
+        Every other layer joins the latest stage among its inputs (compiler docstring). A model
+        that declares none has one stage, ``"model"``."""
         self._require(_DECLARED, "addStage")
         if any(s.name == name for s in self._stage_specs):
             raise CausalLMError(f"addStage: stage '{name}' is declared twice")
         if not inputs or not outputs:
             raise CausalLMError(f"addStage: stage '{name}' needs input and output layers")
-        self._stage_specs.append(StageSpec(name, list(inputs), list(outputs)))
+        if batch is not None and batch < 1:
+            raise CausalLMError(f"addStage: stage '{name}' needs a batch of at least 1")
+        self._stage_specs.append(StageSpec(name, list(inputs), list(outputs), batch))
 
     # -- compile ----------------------------------------------------------------------------
     def compile(self, mode: str = ExecutionMode.INFERENCE) -> None:
@@ -132,13 +136,13 @@ class Model:
         self._weights: dict[str, np.ndarray] = {
             s.full_name: np.zeros(s.shape, dtype=np.float32) for s in self._weight_specs}
         buffers = plan_buffers(graph)
-        batch = self.props["batch_size"]
+        batch_of = {stage.name: stage.batch for stage in graph.stages}
         states = {stage.name: StageState(stage.name) for stage in graph.stages}
         contexts = {}
         self._kv_caches: list[KVCache] = []
         for node, ictx in zip(graph.nodes, graph.contexts):
             name = node.getName()
-            rctx = RunLayerContext(name, batch)
+            rctx = RunLayerContext(name, batch_of[graph.stage_of[name]])
             refs = node.getInputConnections()
             rctx.inputs = [buffers[p][i] for p, i in refs]
             rctx.input_stages = [states[graph.stage_of[p]] for p, _ in refs]
@@ -159,7 +163,7 @@ class Model:
         self._run = [contexts[n.getName()] for n in graph.nodes]
         self._stages = {
             stage.name: StageRunner(stage.name, [contexts[n.getName()] for n in stage.nodes],
-                                    stage.inputs, stage.outputs, buffers, batch,
+                                    stage.inputs, stage.outputs, buffers, stage.batch,
                                     states[stage.name])
             for stage in graph.stages}
         self._buffers = buffers
@@ -258,10 +262,10 @@ class Model:
         signature and unused, as in nntrainer.
         """
         self._require(_INITIALIZED, "incremental_inference()")
-        if batch != self.props["batch_size"]:
-            raise CausalLMError(f"incremental_inference: batch {batch} differs from the model's "
-                                f"batch_size {self.props['batch_size']}")
         runner = self._stage(stage)
+        if batch != runner.batch:
+            raise CausalLMError(f"incremental_inference: batch {batch} differs from the "
+                                f"{runner.batch} rows of stage '{runner.name}'")
         if self._dirty:
             self._refresh_weights()
         return runner.run(inputs, from_, to)
@@ -271,11 +275,16 @@ class Model:
         the kernels are compiled or loaded from numba's cache before the first real step is
         timed. It writes KV-cache rows 0 and 1, which the next run overwrites."""
         self._require(_INITIALIZED, "warmup()")
-        batch = self.props["batch_size"]
         for name, runner in self._stages.items():
             for step in sorted({1, min(2, runner.input_rows())}):
-                zeros = [np.zeros((batch, step), dtype=np.float32) for _ in runner.input_names]
-                self.incremental_inference(batch, zeros, None, step, 0, step, stage=name)
+                zeros = [np.zeros((runner.batch, step), dtype=np.float32)
+                         for _ in runner.input_names]
+                self.incremental_inference(runner.batch, zeros, None, step, 0, step, stage=name)
+
+    def getStageBatch(self, stage: str | None = None) -> int:
+        """Rows of ``stage`` (the only one when None)."""
+        self._require(_INITIALIZED, "getStageBatch()")
+        return self._stage(stage).batch
 
     def getKVCaches(self, kind: str | None = None, stage: str | None = None) -> list[KVCache]:
         """The KV caches (causallm/runtime/kv_cache.py) in graph order, of one ``kind``

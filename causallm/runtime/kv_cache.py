@@ -36,9 +36,15 @@ class KVCache:
         """Rows holding positions: a cross cache's source step; a self cache's capacity."""
         return self.source.rows if self.source is not None else self.key.shape[1]
 
-    def reorder(self, rows) -> None:
-        """Take batch rows ``rows`` (one source row per row, e.g. the beams that survive) in
-        place."""
+    def reorder(self, rows, length: int | None = None) -> None:
+        """Row b becomes row ``rows[b]`` (the beams that survive a step), in place; only rows
+        that change are copied, and of those only the first ``length`` positions (the ones
+        written so far; all when None)."""
         index = np.asarray(rows, dtype=np.int64)
-        self.key[...] = self.key[index]
-        self.value[...] = self.value[index]
+        moved = np.flatnonzero(index != np.arange(index.size))
+        if moved.size == 0:
+            return
+        n = self.key.shape[1] if length is None else length
+        source = index[moved]
+        self.key[moved, :n] = self.key[source, :n]  # the right side is gathered first
+        self.value[moved, :n] = self.value[source, :n]
