@@ -45,7 +45,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="input text (default: nntr_config.json sample_input)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
                    help="new tokens to generate (nntr_config num_to_generate)")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
+    p.add_argument("--num-beams", type=int, default=None,
+                   help="beam search with N beams (generation_config num_beams)")
+    p.add_argument("--num-return-sequences", type=int, default=None,
+                   help="hypotheses a beam search returns (at most --num-beams)")
     p.add_argument("--temp", type=float, default=None, help="sampling temperature")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
@@ -74,6 +78,11 @@ def _check_args(args: argparse.Namespace) -> None:
          "--repeat-penalty must be a finite number > 0"),
         (args.seed is not None and args.seed < 0, "--seed must be >= 0"),
         (args.threads is not None and args.threads < 1, "-t must be at least 1"),
+        (args.num_beams is not None and args.num_beams < 1, "--num-beams must be at least 1"),
+        (args.num_return_sequences is not None and args.num_return_sequences < 1,
+         "--num-return-sequences must be at least 1"),
+        (args.greedy and args.num_beams is not None and args.num_beams > 1,
+         "--greedy means one beam; it cannot go with --num-beams > 1"),
     ]
     for bad, message in checks:
         if bad:
@@ -131,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
 
     model.setGenerationOptions(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                repetition_penalty=args.repeat_penalty, seed=args.seed,
-                               greedy=args.greedy)
+                               greedy=args.greedy, num_beams=args.num_beams,
+                               num_return_sequences=args.num_return_sequences)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

@@ -70,7 +70,9 @@ class CausalLM(LanguageModel):
     # -- what the generator drives ----------------------------------------------------------
     def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],
               metrics: PerformanceMetrics) -> Start:
-        """Prefill ``prompt_ids`` (B, P) at positions ``[start_pos, start_pos + P)``."""
+        """Prefill ``prompt_ids`` (B, P) at positions ``[start_pos, start_pos + P)``, each
+        prompt in its rowsPerPrompt() rows (one per beam, as transformers expands them)."""
+        prompt_ids = np.repeat(prompt_ids, self.rowsPerPrompt(), axis=0)
         P = prompt_ids.shape[1]
         T = self.max_timestep
         if start_pos + P > T:
@@ -85,12 +87,17 @@ class CausalLM(LanguageModel):
         return Start(logits, history, T - self.position + 1)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        """Feed one token per row at the next position; its logits (B, vocab)."""
-        B, pos = self.BATCH_SIZE, self.position
+        """Feed one token per row at the next position; its logits (rows, vocab)."""
+        B, pos = tokens.shape[0], self.position
         logits = self.model.incremental_inference(B, [tokens.reshape(B, 1)], None, 1, pos,
                                                   pos + 1)[0]
         self.position = pos + 1
         return logits
+
+    def reorder(self, rows) -> None:
+        """Beam search: row r continues the sequence of row ``rows[r]``, KV caches included."""
+        for cache in self.model.getKVCaches("self"):
+            cache.reorder(rows, self.position)
 
     def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = ""
                  ) -> tuple[list[int], int, list[int]]:

@@ -123,7 +123,9 @@ class EncoderDecoder(LanguageModel):
 
         for layer in layers:
             self.model.addLayer(layer)
-        self.model.addStage(ENCODER, ["encoder_input0"], ["encoder_output_norm"])
+        # the encoder runs each prompt once; the decoder runs rowsPerPrompt() rows of it (beams)
+        self.model.addStage(ENCODER, ["encoder_input0"], ["encoder_output_norm"],
+                            batch=self.BATCH_SIZE)
         self.model.addStage(DECODER, ["decoder_input0"], ["output_of_encoder_decoder"])
 
     def createEmbedding(self, name: str, input_name: str, shared_from: str | None = None):
@@ -252,18 +254,25 @@ class EncoderDecoder(LanguageModel):
         if start_pos:
             raise CausalLMError(f"{type(self).__name__}: the prompt goes through the encoder; "
                                 f"it cannot continue a cached system prompt")
-        B, P = prompt_ids.shape
+        P = prompt_ids.shape[1]
         with metrics.phase("encode", P):
             self.encode(prompt_ids)
-        start = np.full((B, 1), self.DECODER_START_TOKEN_ID, dtype=np.float32)
+        rows = self.BATCH_SIZE * self.rowsPerPrompt()  # the beams share their prompt's encoding
+        start = np.full((rows, 1), self.DECODER_START_TOKEN_ID, dtype=np.float32)
         with metrics.phase("prefill", 1):
             logits = self.decode(start, 0)
         self.position = 1
-        return Start(logits, [[self.DECODER_START_TOKEN_ID] for _ in range(B)],
+        return Start(logits, [[self.DECODER_START_TOKEN_ID] for _ in range(rows)],
                      self.DECODER_SEQ_LEN)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """One decoder step: one token per row at the next decoder position."""
-        logits = self.decode(tokens.reshape(self.BATCH_SIZE, 1), self.position)
+        logits = self.decode(tokens.reshape(-1, 1), self.position)
         self.position += 1
         return logits
+
+    def reorder(self, rows) -> None:
+        """Beam search: row r continues the decoder sequence of row ``rows[r]`` (its
+        self-attention caches; the cross-attention caches are the prompt's, shared)."""
+        for cache in self.model.getKVCaches("self", stage=DECODER):
+            cache.reorder(rows, self.position)

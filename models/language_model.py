@@ -21,7 +21,9 @@ from __future__ import annotations
 import sys
 
 from causallm.errors import CausalLMError
+from causallm.generation.beam import BeamSearch
 from causallm.generation.generator import GenerationResult, Generator, PerformanceMetrics
+from causallm.generation.processors import GenerationSettings
 from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
 from models.transformer import Transformer
@@ -59,24 +61,103 @@ class LanguageModel(Transformer):
         if not self.REPETITION_PENALTY > 0.0:
             raise generation_cfg.error("repetition_penalty", "a number > 0 (1.0 = off)")
         self.SEED = None
+        self.readSearchParameters(cfg, generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()
         self.result = GenerationResult()
 
+    def readSearchParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig) -> None:
+        """The search keys transformers' generate() reads: from generation_config.json, or from
+        config.json when the folder has no generation_config.json (GenerationConfig's
+        from_model_config). Beyond the C++, which decodes one row greedily or by sampling."""
+        src = generation_cfg if generation_cfg.exists else cfg
+        self.NUM_BEAMS = src.get_int("num_beams", 1, minimum=1)
+        if self.NUM_BEAMS > self.NUM_VOCAB:
+            raise src.error("num_beams", f"at most vocab_size ({self.NUM_VOCAB})")
+        self.NUM_RETURN_SEQUENCES = src.get_int("num_return_sequences", 1, minimum=1)
+        self.LENGTH_PENALTY = src.get_float("length_penalty", 1.0)
+        early = src.get("early_stopping", False)
+        if early not in (True, False, "never"):
+            raise src.error("early_stopping", "true, false or \"never\"")
+        self.EARLY_STOPPING = early
+        self.NO_REPEAT_NGRAM_SIZE = src.get_int("no_repeat_ngram_size", 0, minimum=0)
+        self.MIN_LENGTH = src.get_int("min_length", 0, minimum=0)
+        self.MIN_NEW_TOKENS = src.get_int("min_new_tokens", 0, minimum=0)
+        forced_bos = src.get_int("forced_bos_token_id", -1, minimum=0) \
+            if src.contains("forced_bos_token_id") else None
+        self.FORCED_BOS_TOKEN_ID = forced_bos
+        self.FORCED_EOS_TOKEN_ID = src.get_int_list("forced_eos_token_id", [])
+        words = src.get("bad_words_ids") or []
+        if not (isinstance(words, list) and all(
+                isinstance(w, list) and w and all(isinstance(t, int) and not isinstance(t, bool)
+                                                  and 0 <= t < self.NUM_VOCAB for t in w)
+                for w in words)):
+            raise src.error("bad_words_ids", f"a list of non-empty lists of token ids in "
+                                             f"[0, {self.NUM_VOCAB})")
+        self.BAD_WORDS_IDS = words
+        for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
+                           ("forced_eos_token_id", self.FORCED_EOS_TOKEN_ID)):
+            if any(t >= self.NUM_VOCAB for t in value):
+                raise src.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
+
     # -- token selection --------------------------------------------------------------------
     def setGenerationOptions(self, temperature: float | None = None, top_k: int | None = None,
                              top_p: float | None = None, repetition_penalty: float | None = None,
-                             seed: int | None = None, greedy: bool = False) -> None:
-        """The CLI's sampling options over the configs' values: a temperature, top-k or top-p
-        switches sampling on, ``greedy`` off; temperature 0 is greedy (``samples``)."""
+                             seed: int | None = None, greedy: bool = False,
+                             num_beams: int | None = None,
+                             num_return_sequences: int | None = None) -> None:
+        """The CLI's options over the configs' values: a temperature, top-k or top-p switches
+        sampling on; ``greedy`` means one beam, argmax; temperature 0 is greedy (``samples``).
+        The beams size the graph: set them before ``initialize()``."""
         for name, value in (("TEMPERATURE", temperature), ("TOP_K", top_k), ("TOP_P", top_p),
-                            ("REPETITION_PENALTY", repetition_penalty), ("SEED", seed)):
+                            ("REPETITION_PENALTY", repetition_penalty), ("SEED", seed),
+                            ("NUM_BEAMS", num_beams),
+                            ("NUM_RETURN_SEQUENCES", num_return_sequences)):
             if value is not None:
                 setattr(self, name, value)
         if temperature is not None or top_k is not None or top_p is not None:
             self.DO_SAMPLE = True
         if greedy:
             self.DO_SAMPLE = False
+            self.NUM_BEAMS = 1
+            if num_return_sequences is None:
+                self.NUM_RETURN_SEQUENCES = 1
+        if num_beams is not None and not 1 <= num_beams <= self.NUM_VOCAB:
+            raise CausalLMError(f"num_beams must be in [1, {self.NUM_VOCAB}] (the vocabulary), "
+                                f"got {num_beams}")
+        if self.is_initialized and self.NUM_BEAMS != self.beams_built:
+            raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
+                                f"num_beams before initialize()")
+
+    def rowsPerPrompt(self) -> int:
+        """Decoder rows per prompt: one per beam."""
+        return self.NUM_BEAMS
+
+    def initialize(self) -> None:
+        super().initialize()
+        self.beams_built = self.NUM_BEAMS
+
+    def generationSettings(self, do_sample: bool | None = None) -> GenerationSettings:
+        """What ``generate_tokens`` asks the generator or the beam search for: the settings
+        above; sampling only when ``do_sample`` (default DO_SAMPLE) and the temperature is not 0."""
+        do_sample = self.samples(self.DO_SAMPLE if do_sample is None else do_sample)
+        if do_sample and self.NUM_BEAMS > 1:
+            raise CausalLMError(f"sampling with {self.NUM_BEAMS} beams (beam sampling) is not "
+                                f"supported: sample with one beam (--num-beams 1) or search "
+                                f"the beams without sampling")
+        if self.NUM_RETURN_SEQUENCES > self.NUM_BEAMS:
+            raise CausalLMError(f"num_return_sequences {self.NUM_RETURN_SEQUENCES} exceeds "
+                                f"num_beams {self.NUM_BEAMS}")
+        return GenerationSettings(
+            do_sample=do_sample, temperature=self.TEMPERATURE, top_k=self.TOP_K,
+            top_p=self.TOP_P, repetition_penalty=self.REPETITION_PENALTY,
+            bad_words_ids=[[t] for t in self.BAD_WORD_IDS] + list(self.BAD_WORDS_IDS),
+            no_repeat_ngram_size=self.NO_REPEAT_NGRAM_SIZE, min_length=self.MIN_LENGTH,
+            min_new_tokens=self.MIN_NEW_TOKENS, forced_bos_token_id=self.FORCED_BOS_TOKEN_ID,
+            forced_eos_token_id=list(self.FORCED_EOS_TOKEN_ID),
+            eos_token_id=list(self.EOS_TOKEN_ID), num_beams=self.NUM_BEAMS,
+            length_penalty=self.LENGTH_PENALTY, early_stopping=self.EARLY_STOPPING,
+            num_return_sequences=self.NUM_RETURN_SEQUENCES, seed=self.SEED)
 
     def samples(self, do_sample: bool) -> bool:
         """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of
@@ -84,6 +165,7 @@ class LanguageModel(Transformer):
         return bool(do_sample) and self.TEMPERATURE != 0.0
 
     def makeSampler(self, do_sample: bool) -> Sampler:
+        """A sampler with the repetition penalty and bad words only (CausalLM::generate)."""
         do_sample = self.samples(do_sample)
         return Sampler(temperature=self.TEMPERATURE, top_k=self.TOP_K, top_p=self.TOP_P,
                        repetition_penalty=self.REPETITION_PENALTY,
@@ -104,10 +186,9 @@ class LanguageModel(Transformer):
         ``on_token(b, token_id)`` sees every new token; row 0's text streams to ``stream``."""
         if not self.is_initialized:
             raise CausalLMError("generate: call initialize() and load_weight() first")
-        do_sample = self.DO_SAMPLE if do_sample is None else do_sample
-        generator = Generator(self, self.makeSampler(do_sample), self.EOS_TOKEN_ID,
-                              self.tokenizer, stream)
-        result = generator.generate(
+        settings = self.generationSettings(do_sample)
+        search = BeamSearch if settings.num_beams > 1 else Generator
+        result = search(self, settings, self.tokenizer, stream).generate(
             prompt_ids, self.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens,
             start_pos, context_ids, on_token)
         self.performance_metrics = result.metrics

@@ -208,7 +208,8 @@ class Transformer:
     def initialize(self) -> None:
         self.registerCustomLayers()
         self.constructModel()
-        model_props = [withKey("batch_size", self.BATCH_SIZE), withKey("epochs", "1"),
+        model_props = [withKey("batch_size", self.BATCH_SIZE * self.rowsPerPrompt()),
+                       withKey("epochs", "1"),
                        withKey("model_tensor_type", self.MODEL_TENSOR_TYPE)]
         if self.MEMORY_SWAP:
             model_props += [withKey("fsu", "true"), withKey("fsu_lookahead", self.FSU_LOOKAHEAD)]
@@ -441,6 +442,11 @@ class Transformer:
         if not self.is_initialized:
             raise CausalLMError("save_weight: call initialize() first")
         self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
+
+    def rowsPerPrompt(self) -> int:
+        """Graph rows per prompt (LanguageModel: one per beam); the graph's batch is
+        BATCH_SIZE times this."""
+        return 1
 
     def setGenerationOptions(self, **options) -> None:
         """Sampling options (temperature, top_k, ...) from the command line: a model that does

@@ -31,6 +31,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.generation.processors import GenerationSettings, build_processors
 from causallm.generation.sampler import Sampler
 from causallm.tokenizer import StreamDecoder
 
@@ -125,13 +126,22 @@ class GenerationResult:
     finish_reasons: list = field(default_factory=list)  # [B] "eos" | "length" | "cache_full"
     do_sample: bool = False
     metrics: PerformanceMetrics = field(default_factory=PerformanceMetrics)
+    num_beams: int = 1
+    sequences: list = field(default_factory=list)       # beams: [B][num_return_sequences]
+                                                        # {generated_ids, score, text}, best first
 
     def record(self) -> dict:
-        """The CLI's --json fields of this result (row 0, plus every row when B > 1)."""
+        """The CLI's --json fields of this result (row 0, plus every row when B > 1; with
+        beams the best hypothesis, its score, and every returned one when there are several)."""
         out = {"prompt_ids": self.prompt_ids[0], "generated_ids": self.generated_ids[0],
                "text": self.texts[0] if self.texts else "",
                "finish_reason": self.finish_reasons[0], "do_sample": self.do_sample,
                **self.metrics.record()}
+        if self.num_beams > 1:
+            out["num_beams"] = self.num_beams
+            out["score"] = self.sequences[0][0]["score"]
+            if len(self.sequences[0]) > 1:
+                out["sequences"] = self.sequences[0]
         if len(self.generated_ids) > 1:
             out["batch"] = [{"generated_ids": g, "text": t, "finish_reason": r} for g, t, r in
                             zip(self.generated_ids, self.texts, self.finish_reasons)]
@@ -139,15 +149,16 @@ class GenerationResult:
 
 
 class Generator:
-    """Generates with ``model`` (a ``Generative``), choosing tokens with ``sampler`` and
-    stopping a row at any of ``eos_ids``. With a ``tokenizer``, the new text of every row is
-    decoded as it comes (``GenerationResult.texts``) and row 0's is written to ``stream``."""
+    """Generates with ``model`` (a ``Generative``) as ``settings`` say (greedy or sampling: one
+    row per prompt), stopping a row at an EOS id. With a ``tokenizer``, the new text of every
+    row is decoded as it comes (``GenerationResult.texts``) and row 0's is written to
+    ``stream``."""
 
-    def __init__(self, model: Generative, sampler: Sampler, eos_ids: Sequence[int] = (),
-                 tokenizer=None, stream=None) -> None:
+    def __init__(self, model: Generative, settings: GenerationSettings, tokenizer=None,
+                 stream=None) -> None:
         self.model = model
-        self.sampler = sampler
-        self.eos = set(eos_ids)
+        self.settings = settings
+        self.eos = set(settings.eos_token_id)
         self.tokenizer = tokenizer
         self.stream = stream
 
@@ -170,10 +181,11 @@ class Generator:
             raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
                                 f"{max_new_tokens}")
         metrics = PerformanceMetrics()
+        s = self.settings
         result = GenerationResult(prompt_ids=[list(r) for r in prompt_ids],
                                   generated_ids=[[] for _ in range(B)],
-                                  finish_reasons=["length"] * B,
-                                  do_sample=self.sampler.do_sample, metrics=metrics)
+                                  finish_reasons=["length"] * B, do_sample=s.do_sample,
+                                  metrics=metrics)
         decoders = [StreamDecoder(self.tokenizer) for _ in range(B)] if self.tokenizer else []
         texts = [""] * B
         finished = [False] * B
@@ -202,8 +214,11 @@ class Generator:
                                  list(context_ids), metrics)
         histories = start.history
         n_new = min(max_new_tokens, start.capacity)
+        prompt_len = len(histories[0])
+        sampler = Sampler(s.temperature, s.top_k, s.top_p, seed=s.seed, do_sample=s.do_sample,
+                          processors=build_processors(s, prompt_len, prompt_len + n_new))
         with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
-            emit(self.sampler.select(start.logits, histories))
+            emit(sampler.select(start.logits, histories))
         steps = 0
         tokens = np.zeros(B, dtype=np.float32)
         with metrics.phase("generation", 0):
@@ -211,7 +226,7 @@ class Generator:
                 tokens[:] = [h[-1] for h in histories]
                 logits = self.model.step(tokens)
                 steps += 1
-                emit(self.sampler.select(logits, histories))
+                emit(sampler.select(logits, histories))
         metrics.generation_tokens = steps
         for b, decoder in enumerate(decoders):
             tail = decoder.flush()

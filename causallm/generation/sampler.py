@@ -138,7 +138,8 @@ class Sampler:
 
     ``select(logits (B, V), histories)`` returns B int64 ids. Per row: the logits are copied
     once into a scratch buffer (the caller's array is never modified), penalised (repetition
-    over ``histories[b]``, bad words), then
+    over ``histories[b]``, bad words; or, when ``processors`` are given, by those, in order:
+    causallm/generation/processors.py, which the generator builds), then
 
     - ``do_sample=False``: argmax, the first maximum (HF greedy search);
     - ``do_sample=True``: :func:`applyTKP`, then one draw from softmax in float64 by inverse
@@ -150,8 +151,9 @@ class Sampler:
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, bad_word_ids: Iterable[int] = (),
-                 seed: int | None = None, do_sample: bool = False):
+                 seed: int | None = None, do_sample: bool = False, processors=None):
         _check_penalty(repetition_penalty)
+        self.processors = processors
         _check_warpers(temperature if do_sample else 1.0, top_k, top_p)
         self.temperature = float(temperature)
         self.top_k = int(top_k)
@@ -179,10 +181,14 @@ class Sampler:
         chosen = np.empty(batch, dtype=np.int64)
         for b in range(batch):
             np.copyto(row, logits[b], casting="same_kind")
-            if histories is not None:
-                applyRepetitionPenalty(row, histories[b], self.repetition_penalty)
-            if self.bad_word_ids.size:
-                applyBadWordsPenalty(row, self.bad_word_ids)
+            if self.processors is not None:
+                for process in self.processors:
+                    process(histories[b], row)
+            else:
+                if histories is not None:
+                    applyRepetitionPenalty(row, histories[b], self.repetition_penalty)
+                if self.bad_word_ids.size:
+                    applyBadWordsPenalty(row, self.bad_word_ids)
             if self.do_sample:
                 applyTKP(row, self.temperature, self.top_k, self.top_p)
                 chosen[b] = self._draw(row, b)

@@ -1,0 +1,148 @@
+"""Logits processors with transformers' semantics, applied to one row at a time.
+
+Each processor is called as ``processor(ids, scores)``: ``ids`` is the row's sequence so far (the
+decoder-only model's prompt and new tokens, a cached system prompt included; the
+encoder-decoder's decoder ids from ``decoder_start_token_id``), ``scores`` its (V,) float32
+scores, changed in place. ``cur_len`` below is ``len(ids)``, transformers' ``input_ids.shape[-1]``.
+``build_processors`` lists them in the order ``GenerationMixin._get_logits_processor`` does:
+
+    RepetitionPenalty(p)         x[i] = x[i] * p if x[i] < 0 else x[i] / p, each distinct i in ids
+    NoRepeatNGram(n)             a token that would repeat an n-gram of ids gets -inf
+    NoBadWords(words)            -inf for a single-token word; for a longer one, its last token
+                                 when ids end with the rest of it
+    MinLength(m, eos)            the EOS ids get -inf while cur_len < m
+    MinNewTokens(p, m, eos)      the EOS ids get -inf while cur_len - p < m (p: the prompt's length)
+    ForcedBOS(bos)               at cur_len == 1 every token but bos gets -inf, bos 0
+    ForcedEOS(max_length, eos)   at cur_len == max_length - 1 every token but the EOS ids gets
+                                 -inf, they 0
+
+Greedy and sampling apply them to the logits, beam search to the log-softmax (as transformers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from causallm.generation.sampler import applyRepetitionPenalty
+
+NEG_INF = np.float32(-np.inf)
+
+
+@dataclass
+class GenerationSettings:
+    """What a generation is asked to do (generation_config.json's keys, transformers' meaning)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    bad_words_ids: list = field(default_factory=list)   # [[id, ...], ...]
+    no_repeat_ngram_size: int = 0
+    min_length: int = 0
+    min_new_tokens: int = 0
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: list = field(default_factory=list)
+    eos_token_id: list = field(default_factory=list)
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
+    seed: int | None = None
+
+
+class RepetitionPenalty:
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        applyRepetitionPenalty(scores, ids, self.penalty)
+
+
+class NoRepeatNGram:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        n, cur_len = self.n, len(ids)
+        if cur_len < n:
+            return
+        prefix = tuple(ids[cur_len + 1 - n:])
+        banned = {ids[i + n - 1] for i in range(cur_len - n + 1) if tuple(ids[i:i + n - 1]) == prefix}
+        if banned:
+            scores[list(banned)] = NEG_INF
+
+
+class NoBadWords:
+    def __init__(self, words: Sequence[Sequence[int]]) -> None:
+        self.single = np.array([w[0] for w in words if len(w) == 1], dtype=np.int64)
+        self.longer = [tuple(w) for w in words if len(w) > 1]
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        if self.single.size:
+            scores[self.single] = NEG_INF
+        for word in self.longer:
+            if len(ids) >= len(word) - 1 and tuple(ids[len(ids) - len(word) + 1:]) == word[:-1]:
+                scores[word[-1]] = NEG_INF
+
+
+class MinLength:
+    def __init__(self, min_length: int, eos: Sequence[int]) -> None:
+        self.min_length, self.eos = min_length, list(eos)
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        if len(ids) < self.min_length:
+            scores[self.eos] = NEG_INF
+
+
+class MinNewTokens:
+    def __init__(self, prompt_len: int, min_new_tokens: int, eos: Sequence[int]) -> None:
+        self.prompt_len, self.min_new_tokens, self.eos = prompt_len, min_new_tokens, list(eos)
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        if len(ids) - self.prompt_len < self.min_new_tokens:
+            scores[self.eos] = NEG_INF
+
+
+class ForcedBOS:
+    def __init__(self, bos: int) -> None:
+        self.bos = bos
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        if len(ids) == 1:
+            scores[:] = NEG_INF
+            scores[self.bos] = 0
+
+
+class ForcedEOS:
+    def __init__(self, max_length: int, eos: Sequence[int]) -> None:
+        self.max_length, self.eos = max_length, list(eos)
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        if len(ids) == self.max_length - 1:
+            scores[:] = NEG_INF
+            scores[self.eos] = 0
+
+
+def build_processors(s: GenerationSettings, prompt_len: int, max_length: int) -> list:
+    """The processors ``s`` asks for, in transformers' order. ``prompt_len`` is the length of
+    each row's ids when generation starts, ``max_length`` that plus the new tokens allowed."""
+    out = []
+    if s.repetition_penalty != 1.0:
+        out.append(RepetitionPenalty(s.repetition_penalty))
+    if s.no_repeat_ngram_size > 0:
+        out.append(NoRepeatNGram(s.no_repeat_ngram_size))
+    if s.bad_words_ids:
+        out.append(NoBadWords(s.bad_words_ids))
+    if s.min_length > 0 and s.eos_token_id:
+        out.append(MinLength(s.min_length, s.eos_token_id))
+    if s.min_new_tokens > 0 and s.eos_token_id:
+        out.append(MinNewTokens(prompt_len, s.min_new_tokens, s.eos_token_id))
+    if s.forced_bos_token_id is not None:
+        out.append(ForcedBOS(s.forced_bos_token_id))
+    if s.forced_eos_token_id:
+        out.append(ForcedEOS(max_length, s.forced_eos_token_id))
+    return out
