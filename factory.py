@@ -68,6 +68,7 @@ class Factory:
 
 def registerModels(factory: Factory) -> None:
     """main.cpp's ``Factory::Instance().registerModel(...)`` calls."""
+    from models.bart.bart import BartForConditionalGeneration
     from models.bert.bert_model import BertEmbedding
     from models.causal_lm import CausalLM
     from models.gemma3.embedding_gemma import EmbeddingGemma
@@ -108,6 +109,8 @@ def registerModels(factory: Factory) -> None:
     factory.registerModel("BertEmbedding", lambda cfg, gen, nntr: BertEmbedding(cfg, gen, nntr))
     factory.registerModel("T5ForConditionalGeneration",
                           lambda cfg, gen, nntr: T5ForConditionalGeneration(cfg, gen, nntr))
+    factory.registerModel("BartForConditionalGeneration",
+                          lambda cfg, gen, nntr: BartForConditionalGeneration(cfg, gen, nntr))
 
 
 EMBEDDING_ARCHITECTURES = {

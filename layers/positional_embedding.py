@@ -1,18 +1,21 @@
 """``positional_embedding``: learned absolute position (and token type) embeddings, added.
 
-    out[b, i] = x[b, i] + P[from_ + i]                                  i in [0, step)
-    out[b, i] = (x[b, i] + T[token_type]) + P[from_ + i]                with token types
+    out[b, i] = x[b, i] + P[offset + from_ + i]                         i in [0, step)
+    out[b, i] = (x[b, i] + T[token_type]) + P[offset + from_ + i]       with token types
 
-GPT-2's ``wte + wpe`` and BERT's ``BertEmbeddings`` (word + token type + position); the word
-embedding ``x`` comes from ``embedding_layer``. Positions are absolute, so a step starting at
-``from_`` (a cached decode step) uses rows ``[from_, to)`` of P.
+GPT-2's ``wte + wpe``, BERT's ``BertEmbeddings`` (word + token type + position) and BART's
+learned positions (``BartLearnedPositionalEmbedding``: the table has 2 extra rows in front,
+``offset`` 2); the word embedding ``x`` comes from ``embedding_layer``. Positions are absolute,
+so a step starting at ``from_`` (a cached decode step) uses rows ``[offset + from_, offset +
+to)`` of P.
 
 Input ``(B, 1, H, W)``; output the same. Weights, in order: ``Embedding`` (P, W) =
-[max_position_embeddings, hidden], the PyTorch layout; then, only if ``type_vocab_size`` > 0,
-``TokenTypeEmbedding`` (type_vocab_size, W). Properties: ``max_position_embeddings``
-(required), ``type_vocab_size`` (0 = no token types), ``token_type`` (0: the type id of every
-token; HF's default token_type_ids are all zeros). A position past the table is an error naming
-the layer. Not an nntrainer CausalLM layer: added for GPT-2 and the encoder models.
+[max_position_embeddings, hidden], the PyTorch layout (P counts the offset rows); then, only
+if ``type_vocab_size`` > 0, ``TokenTypeEmbedding`` (type_vocab_size, W). Properties:
+``max_position_embeddings`` (required: the table's rows), ``offset`` (0), ``type_vocab_size``
+(0 = no token types), ``token_type`` (0: the type id of every token; HF's default
+token_type_ids are all zeros). A position past the table is an error naming the layer. Not an
+nntrainer CausalLM layer: added for GPT-2, BART and the encoder models.
 """
 
 import numpy as np
@@ -27,8 +30,8 @@ NO_TYPE = np.zeros(0, dtype=np.float32)
 class PositionalEmbeddingLayer(Layer):
     type = "positional_embedding"
     layer_impl = True
-    properties = {"max_position_embeddings": uint(required=True), "type_vocab_size": uint(0),
-                  "token_type": uint(0)}
+    properties = {"max_position_embeddings": uint(required=True), "offset": uint(0),
+                  "type_vocab_size": uint(0), "token_type": uint(0)}
 
     def finalize(self, context):
         dims = context.getInputDimensions()
@@ -36,8 +39,10 @@ class PositionalEmbeddingLayer(Layer):
             raise context.error(f"needs 1 input, got {len(dims)}")
         p = self.props
         self.positions, types = p["max_position_embeddings"], p["type_vocab_size"]
-        if self.positions < 1:
-            raise context.error("max_position_embeddings must be at least 1")
+        self.offset = p["offset"]
+        if self.positions <= self.offset:
+            raise context.error(f"max_position_embeddings {self.positions} leaves no row past "
+                                f"offset {self.offset}")
         if types and p["token_type"] >= types:
             raise context.error(f"token_type {p['token_type']} is out of range for "
                                 f"type_vocab_size {types}")
@@ -49,9 +54,9 @@ class PositionalEmbeddingLayer(Layer):
         context.setOutputDimensions([dims[0]])
 
     def incremental_forwarding(self, context, from_, to):
-        if to > self.positions:
+        if self.offset + to > self.positions:
             raise context.error(f"position {to - 1} is past max_position_embeddings "
-                                f"{self.positions}")
+                                f"{self.positions - self.offset}")
         type_row = context.weights[1][self.props["token_type"]] if self.has_types else NO_TYPE
         position_add(context.inputs[0], context.weights[0], type_row, context.outputs[0],
-                     to - from_, from_)
+                     to - from_, self.offset + from_)

@@ -66,6 +66,9 @@ class EncoderDecoder(LanguageModel):
     """The encoder-decoder base (module docstring); T5 and the families after it subclass it."""
 
     MODEL_TYPE = ModelType.MODEL
+    NORMALIZE_BEFORE = True
+    """Pre-norm blocks, x + f(norm(x)), as the note draws them (T5); False: post-norm,
+    norm(x + f(x)), as the paper and BART / Marian."""
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
@@ -80,53 +83,61 @@ class EncoderDecoder(LanguageModel):
         self.DECODER_START_TOKEN_ID = source.get_int(key, minimum=0)
         if self.DECODER_START_TOKEN_ID >= self.NUM_VOCAB:
             raise source.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
+        self.MAX_POSITIONS = None  # a family with learned positions: its table's length
         self.DECODER_SEQ_LEN = self.NUM_TO_GENERATE  # decoder positions: its KV cache rows
         self.LM_HEAD_SCALE = 1.0  # the decoder output's scale before a tied head (T5's)
+        # per stack (a family whose stacks differ sets them apart)
+        self.ENCODER_NUM_HEADS = self.DECODER_NUM_HEADS = self.NUM_HEADS
+        self.ENCODER_HEAD_DIM = self.DECODER_HEAD_DIM = self.HEAD_DIM
+        self.ENCODER_INTERMEDIATE_SIZE = self.DECODER_INTERMEDIATE_SIZE = self.INTERMEDIATE_SIZE
 
     # -- graph ------------------------------------------------------------------------------
     def constructModel(self) -> None:
         layers = []
         self.model = createModel()
+        if self.MAX_POSITIONS is not None:  # no decoder step past the position table
+            self.DECODER_SEQ_LEN = min(self.NUM_TO_GENERATE, self.MAX_POSITIONS)
 
+        # ========== ENCODER ==========
         layers.append(createLayer("input", [withKey("name", "encoder_input0"),
                                             withKey("input_shape", f"1:1:{self.INIT_SEQ_LEN}")]))
-        layers.append(self.createEmbedding("encoder_embedding0", "encoder_input0"))
+        stack, input_name = self.createStackInput(ENCODER, "encoder_input0")
+        layers += stack
         layers += self.createPositionBias(ENCODER, "encoder_input0")
         for i in range(self.NUM_ENCODER_LAYERS):
-            input_name = ("encoder_embedding0" if i == 0
-                          else f"encoder_layer{i - 1}_encoder_output")
             layers += self.createTransformerEncoderBlock(i, input_name)
-        layers.append(self.createNorm("encoder_output_norm",
-                                      f"encoder_layer{self.NUM_ENCODER_LAYERS - 1}_encoder_output"))
+            input_name = f"encoder_layer{i}_encoder_output"
+        stack, encoder_output = self.createStackOutput(ENCODER, input_name)
+        layers += stack
 
+        # ========== DECODER ==========
         layers.append(createLayer("input", [withKey("name", "decoder_input0"),
                                             withKey("input_shape",
                                                     f"1:1:{self.DECODER_SEQ_LEN}")]))
-        layers.append(self.createEmbedding("decoder_embedding0", "decoder_input0",
-                                           shared_from="encoder_embedding0"))
+        stack, input_name = self.createStackInput(DECODER, "decoder_input0")
+        layers += stack
         layers += self.createPositionBias(DECODER, "decoder_input0")
         for i in range(self.NUM_DECODER_LAYERS):
-            input_name = ("decoder_embedding0" if i == 0
-                          else f"decoder_layer{i - 1}_decoder_output")
-            layers += self.createTransformerDecoderBlock(i, input_name, "encoder_output_norm")
-        layers.append(self.createNorm("decoder_output_norm",
-                                      f"decoder_layer{self.NUM_DECODER_LAYERS - 1}_decoder_output"))
-
-        head_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "lm_head"
-        head = [withKey("name", "output_of_encoder_decoder"), withKey("unit", self.NUM_VOCAB),
-                withKey("disable_bias", "true"), withKey("input_layers", "decoder_output_norm"),
-                withKey("weight_dtype", self.LMHEAD_DTYPE)]
-        if self.TIE_WORD_EMBEDDINGS:
-            head += [withKey("shared_from", "encoder_embedding0"),
-                     withKey("scale", self.LM_HEAD_SCALE)]
-        layers.append(createLayer(head_type, head))
+            layers += self.createTransformerDecoderBlock(i, input_name, encoder_output)
+            input_name = f"decoder_layer{i}_decoder_output"
+        stack, decoder_output = self.createStackOutput(DECODER, input_name)
+        layers += stack
+        stack, logits = self.createHead(decoder_output)
+        layers += stack
 
         for layer in layers:
             self.model.addLayer(layer)
         # the encoder runs each prompt once; the decoder runs rowsPerPrompt() rows of it (beams)
-        self.model.addStage(ENCODER, ["encoder_input0"], ["encoder_output_norm"],
-                            batch=self.BATCH_SIZE)
-        self.model.addStage(DECODER, ["decoder_input0"], ["output_of_encoder_decoder"])
+        self.model.addStage(ENCODER, ["encoder_input0"], [encoder_output], batch=self.BATCH_SIZE)
+        self.model.addStage(DECODER, ["decoder_input0"], [logits])
+
+    def createStackInput(self, stack: str, input_name: str) -> tuple[list, str]:
+        """The layers from a stack's token ids to its first block's input, and that layer's name:
+        here the token embedding, ``encoder_embedding0`` / ``decoder_embedding0`` (the decoder's
+        shares the encoder's weight). Families add positions and an embedding norm."""
+        name = f"{stack}_embedding0"
+        shared = "encoder_embedding0" if stack == DECODER else None
+        return [self.createEmbedding(name, input_name, shared_from=shared)], name
 
     def createEmbedding(self, name: str, input_name: str, shared_from: str | None = None):
         """A token embedding (``tie_word_embeddings`` when the head is tied, as in CausalLM)."""
@@ -139,6 +150,27 @@ class EncoderDecoder(LanguageModel):
             props.append(withKey("shared_from", shared_from))
         return createLayer(layer_type, props)
 
+    def createStackOutput(self, stack: str, input_name: str) -> tuple[list, str]:
+        """The stack's final norm, ``encoder_output_norm`` / ``decoder_output_norm``, and its
+        name (a post-norm family's last block ends with a norm and adds none)."""
+        if not self.NORMALIZE_BEFORE:
+            return [], input_name
+        name = f"{stack}_output_norm"
+        return [self.createNorm(name, input_name)], name
+
+    def createHead(self, input_name: str) -> tuple[list, str]:
+        """The LM head ``output_of_encoder_decoder`` over ``input_name`` (tied to
+        ``encoder_embedding0``, its input scaled by LM_HEAD_SCALE, or its own weight), and the
+        name of the layer whose output is the logits."""
+        head_type = "tie_word_embeddings" if self.TIE_WORD_EMBEDDINGS else "lm_head"
+        head = [withKey("name", "output_of_encoder_decoder"), withKey("unit", self.NUM_VOCAB),
+                withKey("disable_bias", "true"), withKey("input_layers", input_name),
+                withKey("weight_dtype", self.LMHEAD_DTYPE)]
+        if self.TIE_WORD_EMBEDDINGS:
+            head += [withKey("shared_from", "encoder_embedding0"),
+                     withKey("scale", self.LM_HEAD_SCALE)]
+        return [createLayer(head_type, head)], "output_of_encoder_decoder"
+
     def createPositionBias(self, stack: str, input_name: str) -> list:
         """Layers computing a stack's attention position bias, read by every attention of that
         stack (``attentionBiasInput``): none here (T5 adds its relative position bias)."""
@@ -150,48 +182,80 @@ class EncoderDecoder(LanguageModel):
 
     def createTransformerEncoderBlock(self, layer_id: int, input_name: str) -> list:
         p = f"encoder_layer{layer_id}"
-        layers = [self.createNorm(f"{p}_attention_norm", input_name)]
-        layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, self.NUM_HEADS, self.HEAD_DIM,
-                                       f"{p}_attention_norm", f"{p}_attention_norm",
-                                       f"{p}_attention_norm", prefix=p, kind=ENCODER_ATTENTION)
-        layers.append(createLayer("addition", [
-            withKey("name", f"{p}_encoder_add"),
-            withKey("input_layers", f"{input_name},{p}_attention_out")]))
-        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_encoder_add"))
-        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
-                                 prefix=p)
-        layers.append(createLayer("addition", [
-            withKey("name", f"{p}_encoder_output"),
-            withKey("input_layers", f"{p}_encoder_add,{p}_ffn_down")]))
+        heads, head_dim = self.ENCODER_NUM_HEADS, self.ENCODER_HEAD_DIM
+        if self.NORMALIZE_BEFORE:  # x + f(norm(x)), the note's blocks
+            layers = [self.createNorm(f"{p}_attention_norm", input_name)]
+            layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, heads, head_dim,
+                                           f"{p}_attention_norm", f"{p}_attention_norm",
+                                           f"{p}_attention_norm", prefix=p,
+                                           kind=ENCODER_ATTENTION)
+            layers.append(self.createAddition(f"{p}_encoder_add",
+                                              input_name, f"{p}_attention_out"))
+            layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_encoder_add"))
+            layers += self.createMlp(layer_id, self.DIM, self.ENCODER_INTERMEDIATE_SIZE,
+                                     f"{p}_ffn_norm", prefix=p)
+            layers.append(self.createAddition(f"{p}_encoder_output",
+                                              f"{p}_encoder_add", f"{p}_ffn_down"))
+            return layers
+        # norm(x + f(x)), the paper's blocks
+        layers = self.createAttention(layer_id, self.INIT_SEQ_LEN, heads, head_dim, input_name,
+                                      input_name, input_name, prefix=p, kind=ENCODER_ATTENTION)
+        layers.append(self.createAddition(f"{p}_encoder_add", input_name, f"{p}_attention_out"))
+        layers.append(self.createNorm(f"{p}_attention_norm", f"{p}_encoder_add"))
+        layers += self.createMlp(layer_id, self.DIM, self.ENCODER_INTERMEDIATE_SIZE,
+                                 f"{p}_attention_norm", prefix=p)
+        layers.append(self.createAddition(f"{p}_ffn_add", f"{p}_attention_norm",
+                                          f"{p}_ffn_down"))
+        layers.append(self.createNorm(f"{p}_encoder_output", f"{p}_ffn_add"))
         return layers
 
     def createTransformerDecoderBlock(self, layer_id: int, input_name: str,
                                       encoder_output_name: str = "encoder_output_norm") -> list:
         p = f"decoder_layer{layer_id}"
-        layers = [self.createNorm(f"{p}_self_attn_norm", input_name)]
-        layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
-                                       self.HEAD_DIM, f"{p}_self_attn_norm",
-                                       f"{p}_self_attn_norm", f"{p}_self_attn_norm", prefix=p,
-                                       kind=SELF_ATTENTION)
-        layers.append(createLayer("addition", [
-            withKey("name", f"{p}_self_attn_add"),
-            withKey("input_layers", f"{input_name},{p}_attention_out")]))
-        # cross-attention: Q from the decoder, K and V from the encoder output
-        layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_self_attn_add"))
-        layers += self.createAttention(layer_id, self.DECODER_SEQ_LEN, self.NUM_HEADS,
-                                       self.HEAD_DIM, f"{p}_cross_attn_norm",
+        heads, head_dim = self.DECODER_NUM_HEADS, self.DECODER_HEAD_DIM
+        T = self.DECODER_SEQ_LEN
+        if self.NORMALIZE_BEFORE:  # x + f(norm(x)), the note's blocks
+            layers = [self.createNorm(f"{p}_self_attn_norm", input_name)]
+            layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_self_attn_norm",
+                                           f"{p}_self_attn_norm", f"{p}_self_attn_norm",
+                                           prefix=p, kind=SELF_ATTENTION)
+            layers.append(self.createAddition(f"{p}_self_attn_add",
+                                              input_name, f"{p}_attention_out"))
+            # cross-attention: Q from the decoder, K and V from the encoder output
+            layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_self_attn_add"))
+            layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_cross_attn_norm",
+                                           encoder_output_name, encoder_output_name,
+                                           prefix=f"{p}_cross", kind=CROSS_ATTENTION)
+            layers.append(self.createAddition(f"{p}_cross_attn_add",
+                                              f"{p}_self_attn_add", f"{p}_cross_attention_out"))
+            layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attn_add"))
+            layers += self.createMlp(layer_id, self.DIM, self.DECODER_INTERMEDIATE_SIZE,
+                                     f"{p}_ffn_norm", prefix=p)
+            layers.append(self.createAddition(f"{p}_decoder_output",
+                                              f"{p}_cross_attn_add", f"{p}_ffn_down"))
+            return layers
+        # norm(x + f(x)), the paper's blocks
+        layers = self.createAttention(layer_id, T, heads, head_dim, input_name, input_name,
+                                      input_name, prefix=p, kind=SELF_ATTENTION)
+        layers.append(self.createAddition(f"{p}_self_attn_add", input_name, f"{p}_attention_out"))
+        layers.append(self.createNorm(f"{p}_self_attn_norm", f"{p}_self_attn_add"))
+        layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_self_attn_norm",
                                        encoder_output_name, encoder_output_name,
                                        prefix=f"{p}_cross", kind=CROSS_ATTENTION)
-        layers.append(createLayer("addition", [
-            withKey("name", f"{p}_cross_attn_add"),
-            withKey("input_layers", f"{p}_self_attn_add,{p}_cross_attention_out")]))
-        layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attn_add"))
-        layers += self.createMlp(layer_id, self.DIM, self.INTERMEDIATE_SIZE, f"{p}_ffn_norm",
-                                 prefix=p)
-        layers.append(createLayer("addition", [
-            withKey("name", f"{p}_decoder_output"),
-            withKey("input_layers", f"{p}_cross_attn_add,{p}_ffn_down")]))
+        layers.append(self.createAddition(f"{p}_cross_attn_add", f"{p}_self_attn_norm",
+                                          f"{p}_cross_attention_out"))
+        layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_cross_attn_add"))
+        layers += self.createMlp(layer_id, self.DIM, self.DECODER_INTERMEDIATE_SIZE,
+                                 f"{p}_cross_attn_norm", prefix=p)
+        layers.append(self.createAddition(f"{p}_ffn_add", f"{p}_cross_attn_norm",
+                                          f"{p}_ffn_down"))
+        layers.append(self.createNorm(f"{p}_decoder_output", f"{p}_ffn_add"))
         return layers
+
+    @staticmethod
+    def createAddition(name: str, a: str, b: str):
+        """``addition`` ``name`` = a + b (a residual)."""
+        return createLayer("addition", [withKey("name", name), withKey("input_layers", f"{a},{b}")])
 
     def createAttentionCore(self, name: str, layer_id: int, n_heads: int, input_layers: list,
                             kind: str = SELF_ATTENTION):
@@ -228,6 +292,9 @@ class EncoderDecoder(LanguageModel):
         cross-attention K and V are projected from it in the same pass."""
         ids = np.asarray(prompt_ids, dtype=np.float32)
         B, L = ids.shape
+        if self.MAX_POSITIONS is not None and L > self.MAX_POSITIONS:
+            raise CausalLMError(f"{self.cfg.path}: the prompt has {L} tokens but the model has "
+                                f"max_position_embeddings = {self.MAX_POSITIONS} positions")
         if L > self.INIT_SEQ_LEN:
             raise CausalLMError(f"the prompt has {L} tokens but the encoder takes at most "
                                 f"init_seq_len = {self.INIT_SEQ_LEN} (in one step); raise "

@@ -29,6 +29,14 @@ from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
 from models.transformer import Transformer
 
 
+GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pad_token_id",
+                   "forced_bos_token_id", "forced_eos_token_id", "num_beams",
+                   "num_return_sequences", "length_penalty", "early_stopping",
+                   "no_repeat_ngram_size", "min_length", "min_new_tokens", "bad_words_ids")
+"""config.json keys a family's key converter (t5BaseConfig, bartBaseConfig, ...) passes on: what
+transformers reads for generation when a folder has no generation_config.json."""
+
+
 class LanguageModel(Transformer):
     """Generation settings and entry points shared by every model that generates."""
 

@@ -145,3 +145,57 @@ def check_cli(name, architecture, n, capsys=None):
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
     assert record["generated_ids"] == ref["tokens"][:n].tolist()
     return record
+
+
+# ---------------------------------------------------------------------------- encoder-decoder
+# fixtures: tools/fixtures_t5.py, fixtures_bart.py, fixtures_marian.py (keys in their docstrings:
+# the causal-LM keys plus encoder_output, decoder_start_token_id and full_step_logits)
+
+def load_folder(name, weights=None, **nntr):
+    """The model of fixture ``name`` through the Factory (init_seq_len 256, num_to_generate 48
+    unless given), initialized, its weights loaded (default: the folder's)."""
+    from factory import Factory
+    model = Factory.Instance().createFromFolder(
+        os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48, **nntr})
+    model.initialize()
+    model.load_weight(weights)
+    return model
+
+
+def decoder_sequence(ref):
+    """[decoder_start] + tokens: the decoder's input ids, position k feeding step k."""
+    return [int(ref["decoder_start_token_id"])] + ref["tokens"].tolist()
+
+
+def check_encoder_output(model, ref, rtol=2e-5):
+    got = model.encode(ref["prompt_ids"][None])[0]
+    scale = float(np.abs(ref["encoder_output"]).max())
+    err = float(np.abs(got - ref["encoder_output"]).max())
+    assert err <= rtol * scale, f"encoder output: max |diff| {err:.3g} (scale {scale:.3g})"
+
+
+def check_decoder_steps(model, ref, rtol=RTOL):
+    """Encode the prompt, then one cached decoder step per token: every step's raw logits match
+    step_logits[k]; the greedy tokens follow where no processor forces a token (the fixture's
+    tokens may be forced: BART's first BOS, a last EOS)."""
+    model.encode(ref["prompt_ids"][None])
+    seq = decoder_sequence(ref)
+    tokens = ref["tokens"]
+    assert len(tokens) >= 24
+    for k in range(len(tokens)):
+        logits = model.decode(np.array([[seq[k]]]), k)[0]
+        assert_logits_close(logits, ref["step_logits"][k], f"decoder step {k}", rtol)
+
+
+def check_decoder_no_cache(model, ref, rtol=RTOL):
+    """Decoding a whole prefix in one step (nothing from the cache) gives the cached steps'
+    logits, and transformers' no-cache forward at the last position."""
+    model.encode(ref["prompt_ids"][None])
+    seq = decoder_sequence(ref)
+    n = len(ref["tokens"])
+    assert_logits_close(model.decode(np.array([seq[:n]]), 0)[0], ref["full_logits_last"],
+                        "no-cache forward", rtol)
+    for k in (0, n // 2, n - 1):
+        assert_logits_close(model.decode(np.array([seq[:k + 1]]), 0)[0],
+                            ref["full_step_logits"][k], f"no-cache prefix {k}", rtol)
+

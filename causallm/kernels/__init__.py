@@ -17,7 +17,7 @@ import numba
 from causallm.kernels.attention import attention, kv_cache_write
 from causallm.kernels.elementwise import (
     ACT_GELU, ACT_NONE, ACT_RELU, ACT_SIGMOID, ACT_SILU, ACT_TANH, ACT_TANH_GELU, ACTIVATIONS,
-    activation, add, multiply, softmax_rows, swiglu,
+    activation, add, add_row, multiply, softmax_rows, swiglu,
 )
 from causallm.kernels.embedding import embedding
 from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi
@@ -39,7 +39,7 @@ def get_num_threads():
 
 __all__ = [
     "ACT_GELU", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_SILU", "ACT_TANH", "ACT_TANH_GELU",
-    "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "attention", "embedding",
+    "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "add_row", "attention", "embedding",
     "get_num_threads", "kv_cache_write", "linear", "linear_io", "linear_oi", "multiply",
     "rms_norm", "rope_inv_freq", "rope_tables", "set_num_threads", "softmax_rows", "swiglu",
 ]

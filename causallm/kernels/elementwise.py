@@ -2,6 +2,7 @@
 
     swiglu(gate, up)  = gate * sigmoid(gate) * up        computed as gate / (1 + exp(-gate)) * up
     add(a, b)         = a + b
+    add_row(a, row)   = a + row               one (W,) row added to every row
     multiply(a, b)    = a * b
     softmax_rows(x)   = exp(x - max(x)) / sum(exp(x - max(x)))      over the last axis
     activation(x, kind), kind one of:
@@ -109,6 +110,17 @@ def add(a, b, y, nrows):
             yr = y[i, r]
             for j in range(ar.shape[0]):
                 yr[j] = ar[j] + br[j]
+
+
+@njit(cache=True)
+def add_row(a, row, y, nrows):
+    """y = a + row (one (W,) row added to every row) for rows [0, nrows)."""
+    for i in range(a.shape[0]):
+        for r in range(nrows):
+            ar = a[i, r]
+            yr = y[i, r]
+            for j in range(ar.shape[0]):
+                yr[j] = ar[j] + row[j]
 
 
 @njit(cache=True)

@@ -41,6 +41,7 @@ from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Split, Tensor, WeightTable
 from models.causal_lm import CausalLM
+from models.language_model import GENERATION_KEYS
 from models.layer_norm_transformer import LayerNormTransformer
 
 GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
@@ -93,6 +94,7 @@ def gpt2BaseConfig(cfg: JsonConfig) -> JsonConfig:
         "num_attention_heads": heads,
         "max_position_embeddings": cfg.get_int("n_positions", minimum=1),
         "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        **{k: cfg[k] for k in GENERATION_KEYS if k in cfg},
     }, cfg.path, cfg.exists)
 
 

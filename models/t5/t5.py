@@ -41,6 +41,7 @@ from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
 from layers.relative_position_bias import RelativePositionBiasLayer
 from models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
+from models.language_model import GENERATION_KEYS
 from models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION
 
 T5_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "tanh_gelu",
@@ -113,8 +114,8 @@ def t5BaseConfig(cfg: JsonConfig) -> JsonConfig:
         "head_dim": cfg.get_int("d_kv", minimum=1),
         "rms_norm_eps": cfg.get_float("layer_norm_epsilon", 1e-6),
         "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        **{k: cfg[k] for k in GENERATION_KEYS if k in cfg},
         "eos_token_id": cfg.get("eos_token_id", 1),
-        "bos_token_id": cfg.get("bos_token_id"),
         "decoder_start_token_id": next((cfg[k] for k in ("decoder_start_token_id", "pad_token_id")
                                         if cfg.contains(k)), 0),
     }, cfg.path, cfg.exists)

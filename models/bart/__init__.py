@@ -1,0 +1,1 @@
+"""BART (HF modeling_bart.py): BartForConditionalGeneration on EncoderDecoder."""
