@@ -75,6 +75,7 @@ def registerModels(factory: Factory) -> None:
     from models.gemma3.gemma3_causallm import Gemma3CausalLM
     from models.gpt2.gpt2_causallm import GPT2CausalLM
     from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
+    from models.marian.marian import MarianMTModel
     from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
     from models.qwen2.qwen2_causallm import Qwen2CausalLM
     from models.qwen2.qwen2_embedding import Qwen2Embedding
@@ -111,6 +112,7 @@ def registerModels(factory: Factory) -> None:
                           lambda cfg, gen, nntr: T5ForConditionalGeneration(cfg, gen, nntr))
     factory.registerModel("BartForConditionalGeneration",
                           lambda cfg, gen, nntr: BartForConditionalGeneration(cfg, gen, nntr))
+    factory.registerModel("MarianMTModel", lambda cfg, gen, nntr: MarianMTModel(cfg, gen, nntr))
 
 
 EMBEDDING_ARCHITECTURES = {

@@ -88,7 +88,14 @@ class Transformer:
         tokenizer_file = nntr_cfg.resolve_path(
             nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
             if nntr_cfg.exists else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
+        if not os.path.exists(tokenizer_file):
+            raise CausalLMError(f"{tokenizer_file}: tokenizer file not found{self.tokenizerHint()}")
         self.tokenizer = Tokenizer.FromFile(tokenizer_file)
+
+    def tokenizerHint(self) -> str:
+        """What to add to the "tokenizer file not found" error (a family whose folders ship
+        another tokenizer format says how to make a tokenizer.json)."""
+        return ""
 
     def checkModelType(self, nntr_cfg: JsonConfig) -> None:
         """nntr_config's ``model_type`` (case-insensitive) must fit the class, as in C++."""

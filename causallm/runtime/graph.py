@@ -18,6 +18,7 @@ Lifecycle: declared -> compiled -> initialized. Calling a method out of order is
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Callable, Iterable
 
@@ -65,6 +66,7 @@ class ModelType:
 
 
 _DECLARED, _COMPILED, _INITIALIZED = "declared", "compiled", "initialized"
+_BLOCK = re.compile(r"^(\w*?layer)\d+_")  # a block's layers: layer3_wq, encoder_layer0_ffn_up
 
 
 class Model:
@@ -312,11 +314,14 @@ class Model:
         return list(self._graph.output_names)
 
     def summarize(self, out=None) -> str:
-        """Print (and return) a table: name, type, inputs, output dims, parameters, total."""
+        """Print (and return) a table: name, type, inputs, output dims, parameters, total, and
+        the total of each stack of blocks (the layers named ``<stack>layer<i>_...``:
+        ``layer*``, ``encoder_layer*``, ``decoder_layer*``) and of the rest."""
         self._require_compiled("summarize()")
         rows = [("name", "type", "input layers", "output", "params")]
         total = 0
         seen: set[str] = set()
+        stacks: dict[str, int] = {}
         for node, ctx in zip(self._sorted, self._contexts):
             params = 0
             for spec in ctx.weights:
@@ -324,6 +329,9 @@ class Model:
                     seen.add(spec.full_name)
                     params += spec.size
             total += params
+            block = _BLOCK.match(node.getName())
+            key = f"{block.group(1)}*" if block else "other"
+            stacks[key] = stacks.get(key, 0) + params
             inputs = ",".join(n if i == 0 else f"{n}({i})" for n, i in node.getInputConnections())
             outs = " ".join(str(d) for d in ctx.output_dims)
             rows.append((node.getName(), node.getType(), inputs, outs, f"{params:,}"))
@@ -336,6 +344,8 @@ class Model:
                 lines.append("-" * len(lines[0]))
         lines.append("-" * len(lines[0]))
         lines.append(f"total parameters: {total:,}")
+        if len(stacks) > 1:
+            lines += [f"  {key}: {count:,}" for key, count in stacks.items()]
         text = "\n".join(lines) + "\n"
         (out or sys.stdout).write(text)
         return text

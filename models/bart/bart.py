@@ -114,6 +114,7 @@ class BartForConditionalGeneration(EncoderDecoder, LayerNormTransformer):
 
     architectures = "BartForConditionalGeneration"
     NORMALIZE_BEFORE = False
+    EMBEDDING_NORM = True  # layernorm_embedding after the positions
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
@@ -148,14 +149,22 @@ class BartForConditionalGeneration(EncoderDecoder, LayerNormTransformer):
 
     # -- graph ------------------------------------------------------------------------------
     def createStackInput(self, stack: str, input_name: str) -> tuple[list, str]:
-        """The token embedding, the learned positions (offset 2) added, ``layernorm_embedding``."""
+        """The token embedding, the positions added (``{stack}_position_embedding``), and
+        ``layernorm_embedding`` (``{stack}_embedding_norm``) when the family has it."""
         layers, name = super().createStackInput(stack, input_name)
-        layers.append(createLayer("positional_embedding", [
-            withKey("name", f"{stack}_position_embedding"), withKey("input_layers", name),
+        layers.append(self.createPositionEmbedding(f"{stack}_position_embedding", name))
+        name = f"{stack}_position_embedding"
+        if self.EMBEDDING_NORM:
+            layers.append(self.createNorm(f"{stack}_embedding_norm", name))
+            name = f"{stack}_embedding_norm"
+        return layers, name
+
+    def createPositionEmbedding(self, name: str, input_name: str):
+        """BART's learned positions: position p reads row p + 2 of max_position_embeddings + 2."""
+        return createLayer("positional_embedding", [
+            withKey("name", name), withKey("input_layers", input_name),
             withKey("max_position_embeddings", self.MAX_POSITION_EMBEDDINGS + 2),
-            withKey("offset", 2), withKey("weight_dtype", self.EMBEDDING_DTYPE)]))
-        layers.append(self.createNorm(f"{stack}_embedding_norm", f"{stack}_position_embedding"))
-        return layers, f"{stack}_embedding_norm"
+            withKey("offset", 2), withKey("weight_dtype", self.EMBEDDING_DTYPE)])
 
     def createHead(self, input_name: str) -> tuple[list, str]:
         """The tied head, then ``final_logits_bias``."""

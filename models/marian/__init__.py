@@ -1,0 +1,1 @@
+"""Marian (HF modeling_marian.py): MarianMTModel, BART with sinusoidal positions."""
