@@ -271,3 +271,74 @@ def test_sampler_settings_are_checked():
         Sampler(bad_word_ids=[9]).select(_f32([[1.0, 2.0]]))
     with pytest.raises(ValueError, match="histories"):
         Sampler().select(_f32([[1.0, 2.0]]), [[], []])
+
+
+# ------------------------------------------------------------------------ logits processors
+# each checked on a hand-made row against what transformers' processor does (its docstring)
+
+from causallm.generation.processors import (  # noqa: E402
+    ForcedBOS, ForcedEOS, GenerationSettings, MinLength, MinNewTokens, NoBadWords, NoRepeatNGram,
+    RepetitionPenalty, build_processors)
+
+
+def _row(n=8):
+    return np.arange(n, dtype=np.float32) * 0.5 - 1.0  # [-1.0, -0.5, 0.0, 0.5, ...]
+
+
+def test_no_repeat_ngram_bans_what_would_repeat_an_ngram():
+    scores = _row()
+    NoRepeatNGram(2)([1, 2, 3, 1], scores)   # "1 2" seen: after 1, 2 is banned
+    assert np.isneginf(scores[2]) and np.isfinite(np.delete(scores, 2)).all()
+    scores = _row()
+    NoRepeatNGram(3)([1, 2, 5, 1, 2], scores)  # "1 2 5" seen: after "1 2", 5 is banned
+    assert np.isneginf(scores[5]) and np.isfinite(np.delete(scores, 5)).all()
+    scores = _row()
+    NoRepeatNGram(3)([1, 2], scores)          # shorter than n: nothing to ban
+    assert np.isfinite(scores).all()
+
+
+def test_bad_words_single_and_multi_token():
+    scores = _row()
+    NoBadWords([[4], [1, 2, 6]])([5, 1, 2], scores)  # 4 always; 6 after "1 2"
+    assert np.isneginf(scores[[4, 6]]).all() and np.isfinite(np.delete(scores, [4, 6])).all()
+    scores = _row()
+    NoBadWords([[1, 2, 6]])([2, 1], scores)          # the prefix does not end the ids
+    assert np.isfinite(scores).all()
+
+
+def test_min_length_and_min_new_tokens_hold_back_eos():
+    for processor, short, long in ((MinLength(4, [7]), [1, 2, 3], [1, 2, 3, 4]),
+                                   (MinNewTokens(2, 2, [7]), [1, 2, 3], [1, 2, 3, 4])):
+        scores = _row()
+        processor(short, scores)
+        assert np.isneginf(scores[7])
+        scores = _row()
+        processor(long, scores)
+        assert np.isfinite(scores).all()
+
+
+def test_forced_bos_at_length_one_and_forced_eos_at_the_last_step():
+    scores = _row()
+    ForcedBOS(3)([2], scores)
+    assert scores[3] == 0 and np.isneginf(np.delete(scores, 3)).all()
+    scores = _row()
+    ForcedBOS(3)([2, 5], scores)
+    assert np.isfinite(scores).all()
+    scores = _row()
+    ForcedEOS(5, [6, 7])([0, 1, 2, 3], scores)    # cur_len 4 = max_length - 1
+    assert (scores[[6, 7]] == 0).all() and np.isneginf(scores[:6]).all()
+
+
+def test_processors_come_in_transformers_order():
+    s = GenerationSettings(repetition_penalty=1.2, no_repeat_ngram_size=2, bad_words_ids=[[1]],
+                           min_length=3, min_new_tokens=1, forced_bos_token_id=0,
+                           forced_eos_token_id=[2], eos_token_id=[2])
+    kinds = [type(p) for p in build_processors(s, prompt_len=1, max_length=10)]
+    assert kinds == [RepetitionPenalty, NoRepeatNGram, NoBadWords, MinLength, MinNewTokens,
+                     ForcedBOS, ForcedEOS]
+    # forced EOS comes after the bad words, so it wins even over a banned EOS
+    s = GenerationSettings(bad_words_ids=[[2]], forced_eos_token_id=[2], eos_token_id=[2])
+    scores = _row()
+    for p in build_processors(s, prompt_len=1, max_length=4):
+        p([0, 5, 6], scores)
+    assert scores[2] == 0 and np.isneginf(np.delete(scores, 2)).all()
