@@ -151,14 +151,16 @@ def check_cli(name, architecture, n, capsys=None):
 # fixtures: tools/fixtures_t5.py, fixtures_bart.py, fixtures_marian.py (keys in their docstrings:
 # the causal-LM keys plus encoder_output, decoder_start_token_id and full_step_logits)
 
-def load_folder(name, weights=None, **nntr):
+def load_folder(name, weights=None, initialize=True, **nntr):
     """The model of fixture ``name`` through the Factory (init_seq_len 256, num_to_generate 48
-    unless given), initialized, its weights loaded (default: the folder's)."""
+    unless given), initialized and its weights loaded (default: the folder's) unless
+    ``initialize`` is false."""
     from factory import Factory
     model = Factory.Instance().createFromFolder(
         os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48, **nntr})
-    model.initialize()
-    model.load_weight(weights)
+    if initialize:
+        model.initialize()
+        model.load_weight(weights)
     return model
 
 

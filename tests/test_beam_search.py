@@ -1,0 +1,86 @@
+"""Beam search (causallm/generation/beam.py) against transformers' generate(num_beams=...).
+
+tests/fixtures/beams-*.json (tools/fixtures_beams.py, tools/fixtures_marian.py) hold, per case,
+a fixture folder, the prompt ids, the exact generate() keyword arguments (num_beams,
+length_penalty, early_stopping true / false / "never", no_repeat_ngram_size, min_new_tokens,
+num_return_sequences, an EOS override that ends some beams early) and transformers' returned
+hypotheses (new tokens, cut at each one's length) with their scores. Every case was checked by
+its maker to give the same sequences in float64, so no near-tie decides it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from parity import FIXTURES, ROOT, load_folder
+
+CASES = []
+for family in ("t5", "llama", "marian"):
+    path = os.path.join(FIXTURES, f"beams-{family}.json")
+    if os.path.exists(path):
+        data = json.load(open(path))
+        CASES += data["cases"] if isinstance(data, dict) else data
+
+SETTINGS = {"num_beams": "NUM_BEAMS", "length_penalty": "LENGTH_PENALTY",
+            "early_stopping": "EARLY_STOPPING", "no_repeat_ngram_size": "NO_REPEAT_NGRAM_SIZE",
+            "min_new_tokens": "MIN_NEW_TOKENS", "num_return_sequences": "NUM_RETURN_SEQUENCES"}
+
+
+def search(case):
+    """Our beam search with the case's settings (set as the C++-named constants before the
+    graph is built, one row per beam); the hypotheses and scores returned."""
+    kwargs = case["generate"]
+    model = load_folder(case["folder"], num_to_generate=kwargs["max_new_tokens"],
+                        init_seq_len=max(64, len(case["prompt_ids"])), initialize=False)
+    for key, attribute in SETTINGS.items():
+        if key in kwargs:
+            setattr(model, attribute, kwargs[key])
+    if "eos_token_id" in kwargs:
+        eos = kwargs["eos_token_id"]
+        model.EOS_TOKEN_ID = eos if isinstance(eos, list) else [eos]
+    model.initialize()
+    model.load_weight()
+    result = model.generate_tokens([case["prompt_ids"]], max_new_tokens=kwargs["max_new_tokens"],
+                                   do_sample=False)
+    return result.sequences[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_beam_search_gives_transformers_hypotheses(case):
+    hyps = search(case)
+    assert [h["generated_ids"] for h in hyps] == case["sequences"]
+    for h, score in zip(hyps, case["scores"]):
+        assert abs(h["score"] - score) <= 1e-4 * max(1.0, abs(score))
+
+
+def test_some_cases_end_beams_early():
+    """The cases cover EOS ending hypotheses before max_new_tokens, with each early_stopping."""
+    early = [c for c in CASES if any(len(s) < c["generate"]["max_new_tokens"]
+                                     for s in c["sequences"])]
+    assert {str(c["generate"]["early_stopping"]) for c in early} >= {"True", "never"}
+    assert {c["folder"].split("-")[0] for c in CASES} >= {"t5", "llama"}
+
+
+def test_cli_beams_give_transformers_hypotheses():
+    """``main.py <T5 folder> PROMPT --num-beams 4 --num-return-sequences 4 -n 24 --json``: the
+    best text printed once known, every hypothesis and score in the record (case v11-plain,
+    whose settings are the folder's defaults)."""
+    import numpy as np
+    case = next(c for c in CASES if c["name"] == "v11-plain")
+    prompt = str(np.load(os.path.join(FIXTURES, case["folder"], "expected.npz"))["prompt"])
+    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures",
+                                                                case["folder"]),
+                        prompt, "--num-beams", "4", "--num-return-sequences", "4", "-n", "24",
+                        "--json"],
+                       cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.rstrip("\n").split("\n")
+    record = json.loads(lines[-1])
+    assert record["prompt_ids"] == case["prompt_ids"] and record["num_beams"] == 4
+    assert [s["generated_ids"] for s in record["sequences"]] == case["sequences"]
+    assert record["generated_ids"] == case["sequences"][0]
+    assert abs(record["score"] - case["scores"][0]) <= 1e-4
+    assert lines[-2] == record["text"]  # the best text, printed once it is known
