@@ -75,8 +75,8 @@ def registerModels(factory: Factory) -> None:
     from models.gemma3.gemma3_causallm import Gemma3CausalLM
     from models.gpt2.gpt2_causallm import GPT2CausalLM
     from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
-    from models.marian.marian import MarianMTModel
     from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
+    from models.marian.marian import MarianMTModel
     from models.qwen2.qwen2_causallm import Qwen2CausalLM
     from models.qwen2.qwen2_embedding import Qwen2Embedding
     from models.qwen3.qwen3_causallm import Qwen3CausalLM

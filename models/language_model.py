@@ -28,7 +28,6 @@ from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
 from models.transformer import Transformer
 
-
 GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pad_token_id",
                    "forced_bos_token_id", "forced_eos_token_id", "num_beams",
                    "num_return_sequences", "length_penalty", "early_stopping",

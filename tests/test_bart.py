@@ -16,11 +16,17 @@ import sys
 
 import numpy as np
 import pytest
+from parity import (
+    FIXTURES,
+    ROOT,
+    check_decoder_no_cache,
+    check_decoder_steps,
+    check_encoder_output,
+    load_folder,
+)
 
 from causallm.errors import CausalLMError
 from factory import Factory
-from parity import (FIXTURES, ROOT, check_decoder_no_cache, check_decoder_steps,
-                    check_encoder_output, load_folder)
 
 NAMES = ["bart-forced", "bart-scaled"]
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from parity import FIXTURES, ROOT, load_folder
 
 CASES = []

@@ -277,8 +277,16 @@ def test_sampler_settings_are_checked():
 # each checked on a hand-made row against what transformers' processor does (its docstring)
 
 from causallm.generation.processors import (  # noqa: E402
-    ForcedBOS, ForcedEOS, GenerationSettings, MinLength, MinNewTokens, NoBadWords, NoRepeatNGram,
-    RepetitionPenalty, build_processors)
+    ForcedBOS,
+    ForcedEOS,
+    GenerationSettings,
+    MinLength,
+    MinNewTokens,
+    NoBadWords,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    build_processors,
+)
 
 
 def _row(n=8):

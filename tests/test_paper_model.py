@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 import pytest
-
 from parity import ROOT
 
 DOC = open(os.path.join(ROOT, "docs", "porting.md"), encoding="utf-8").read()

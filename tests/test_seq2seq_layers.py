@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 import pytest
+from graphs import build, feature_input
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
-from graphs import build, feature_input
 from layers.logit_bias import LogitBiasLayer
 from layers.positional_embedding import PositionalEmbeddingLayer
 from layers.sinusoidal_embedding import SinusoidalEmbeddingLayer

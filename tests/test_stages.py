@@ -127,7 +127,8 @@ def test_groups_of_decoder_rows_share_an_encoder_row(encoder_batch, batch):
     """A decoder stage of B x k rows (k beams per prompt) reads an encoder stage of B rows:
     decoder row b attends to encoder row b // k."""
     model = cross_model(batch, encoder_batch=encoder_batch)
-    assert (model.getStageBatch("encoder"), model.getStageBatch("decoder")) == (encoder_batch, batch)
+    assert model.getStageBatch("encoder") == encoder_batch
+    assert model.getStageBatch("decoder") == batch
     rng = np.random.default_rng(6)
     enc = rng.standard_normal((encoder_batch, ENC_ROWS, WIDTH)).astype(F32)
     dec = rng.standard_normal((batch, 2, WIDTH)).astype(F32)

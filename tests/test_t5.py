@@ -15,8 +15,16 @@ import sys
 
 import numpy as np
 import pytest
-from parity import (FIXTURES, ROOT, assert_logits_close, check_decoder_no_cache,
-                    check_decoder_steps, check_encoder_output, decoder_sequence, load_folder)
+from parity import (
+    FIXTURES,
+    ROOT,
+    assert_logits_close,
+    check_decoder_no_cache,
+    check_decoder_steps,
+    check_encoder_output,
+    decoder_sequence,
+    load_folder,
+)
 
 from causallm.errors import CausalLMError
 from causallm.io.safetensors import Checkpoint

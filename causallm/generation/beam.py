@@ -39,8 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.generation.generator import (GenerationResult, PerformanceMetrics,
-                                           peak_memory_kb)
+from causallm.generation.generator import GenerationResult, PerformanceMetrics, peak_memory_kb
 from causallm.generation.processors import GenerationSettings, build_processors
 
 F32 = np.float32

@@ -71,7 +71,8 @@ class NoRepeatNGram:
         if cur_len < n:
             return
         prefix = tuple(ids[cur_len + 1 - n:])
-        banned = {ids[i + n - 1] for i in range(cur_len - n + 1) if tuple(ids[i:i + n - 1]) == prefix}
+        banned = {ids[i + n - 1] for i in range(cur_len - n + 1)
+                  if tuple(ids[i:i + n - 1]) == prefix}
         if banned:
             scores[list(banned)] = NEG_INF
 

@@ -16,8 +16,20 @@ import numba
 
 from causallm.kernels.attention import attention, kv_cache_write
 from causallm.kernels.elementwise import (
-    ACT_GELU, ACT_NONE, ACT_RELU, ACT_SIGMOID, ACT_SILU, ACT_TANH, ACT_TANH_GELU, ACTIVATIONS,
-    activation, add, add_row, multiply, softmax_rows, swiglu,
+    ACT_GELU,
+    ACT_NONE,
+    ACT_RELU,
+    ACT_SIGMOID,
+    ACT_SILU,
+    ACT_TANH,
+    ACT_TANH_GELU,
+    ACTIVATIONS,
+    activation,
+    add,
+    add_row,
+    multiply,
+    softmax_rows,
+    swiglu,
 )
 from causallm.kernels.embedding import embedding
 from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi

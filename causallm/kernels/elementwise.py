@@ -9,7 +9,7 @@
         ACT_NONE       x
         ACT_SILU       x * sigmoid(x) = x / (1 + exp(-x))          (NNTrainer "swish")
         ACT_GELU       0.5 x (1 + erf(x / sqrt(2)))               (exact gelu)
-        ACT_TANH_GELU  0.5 x (1 + tanh(z)),  z = 0.7978845608 (x + 0.044715 x^3)   (gelu_pytorch_tanh)
+        ACT_TANH_GELU  0.5 x (1 + tanh(z)), z = 0.7978845608 (x + 0.044715 x^3)  (gelu_pytorch_tanh)
                        computed as x / (1 + exp(-2 z)): 1 + tanh(z) = 2 / (1 + exp(-2z)), which
                        has no cancellation at either end and vectorizes (a scalar tanh does not)
         ACT_RELU       max(x, 0)

@@ -4,10 +4,10 @@ beside T5.
 
 Each stack (encoder, decoder), token ids t at positions p::
 
-    h = LN_e(E[t] * s + P[p + 2])                ``{stack}_embedding0`` (s = sqrt(d_model) with
-                                                 ``scale_embedding``, else 1),
-                                                 ``{stack}_position_embedding`` (learned, offset 2),
-                                                 ``{stack}_embedding_norm`` (``layernorm_embedding``)
+    h = LN_e(E[t] * s + P[p + 2])      ``{stack}_embedding0`` (s = sqrt(d_model) with
+                                       ``scale_embedding``, else 1),
+                                       ``{stack}_position_embedding`` (learned, offset 2),
+                                       ``{stack}_embedding_norm`` (``layernorm_embedding``)
 
 then post-norm blocks, ``norm(x + f(x))`` (:class:`EncoderDecoder` with NORMALIZE_BEFORE false):
 self-attention (and in the decoder cross-attention) with biases on q, k, v and out, scaled by
