@@ -31,7 +31,8 @@ from models.transformer import Transformer
 GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pad_token_id",
                    "forced_bos_token_id", "forced_eos_token_id", "num_beams",
                    "num_return_sequences", "length_penalty", "early_stopping",
-                   "no_repeat_ngram_size", "min_length", "min_new_tokens", "bad_words_ids")
+                   "no_repeat_ngram_size", "min_length", "min_new_tokens", "bad_words_ids",
+                   "renormalize_logits")
 """config.json keys a family's key converter (t5BaseConfig, bartBaseConfig, ...) passes on: what
 transformers reads for generation when a folder has no generation_config.json."""
 
@@ -102,6 +103,7 @@ class LanguageModel(Transformer):
             raise src.error("bad_words_ids", f"a list of non-empty lists of token ids in "
                                              f"[0, {self.NUM_VOCAB})")
         self.BAD_WORDS_IDS = words
+        self.RENORMALIZE_LOGITS = src.get_bool("renormalize_logits", False)
         for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
                            ("forced_eos_token_id", self.FORCED_EOS_TOKEN_ID)):
             if any(t >= self.NUM_VOCAB for t in value):
@@ -164,7 +166,8 @@ class LanguageModel(Transformer):
             forced_eos_token_id=list(self.FORCED_EOS_TOKEN_ID),
             eos_token_id=list(self.EOS_TOKEN_ID), num_beams=self.NUM_BEAMS,
             length_penalty=self.LENGTH_PENALTY, early_stopping=self.EARLY_STOPPING,
-            num_return_sequences=self.NUM_RETURN_SEQUENCES, seed=self.SEED)
+            num_return_sequences=self.NUM_RETURN_SEQUENCES,
+            renormalize_logits=self.RENORMALIZE_LOGITS, seed=self.SEED)
 
     def samples(self, do_sample: bool) -> bool:
         """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of

@@ -284,6 +284,7 @@ from causallm.generation.processors import (  # noqa: E402
     MinNewTokens,
     NoBadWords,
     NoRepeatNGram,
+    Renormalize,
     RepetitionPenalty,
     build_processors,
 )
@@ -337,13 +338,22 @@ def test_forced_bos_at_length_one_and_forced_eos_at_the_last_step():
     assert (scores[[6, 7]] == 0).all() and np.isneginf(scores[:6]).all()
 
 
+def test_renormalize_makes_what_is_left_a_distribution():
+    scores = _row()
+    NoBadWords([[7]])([0], scores)
+    Renormalize()([0], scores)
+    kept = np.exp(_row()[:7].astype(np.float64))
+    assert np.isneginf(scores[7])
+    np.testing.assert_allclose(scores[:7], np.log(kept / kept.sum()), rtol=1e-6)
+
+
 def test_processors_come_in_transformers_order():
     s = GenerationSettings(repetition_penalty=1.2, no_repeat_ngram_size=2, bad_words_ids=[[1]],
                            min_length=3, min_new_tokens=1, forced_bos_token_id=0,
-                           forced_eos_token_id=[2], eos_token_id=[2])
+                           forced_eos_token_id=[2], eos_token_id=[2], renormalize_logits=True)
     kinds = [type(p) for p in build_processors(s, prompt_len=1, max_length=10)]
     assert kinds == [RepetitionPenalty, NoRepeatNGram, NoBadWords, MinLength, MinNewTokens,
-                     ForcedBOS, ForcedEOS]
+                     ForcedBOS, ForcedEOS, Renormalize]
     # forced EOS comes after the bad words, so it wins even over a banned EOS
     s = GenerationSettings(bad_words_ids=[[2]], forced_eos_token_id=[2], eos_token_id=[2])
     scores = _row()

@@ -6,8 +6,8 @@
 MODEL_DIR gives the configs the .bin was made for (its nntr_config.json's model_tensor_type fixes
 the .bin layout unless ``--model-tensor-type`` says otherwise). The .bin is loaded into our model
 (its size is checked exactly) and every weight is written to OUT_DIR/model.safetensors under its
-Hugging Face name, the inverse of loading through the family's weight table: FC weights go back from [in, out] to
-PyTorch's [out, in] (W.T), the embedding and the norms as they are. A tied LM head is not written
+Hugging Face name, the inverse of loading through the family's weight table: FC weights go back
+from [in, out] to PyTorch's [out, in] (W.T), the embedding and the norms as they are. A tied LM head is not written
 (transformers ties it from ``tie_word_embeddings``). The header carries ``{"format": "pt"}``,
 which transformers requires. config.json, generation_config.json and the tokenizer files of
 MODEL_DIR are copied beside it, so transformers' ``from_pretrained(OUT_DIR)`` and our own
@@ -35,7 +35,8 @@ from causallm.io.weight_table import WeightTable  # noqa: E402
 SAFETENSORS_DTYPES = ("F32", "F16", "BF16")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json",
-                "merges.txt", "chat_template.jinja")
+                "merges.txt", "chat_template.jinja", "source.spm", "target.spm",
+                "target_vocab.json")
 """The Hugging Face files copied from MODEL_DIR when present (config.json must be)."""
 
 

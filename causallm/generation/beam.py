@@ -40,18 +40,10 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.generation.generator import GenerationResult, PerformanceMetrics, peak_memory_kb
-from causallm.generation.processors import GenerationSettings, build_processors
+from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
 
 F32 = np.float32
 PENALTY = F32(-1.0e9)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float32: x - max - log(sum(exp(x - max)))."""
-    x = x.astype(F32, copy=True)
-    x -= x.max(axis=-1, keepdims=True)
-    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True, dtype=F32))
-    return x
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

@@ -15,6 +15,8 @@ scores, changed in place. ``cur_len`` below is ``len(ids)``, transformers' ``inp
     ForcedBOS(bos)               at cur_len == 1 every token but bos gets -inf, bos 0
     ForcedEOS(max_length, eos)   at cur_len == max_length - 1 every token but the EOS ids gets
                                  -inf, they 0
+    Renormalize()                x = log_softmax(x) after all the others (renormalize_logits:
+                                 beam scores then count only the tokens left unmasked)
 
 Greedy and sampling apply them to the logits, beam search to the log-softmax (as transformers).
 """
@@ -29,6 +31,14 @@ import numpy as np
 from causallm.generation.sampler import applyRepetitionPenalty
 
 NEG_INF = np.float32(-np.inf)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32: x - max - log(sum(exp(x - max)))."""
+    x = x.astype(np.float32, copy=True)
+    x -= x.max(axis=-1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True, dtype=np.float32))
+    return x
 
 
 @dataclass
@@ -51,6 +61,7 @@ class GenerationSettings:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     num_return_sequences: int = 1
+    renormalize_logits: bool = False
     seed: int | None = None
 
 
@@ -128,6 +139,11 @@ class ForcedEOS:
             scores[self.eos] = 0
 
 
+class Renormalize:
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        scores[:] = log_softmax(scores)
+
+
 def build_processors(s: GenerationSettings, prompt_len: int, max_length: int) -> list:
     """The processors ``s`` asks for, in transformers' order. ``prompt_len`` is the length of
     each row's ids when generation starts, ``max_length`` that plus the new tokens allowed."""
@@ -146,4 +162,6 @@ def build_processors(s: GenerationSettings, prompt_len: int, max_length: int) ->
         out.append(ForcedBOS(s.forced_bos_token_id))
     if s.forced_eos_token_id:
         out.append(ForcedEOS(max_length, s.forced_eos_token_id))
+    if s.renormalize_logits:
+        out.append(Renormalize())
     return out
