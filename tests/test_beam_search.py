@@ -1,6 +1,7 @@
 """Beam search (causallm/generation/beam.py) against transformers' generate(num_beams=...).
 
-tests/fixtures/beams-*.json (tools/fixtures_beams.py, tools/fixtures_marian.py) hold, per case,
+tests/fixtures/beams-{t5,llama,bart,marian}.json (tools/fixtures_beams.py, tools/fixtures_marian.py)
+hold, per case,
 a fixture folder, the prompt ids, the exact generate() keyword arguments (num_beams,
 length_penalty, early_stopping true / false / "never", no_repeat_ngram_size, min_new_tokens,
 num_return_sequences, an EOS override that ends some beams early) and transformers' returned
@@ -17,11 +18,10 @@ import pytest
 from parity import FIXTURES, ROOT, load_folder
 
 CASES = []
-for family in ("t5", "llama", "marian"):
-    path = os.path.join(FIXTURES, f"beams-{family}.json")
-    if os.path.exists(path):
-        data = json.load(open(path))
-        CASES += data["cases"] if isinstance(data, dict) else data
+for family in ("t5", "llama", "bart", "marian"):
+    with open(os.path.join(FIXTURES, f"beams-{family}.json")) as f:
+        data = json.load(f)
+    CASES += data["cases"] if isinstance(data, dict) else data
 
 SETTINGS = {"num_beams": "NUM_BEAMS", "length_penalty": "LENGTH_PENALTY",
             "early_stopping": "EARLY_STOPPING", "no_repeat_ngram_size": "NO_REPEAT_NGRAM_SIZE",
@@ -60,15 +60,16 @@ def test_some_cases_end_beams_early():
     early = [c for c in CASES if any(len(s) < c["generate"]["max_new_tokens"]
                                      for s in c["sequences"])]
     assert {str(c["generate"]["early_stopping"]) for c in early} >= {"True", "never"}
-    assert {c["folder"].split("-")[0] for c in CASES} >= {"t5", "llama"}
+    assert {c["folder"].split("-")[0] for c in CASES} == {"t5", "llama", "bart", "marian"}
 
 
-def test_cli_beams_give_transformers_hypotheses():
-    """``main.py <T5 folder> PROMPT --num-beams 4 --num-return-sequences 4 -n 24 --json``: the
-    best text printed once known, every hypothesis and score in the record (case v11-plain,
-    whose settings are the folder's defaults)."""
+@pytest.mark.parametrize("name", ["v11-plain", "forced-plain"])
+def test_cli_beams_give_transformers_hypotheses(name):
+    """``main.py <folder> PROMPT --num-beams 4 --num-return-sequences 4 -n 24 --json`` (T5, and
+    BART with its forced BOS and EOS): the best text printed once known, every hypothesis and
+    score in the record (cases whose other settings are the folders' defaults)."""
     import numpy as np
-    case = next(c for c in CASES if c["name"] == "v11-plain")
+    case = next(c for c in CASES if c["name"] == name)
     prompt = str(np.load(os.path.join(FIXTURES, case["folder"], "expected.npz"))["prompt"])
     p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures",
                                                                 case["folder"]),

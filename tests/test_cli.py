@@ -306,6 +306,16 @@ BAD_INPUTS = {
     "--seed -1": (None, ["hi", "--seed", "-1"], ["--seed"]),
     "not an int": (None, ["hi", "--top-k", "abc"], ["--top-k", "abc"]),
     "unknown option": (None, ["hi", "--bogus"], ["--bogus"]),
+    "--num-beams 0": (None, ["hi", "--num-beams", "0"], ["--num-beams"]),
+    "more beams than tokens": (None, ["hi", "--num-beams", "1000000"],
+                               ["num_beams", "vocabulary", "1000000"]),
+    "more sequences than beams": (None, ["hi", "--num-beams", "2", "--num-return-sequences", "3"],
+                                  ["num_return_sequences 3", "num_beams 2"]),
+    "--greedy with beams": (None, ["hi", "--greedy", "--num-beams", "3"], ["--greedy"]),
+    "beam sampling": (None, ["hi", "--num-beams", "2", "--temp", "0.7"], ["beam sampling"]),
+    "num_beams in generation_config": (
+        lambda d: edit_json(d / "generation_config.json", num_beams=0), ["hi"],
+        ["generation_config.json", "num_beams"]),
 }
 
 

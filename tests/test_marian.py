@@ -111,6 +111,10 @@ def test_a_folder_without_tokenizer_json_names_the_converter_and_it_works(tmp_pa
     os.remove(folder / "tokenizer.json")
     with pytest.raises(CausalLMError, match="tokenizer file not found.*tools/marian_tokenizer.py"):
         Factory.Instance().createFromFolder(str(folder))
+    p = subprocess.run([sys.executable, "main.py", str(folder), "Hello"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+    assert p.stderr.startswith("error: ") and "tools/marian_tokenizer.py" in p.stderr
     p = subprocess.run([sys.executable, os.path.join("tools", "marian_tokenizer.py"),
                         str(folder)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -1,8 +1,9 @@
 """Record transformers' beam search on existing fixture folders: tests/fixtures/beams-*.json.
 
-No model is made here: each case loads a folder that tools/fixtures_t5.py or
-tools/make_fixtures.py already wrote (``from_pretrained(folder, dtype=torch.float32,
-attn_implementation="eager")``, eval mode, no grad, one torch thread), runs
+No model is made here: each case loads a folder that tools/fixtures_t5.py,
+tools/fixtures_bart.py or tools/make_fixtures.py already wrote
+(``from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")``, eval mode, no
+grad, one torch thread), runs
 ``model.generate(torch.tensor([prompt_ids]), **case["generate"], return_dict_in_generate=True,
 output_scores=True)`` and stores what comes back.
 
@@ -10,6 +11,10 @@ output_scores=True)`` and stores what comes back.
                       decoder_start_token_id 0, so decoder_prompt_len is 1)
     beams-llama.json  LlamaForCausalLM folders (decoder only: decoder_prompt_len is the prompt
                       length, and the prompt's n-grams count for no_repeat_ngram_size)
+    beams-bart.json   BartForConditionalGeneration folders (decoding starts from
+                      decoder_start_token_id 2; their generation configs force the EOS 2 at
+                      max length and, for bart-forced, the BOS 0 at the first step, so each
+                      hypothesis runs to max_new_tokens and ends on the forced EOS)
 
 File layout: {"transformers_version": str, "cases": [case, ...]}, each case
 
@@ -69,6 +74,11 @@ script):
       (8) another override: early_stopping false's heuristic ends the search at step 18 with
       4 EOS-ended hypotheses, "never" goes on and returns better ones
 
+    BART: forced-plain (as (1), 4 returned), forced-lp05-ngram2 (length_penalty 0.5,
+    no_repeat_ngram_size 2, 2 returned; the ban changes the result), scaled-lp2 (bart-scaled,
+    length_penalty 2.0, 3 returned). A forced token's log-probability after the processors is
+    0, so it adds nothing to the score (rescore() leaves it out).
+
 The EOS overrides are tokens the beams produce early (found by inspecting the plain runs);
 the real EOS is kept in the Llama lists. On these random Llama models every next-token
 distribution is close to uniform (best log-probability -2 to -5), so with length_penalty > 1
@@ -104,7 +114,7 @@ depth) and fails when num_decoder_layers is larger (t5-relu-tied: 2 / 3), so, as
 tools/fixtures_t5.py, every T5 call passes past_key_values=EncoderDecoderCache of two
 DynamicCache(config=model.decoder.config).
 
-Usage:  python tools/fixtures_beams.py [--only t5 llama] [--out tests/fixtures]
+Usage:  python tools/fixtures_beams.py [--only t5 llama bart] [--out tests/fixtures]
 """
 
 from __future__ import annotations
@@ -193,15 +203,26 @@ CASES = {
         case("gqa3-eos2-never", "llama-gqa3", ["eos_ended", "lengths_differ"], prefix=16,
              early_stopping="never", num_return_sequences=4, eos_token_id=LLAMA_EOS2),
     ],
+    "bart": [
+        case("forced-plain", "bart-forced", num_return_sequences=4),
+        case("forced-lp05-ngram2", "bart-forced", ["no_repeat_ngram_size"], length_penalty=0.5,
+             no_repeat_ngram_size=2, num_return_sequences=2),
+        case("scaled-lp2", "bart-scaled", length_penalty=2.0, num_return_sequences=3),
+    ],
 }
 
 
 def load(folder: str, float64: bool = False):
     """The fixture folder's model in float32 (or float64), eager attention, eval mode."""
     import torch
-    from transformers import AutoModelForCausalLM, T5ForConditionalGeneration
+    from transformers import (
+        AutoModelForCausalLM,
+        BartForConditionalGeneration,
+        T5ForConditionalGeneration,
+    )
 
-    cls = T5ForConditionalGeneration if folder.startswith("t5-") else AutoModelForCausalLM
+    cls = {"t5": T5ForConditionalGeneration, "bart": BartForConditionalGeneration}.get(
+        folder.split("-")[0], AutoModelForCausalLM)
     model = cls.from_pretrained(os.path.join(FIXTURES_DIR, folder), dtype=torch.float32,
                                 attn_implementation="eager").eval()
     return model.double() if float64 else model
@@ -301,7 +322,7 @@ def generate(model, ids: list[int], gen: dict, probe: bool = False):
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     extra = {}
-    if model.config.is_encoder_decoder:
+    if model.config.model_type == "t5":  # the T5 note above
         extra["past_key_values"] = EncoderDecoderCache(DynamicCache(config=model.decoder.config),
                                                        DynamicCache(config=model.decoder.config))
     eos = eos_ids(model, gen)
@@ -368,9 +389,11 @@ def check(spec: dict, res: dict, model, ids: list[int]) -> None:
         assert ok, (name, "fails check", what, lens)
 
 
-def rescore(model, ids: list[int], seq: list[int], length_penalty: float) -> float:
+def rescore(model, ids: list[int], seq: list[int], length_penalty: float,
+            max_new_tokens: int) -> float:
     """A hypothesis' score recomputed with one no-cache forward: the sum over its tokens of
-    log_softmax(float32 logits)[token], divided by len(seq) ** length_penalty."""
+    log_softmax(float32 logits)[token] (0 for a token the generation config forces), divided by
+    len(seq) ** length_penalty."""
     import torch
 
     with torch.no_grad():
@@ -381,8 +404,13 @@ def rescore(model, ids: list[int], seq: list[int], length_penalty: float) -> flo
         else:
             logits = model(torch.tensor([ids + seq[:-1]])).logits[0, len(ids) - 1:]
     logp = torch.log_softmax(logits.float(), dim=-1)
-    total = float(logp[torch.arange(len(seq)), torch.tensor(seq)].sum())
-    return total / len(seq) ** length_penalty
+    per_token = logp[torch.arange(len(seq)), torch.tensor(seq)]
+    config = model.generation_config
+    if config.forced_bos_token_id is not None:
+        per_token[0] = 0.0   # the forced token's log-probability after ForcedBOS
+    if config.forced_eos_token_id is not None and len(seq) == max_new_tokens:
+        per_token[-1] = 0.0  # the same for ForcedEOS at the last step
+    return float(per_token.sum()) / len(seq) ** length_penalty
 
 
 def run_case(spec: dict, models: dict) -> tuple[dict, dict]:
@@ -400,8 +428,9 @@ def run_case(spec: dict, models: dict) -> tuple[dict, dict]:
     f64_err = max(abs(a - b) for a, b in zip(res["scores"], res64["scores"]))
     assert f64_err < F64_TOL, (spec["name"], f64_err)
     check(spec, res, m32, ids)
-    rescore_err = max(abs(rescore(m32, ids, q, gen["length_penalty"]) - score)
-                      for q, score in zip(res["sequences"], res["scores"]))
+    rescore_err = max(
+        abs(rescore(m32, ids, q, gen["length_penalty"], gen["max_new_tokens"]) - score)
+        for q, score in zip(res["sequences"], res["scores"]))
     assert rescore_err < RESCORE_TOL, (spec["name"], "rescored", rescore_err)
     margins = res.pop("margins")
     out = dict(name=spec["name"], folder=folder, prompt_from=source, prompt_ids=ids,
