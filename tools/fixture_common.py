@@ -247,3 +247,50 @@ def run_cli(doc: str, names, make, argv=None, tokenizer: str | None = None) -> i
     for name in args.only or list(names):
         print(json.dumps(make(name, args)))
     return 0
+
+
+# ---------------------------------------------------------------------------- encoder-decoder
+# (tools/fixtures_t5.py, fixtures_bart.py, fixtures_marian.py)
+
+def encoder_output(model, prompt_ids: np.ndarray):
+    """The encoder's last hidden state (1, P, d_model) as a torch tensor."""
+    import torch
+    with torch.no_grad():
+        return model.get_encoder()(input_ids=torch.from_numpy(prompt_ids)[None]).last_hidden_state
+
+
+def decoder_greedy(model, enc, start: int, n_new: int, choose=None):
+    """Decode n_new tokens from [start] with transformers' KV cache, given the encoder output
+    enc: step k's token is ``choose(k, raw)`` (default: the argmax of the raw logits), raw its
+    float32 logits (V,). Returns (tokens (N,), raw step logits (N, V))."""
+    import torch
+    from transformers.cache_utils import EncoderDecoderCache
+
+    tokens, steps = [], []
+    with torch.no_grad():
+        out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[start]]),
+                    use_cache=True)
+        assert isinstance(out.past_key_values, EncoderDecoderCache), type(out.past_key_values)
+        for k in range(n_new):
+            raw = out.logits[0, -1].numpy().astype(np.float32)
+            tok = int(np.argmax(raw)) if choose is None else choose(k, raw)
+            tokens.append(tok)
+            steps.append(raw)
+            out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[tok]]),
+                        past_key_values=out.past_key_values, use_cache=True)
+    return np.array(tokens, dtype=np.int64), np.stack(steps)
+
+
+def decoder_logits(model, enc, tokens: np.ndarray, start: int) -> np.ndarray:
+    """No-cache decoder forward over [start] + tokens[:-1]; float32 logits (N, V) of every
+    position."""
+    import torch
+    dec = torch.from_numpy(np.concatenate([[start], tokens[:-1]]).astype(np.int64))[None]
+    with torch.no_grad():
+        out = model(encoder_outputs=(enc,), decoder_input_ids=dec, use_cache=False)
+    return out.logits[0].numpy().astype(np.float32)
+
+
+def rel_err(a, b: np.ndarray) -> float:
+    """max |a - b| / max |b|."""
+    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())

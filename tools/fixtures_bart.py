@@ -107,8 +107,12 @@ from fixture_common import (  # noqa: E402
     MIN_MARGIN,
     NORM_STD,
     Run,
+    decoder_greedy,
+    decoder_logits,
+    encoder_output,
     folder_bytes,
     random_model,
+    rel_err,
     run_cli,
     torch_dtype,
     write_json,
@@ -204,13 +208,6 @@ def encode(text: str) -> np.ndarray:
     return np.array(TOKENIZER.encode(text).ids, dtype=np.int64)
 
 
-def encoder_output(model, prompt_ids: np.ndarray):
-    """The encoder's last hidden state (1, P, d_model) as a torch tensor."""
-    import torch
-    with torch.no_grad():
-        return model.get_encoder()(input_ids=torch.from_numpy(prompt_ids)[None]).last_hidden_state
-
-
 def forced_steps(spec: dict) -> dict[int, int]:
     """{step: forced token}: step 0 -> forced_bos, step N - 1 -> forced_eos (when set)."""
     forced = {}
@@ -219,43 +216,6 @@ def forced_steps(spec: dict) -> dict[int, int]:
     if spec["forced_eos"] is not None:
         forced[spec["n_new"] - 1] = spec["forced_eos"]
     return forced
-
-
-def greedy(model, enc, spec: dict):
-    """Greedy decode spec["n_new"] tokens from [START] with the KV cache, given the encoder
-    output enc, forcing the steps of forced_steps(spec); return (tokens (N,), raw step_logits
-    (N, V))."""
-    import torch
-    from transformers.cache_utils import EncoderDecoderCache
-
-    forced = forced_steps(spec)
-    tokens, steps = [], []
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[START]]),
-                    use_cache=True)
-        assert isinstance(out.past_key_values, EncoderDecoderCache), type(out.past_key_values)
-        for k in range(spec["n_new"]):
-            logits = out.logits[0, -1]
-            tok = forced.get(k, int(torch.argmax(logits)))
-            tokens.append(tok)
-            steps.append(logits.numpy().astype(np.float32))
-            out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[tok]]),
-                        past_key_values=out.past_key_values, use_cache=True)
-    return np.array(tokens, dtype=np.int64), np.stack(steps)
-
-
-def full_logits(model, enc, tokens: np.ndarray) -> np.ndarray:
-    """No-cache decoder forward over [START] + tokens[:-1]; logits (N, V) of every position."""
-    import torch
-    dec = torch.from_numpy(np.concatenate([[START], tokens[:-1]]).astype(np.int64))[None]
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=dec, use_cache=False)
-    return out.logits[0].numpy().astype(np.float32)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b|."""
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def unforced(spec: dict) -> np.ndarray:
@@ -313,13 +273,15 @@ def search(name: str, spec: dict, tries: int = 300) -> tuple[Run, np.ndarray, np
     for seed in range(spec["seed"], spec["seed"] + tries):
         model = build(spec, seed)
         enc = encoder_output(model, prompt_ids)
-        tokens, step_logits = greedy(model, enc, spec)
+        forced = forced_steps(spec)
+        tokens, step_logits = decoder_greedy(
+            model, enc, START, spec["n_new"], lambda k, raw: forced.get(k, int(np.argmax(raw))))
         if good(spec, tokens, step_logits):
             break
     else:
         raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without "
                          f"special ids, with forcing that matters and enough distinct tokens")
-    full = full_logits(model, enc, tokens)
+    full = decoder_logits(model, enc, tokens, START)
     err = rel_err(full, step_logits)
     assert err < 1e-5, (name, err)
     gen = generate(model, prompt_ids, spec, generation_config(spec))
@@ -440,8 +402,8 @@ def check_reload(name: str, spec: dict, out: str, run: Run, enc: np.ndarray) -> 
     assert (gc.forced_bos_token_id, gc.forced_eos_token_id, gc.decoder_start_token_id) == (
         spec["forced_bos"], spec["forced_eos"], START), gc
     back_enc = encoder_output(back, run.prompt_ids)
-    prefill = full_logits(back, back_enc, run.tokens[:1])[0]
-    full = full_logits(back, back_enc, run.tokens)
+    prefill = decoder_logits(back, back_enc, run.tokens[:1], START)[0]
+    full = decoder_logits(back, back_enc, run.tokens, START)
     err = max(rel_err(back_enc[0].numpy(), enc), rel_err(prefill, run.step_logits[0]),
               rel_err(full[-1], run.full_last))
     assert err < TOL, f"{name}: reloaded folder differs by {err}"

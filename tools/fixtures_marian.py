@@ -143,7 +143,11 @@ from fixture_common import (  # noqa: E402
     BIAS_STD,
     MIN_MARGIN,
     NORM_STD,
+    decoder_greedy,
+    decoder_logits,
+    encoder_output,
     folder_bytes,
+    rel_err,
     run_cli,
     torch_dtype,
     write_json,
@@ -366,13 +370,6 @@ def sinusoids(n_pos: int, dim: int):
     return torch.from_numpy(table.astype(np.float32))
 
 
-def encoder_output(model, prompt_ids: np.ndarray):
-    """The encoder's last hidden state (1, P, d_model) as a torch tensor."""
-    import torch
-    with torch.no_grad():
-        return model.get_encoder()(input_ids=torch.from_numpy(prompt_ids)[None]).last_hidden_state
-
-
 def processed(raw: np.ndarray, step: int, n_new: int, pad: int) -> np.ndarray:
     """What greedy generate() ranks at step (0-based) of n_new with the folder's generation
     config: pad (bad_words_ids) at -inf, and at the last step everything but EOS at -inf
@@ -386,42 +383,13 @@ def processed(raw: np.ndarray, step: int, n_new: int, pad: int) -> np.ndarray:
 
 
 def greedy(model, enc, n_new: int, pad: int):
-    """Greedy decode n_new tokens from [start] (= pad) with the KV cache as generate() does
-    with the folder's generation config; return (tokens (N,), raw step_logits (N, V), margins
-    (N - 1,): top-1 minus top-2 processed logit of each unforced step)."""
-    import torch
-    from transformers.cache_utils import EncoderDecoderCache
-
-    tokens, steps, margins = [], [], []
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[pad]]), use_cache=True)
-        assert isinstance(out.past_key_values, EncoderDecoderCache), type(out.past_key_values)
-        for k in range(n_new):
-            raw = out.logits[0, -1].numpy().astype(np.float32)
-            score = processed(raw, k, n_new, pad)
-            tok = int(np.argmax(score))
-            if k < n_new - 1:
-                top2 = np.sort(score)[-2:]
-                margins.append(float(top2[1] - top2[0]))
-            tokens.append(tok)
-            steps.append(raw)
-            out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[tok]]),
-                        past_key_values=out.past_key_values, use_cache=True)
-    return np.array(tokens, dtype=np.int64), np.stack(steps), np.array(margins)
-
-
-def full_logits(model, enc, tokens: np.ndarray, start: int) -> np.ndarray:
-    """No-cache decoder forward over [start] + tokens[:-1]; logits (N, V) of every position."""
-    import torch
-    dec = torch.from_numpy(np.concatenate([[start], tokens[:-1]]).astype(np.int64))[None]
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=dec, use_cache=False)
-    return out.logits[0].numpy().astype(np.float32)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b|."""
-    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+    """Greedy decode n_new tokens from [start] (= pad) as generate() does with the folder's
+    generation config; return (tokens (N,), raw step_logits (N, V), margins (N - 1,): top-1
+    minus top-2 processed logit of each unforced step)."""
+    tokens, steps = decoder_greedy(model, enc, pad, n_new,
+                                   lambda k, raw: int(np.argmax(processed(raw, k, n_new, pad))))
+    top2 = [np.sort(processed(steps[k], k, n_new, pad))[-2:] for k in range(n_new - 1)]
+    return tokens, steps, np.array([float(b - a) for a, b in top2])
 
 
 def pad_wins(step_logits: np.ndarray) -> int:
@@ -447,8 +415,8 @@ def conditioning(model, prompt_ids: np.ndarray, tokens: np.ndarray, pad: int) ->
     wide = copy.deepcopy(model).double()
     enc, enc64 = encoder_output(model, prompt_ids), encoder_output(wide, prompt_ids)
     return max(rel_err(enc.numpy(), enc64.numpy()),
-               rel_err(full_logits(model, enc, tokens, pad),
-                       full_logits(wide, enc64, tokens, pad)))
+               rel_err(decoder_logits(model, enc, tokens, pad),
+                       decoder_logits(wide, enc64, tokens, pad)))
 
 
 def generate(model, prompt_ids: np.ndarray, **kwargs):
@@ -475,7 +443,7 @@ def search(name: str, spec: dict, prompt_ids: np.ndarray, vocab_size: int, tries
     else:
         raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without EOS / "
                          f"<unk>, enough distinct tokens and float64 agreement {COND_TOL}")
-    full = full_logits(model, enc, tokens, pad)
+    full = decoder_logits(model, enc, tokens, pad)
     err = rel_err(full, step_logits)
     assert err < 1e-5 and np.abs(full - step_logits).max() < 1e-4, (name, err)
     model.generation_config = GenerationConfig(**generation_config(vocab_size))
@@ -620,8 +588,8 @@ def check_reload(name: str, spec: dict, out: str, run: dict):
     assert (set(POSITION_KEYS) <= keys) == spec["positions_in_file"], name
     assert not keys & set(TIED_COPIES) and "final_logits_bias" in keys, name
     enc = encoder_output(back, run["prompt_ids"])
-    full = full_logits(back, enc, run["tokens"], pad)
-    prefill = full_logits(back, enc, run["tokens"][:1], pad)[0]
+    full = decoder_logits(back, enc, run["tokens"], pad)
+    prefill = decoder_logits(back, enc, run["tokens"][:1], pad)[0]
     err = max(rel_err(enc[0].numpy(), run["enc"]), rel_err(prefill, run["step_logits"][0]),
               rel_err(full[-1], run["full"][-1]))
     assert err < TOL, f"{name}: reloaded folder differs by {err}"

@@ -95,9 +95,13 @@ from fixture_common import (  # noqa: E402
     NORM_STD,
     WEIGHT_STD,
     Run,
+    decoder_greedy,
+    decoder_logits,
+    encoder_output,
     folder_bytes,
     min_margin,
     random_model,
+    rel_err,
     run_cli,
     torch_dtype,
     write_json,
@@ -213,48 +217,6 @@ def encode(text: str) -> np.ndarray:
     return np.array(TOKENIZER.encode(text).ids, dtype=np.int64)
 
 
-def encoder_output(model, prompt_ids: np.ndarray):
-    """The encoder's last hidden state (1, P, d_model) as a torch tensor."""
-    import torch
-    with torch.no_grad():
-        return model.get_encoder()(input_ids=torch.from_numpy(prompt_ids)[None]).last_hidden_state
-
-
-def greedy(model, enc, n_new: int):
-    """Greedy decode n_new tokens from [START] with the KV cache, given the encoder output enc;
-    return (tokens (N,), step_logits (N, V))."""
-    import torch
-    from transformers.cache_utils import EncoderDecoderCache
-
-    tokens, steps = [], []
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[START]]),
-                    use_cache=True)
-        assert isinstance(out.past_key_values, EncoderDecoderCache), type(out.past_key_values)
-        for _ in range(n_new):
-            logits = out.logits[0, -1]
-            tok = int(torch.argmax(logits))
-            tokens.append(tok)
-            steps.append(logits.numpy().astype(np.float32))
-            out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[tok]]),
-                        past_key_values=out.past_key_values, use_cache=True)
-    return np.array(tokens, dtype=np.int64), np.stack(steps)
-
-
-def full_logits(model, enc, tokens: np.ndarray) -> np.ndarray:
-    """No-cache decoder forward over [START] + tokens[:-1]; logits (N, V) of every position."""
-    import torch
-    dec = torch.from_numpy(np.concatenate([[START], tokens[:-1]]).astype(np.int64))[None]
-    with torch.no_grad():
-        out = model(encoder_outputs=(enc,), decoder_input_ids=dec, use_cache=False)
-    return out.logits[0].numpy().astype(np.float32)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b|."""
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 def good(spec: dict, tokens: np.ndarray, step_logits: np.ndarray) -> bool:
     """Every step wins by MIN_MARGIN; no pad, EOS, unk or id past the tokenizer; enough
     different tokens."""
@@ -276,13 +238,13 @@ def search(name: str, spec: dict, tries: int = 200) -> tuple[Run, np.ndarray, np
     for seed in range(spec["seed"], spec["seed"] + tries):
         model = build(spec, seed)
         enc = encoder_output(model, prompt_ids)
-        tokens, step_logits = greedy(model, enc, spec["n_new"])
+        tokens, step_logits = decoder_greedy(model, enc, START, spec["n_new"])
         if good(spec, tokens, step_logits):
             break
     else:
         raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without "
                          f"pad/EOS/unk and enough distinct tokens")
-    full = full_logits(model, enc, tokens)
+    full = decoder_logits(model, enc, tokens, START)
     err = rel_err(full, step_logits)
     assert err < 1e-5 and np.abs(full - step_logits).max() < 1e-4, (name, err)
     # generate() sizes its DynamicCache from config.num_layers, the ENCODER depth (transformers
@@ -401,8 +363,8 @@ def check_reload(name: str, spec: dict, out: str, run: Run, enc: np.ndarray) -> 
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {
             {"float32": "F32", "bfloat16": "BF16"}[spec["dtype"]]}, name
     back_enc = encoder_output(back, run.prompt_ids)
-    prefill = full_logits(back, back_enc, run.tokens[:1])[0]
-    full = full_logits(back, back_enc, run.tokens)
+    prefill = decoder_logits(back, back_enc, run.tokens[:1], START)[0]
+    full = decoder_logits(back, back_enc, run.tokens, START)
     err = max(rel_err(back_enc[0].numpy(), enc), rel_err(prefill, run.step_logits[0]),
               rel_err(full[-1], run.full_last))
     assert err < TOL, f"{name}: reloaded folder differs by {err}"
