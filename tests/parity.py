@@ -152,13 +152,15 @@ def check_cli(name, architecture, n, capsys=None):
 # the causal-LM keys plus encoder_output, decoder_start_token_id and full_step_logits)
 
 def load_folder(name, weights=None, initialize=True, **nntr):
-    """The model of fixture ``name`` through the Factory (init_seq_len 256, num_to_generate 48
-    unless given), initialized and its weights loaded (default: the folder's) unless
-    ``initialize`` is false."""
+    """The model of fixture ``name`` (a folder under tests/fixtures, or a path) through the
+    Factory (init_seq_len 256, num_to_generate 48 unless given). Unless ``initialize`` is
+    false: set to greedy decoding with one beam (a Marian generation_config.json asks for 4
+    beams), initialized and its weights loaded (default: the folder's)."""
     from factory import Factory
     model = Factory.Instance().createFromFolder(
         os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48, **nntr})
     if initialize:
+        model.setGenerationOptions(greedy=True)
         model.initialize()
         model.load_weight(weights)
     return model

@@ -7,7 +7,9 @@ normalizer rewrites and a target-only piece) and marian-no-positions (BF16, no p
 as transformers saves, a language code in the prompt, <pad> biased to be the raw argmax at six
 steps). Both: encoder 2 / decoder 3 layers with their own ffn widths, swish, <pad> as decoder
 start masked by bad_words_ids, forced EOS, renormalize_logits and num_beams 4 in
-generation_config.json as opus-mt ships them.
+generation_config.json as opus-mt ships them. The encoder output, the raw decoder logits at 32
+cached steps and no-cache recomputes: tests/test_seq2seq_parity.py; here the tokenizer, the
+positions, greedy tokens, the CLI, .bin round trips and bad folders.
 """
 
 import json
@@ -18,13 +20,7 @@ import sys
 
 import numpy as np
 import pytest
-from parity import (
-    FIXTURES,
-    ROOT,
-    check_decoder_no_cache,
-    check_decoder_steps,
-    check_encoder_output,
-)
+from parity import FIXTURES, ROOT, load_folder
 
 from causallm.errors import CausalLMError
 from causallm.io.safetensors import Checkpoint, write_safetensors
@@ -38,20 +34,10 @@ def expected(name):
     return np.load(os.path.join(FIXTURES, name, "expected.npz"))
 
 
-def greedy_model(folder):
-    """The folder's model set to one beam (its generation_config.json asks for 4)."""
-    model = Factory.Instance().createFromFolder(str(folder), init_seq_len=256,
-                                                num_to_generate=48)
-    model.setGenerationOptions(greedy=True)
-    model.initialize()
-    model.load_weight()
-    return model
-
-
 @pytest.fixture(scope="module", params=NAMES)
 def case(request):
     name = request.param
-    return name, greedy_model(os.path.join(FIXTURES, name)), expected(name)
+    return name, load_folder(name), expected(name)
 
 
 def test_prompt_ids_are_marian_tokenizers(case):
@@ -64,18 +50,6 @@ def test_positions_are_transformers_sinusoid(case):
     name, model, ref = case
     table = sinusoid_table(model.MAX_POSITION_EMBEDDINGS, model.DIM)
     np.testing.assert_array_equal(table, ref["positions"])
-
-
-def test_encoder_output(case):
-    check_encoder_output(case[1], case[2])
-
-
-def test_decoder_logits_at_every_cached_step(case):
-    check_decoder_steps(case[1], case[2])
-
-
-def test_no_cache_recompute_equals_the_cached_steps(case):
-    check_decoder_no_cache(case[1], case[2])
 
 
 def test_greedy_tokens_mask_pad_and_force_eos(case):
@@ -168,7 +142,7 @@ def test_weights_bin_round_trip_and_export(tmp_path):
     """.bin and back: the tensors under their names (position tables left out, as transformers
     saves), the tokenizer files beside them, the same greedy tokens."""
     name = "marian-positions-in-file"
-    model = greedy_model(os.path.join(FIXTURES, name))
+    model = load_folder(name)
     path = str(tmp_path / "marian.bin")
     model.save_weight(path)
     sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -182,6 +156,6 @@ def test_weights_bin_round_trip_and_export(tmp_path):
         np.testing.assert_array_equal(written.get(key), original.get(key), err_msg=key)
     assert {"source.spm", "target.spm", "vocab.json", "tokenizer.json"} <= set(os.listdir(out))
     ref = expected(name)
-    result = greedy_model(out).generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=32,
+    result = load_folder(str(out)).generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=32,
                                                do_sample=False)
     assert result.generated_ids[0] == ref["tokens"].tolist()

@@ -39,7 +39,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.generation.generator import GenerationResult, PerformanceMetrics, peak_memory_kb
+from causallm.generation.generator import (
+    GenerationResult,
+    PerformanceMetrics,
+    check_prompts,
+    peak_memory_kb,
+)
 from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
 
 F32 = np.float32
@@ -73,16 +78,7 @@ class BeamSearch:
         s = self.settings
         K = s.num_beams
         B = self.model.BATCH_SIZE
-        if len(prompt_ids) != B:
-            raise CausalLMError(f"generate: got {len(prompt_ids)} prompts for batch_size {B}")
-        P0 = len(prompt_ids[0])
-        if P0 == 0:
-            raise CausalLMError("generate: the prompt encodes to no tokens")
-        if any(len(row) != P0 for row in prompt_ids):
-            raise CausalLMError("generate: the prompts of a batch must have the same token length")
-        if max_new_tokens < 1:
-            raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
-                                f"{max_new_tokens}")
+        check_prompts(prompt_ids, B, max_new_tokens)
         if self.model.rowsPerPrompt() != K:
             raise CausalLMError(f"the model was built for {self.model.rowsPerPrompt()} rows per "
                                 f"prompt, not {K} beams")

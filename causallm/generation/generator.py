@@ -148,6 +148,20 @@ class GenerationResult:
         return out
 
 
+def check_prompts(prompt_ids: list[list[int]], batch: int, max_new_tokens: int) -> None:
+    """What a generation needs of its prompts: ``batch`` rows of one non-zero length, and at
+    least one new token."""
+    if len(prompt_ids) != batch:
+        raise CausalLMError(f"generate: got {len(prompt_ids)} prompts for batch_size {batch}")
+    length = len(prompt_ids[0])
+    if length == 0:
+        raise CausalLMError("generate: the prompt encodes to no tokens")
+    if any(len(row) != length for row in prompt_ids):
+        raise CausalLMError("generate: the prompts of a batch must have the same token length")
+    if max_new_tokens < 1:
+        raise CausalLMError(f"generate: max_new_tokens must be at least 1, got {max_new_tokens}")
+
+
 class Generator:
     """Generates with ``model`` (a ``Generative``) as ``settings`` say (greedy or sampling: one
     row per prompt), stopping a row at an EOS id. With a ``tokenizer``, the new text of every
@@ -170,16 +184,7 @@ class Generator:
         every new token of a running row. ``context_ids`` are tokens before ``start_pos`` (a
         loaded system prompt), which the repetition penalty counts too."""
         B = self.model.BATCH_SIZE
-        if len(prompt_ids) != B:
-            raise CausalLMError(f"generate: got {len(prompt_ids)} prompts for batch_size {B}")
-        P = len(prompt_ids[0])
-        if P == 0:
-            raise CausalLMError("generate: the prompt encodes to no tokens")
-        if any(len(row) != P for row in prompt_ids):
-            raise CausalLMError("generate: the prompts of a batch must have the same token length")
-        if max_new_tokens < 1:
-            raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
-                                f"{max_new_tokens}")
+        check_prompts(prompt_ids, B, max_new_tokens)
         metrics = PerformanceMetrics()
         s = self.settings
         result = GenerationResult(prompt_ids=[list(r) for r in prompt_ids],
