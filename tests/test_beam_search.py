@@ -66,8 +66,9 @@ def test_some_cases_end_beams_early():
 @pytest.mark.parametrize("name", ["v11-plain", "forced-plain"])
 def test_cli_beams_give_transformers_hypotheses(name):
     """``main.py <folder> PROMPT --num-beams 4 --num-return-sequences 4 -n 24 --json`` (T5, and
-    BART with its forced BOS and EOS): the best text printed once known, every hypothesis and
-    score in the record (cases whose other settings are the folders' defaults)."""
+    BART with its forced BOS and EOS): every hypothesis printed, best first, once the search
+    ends, and each with its score in the record (cases whose other settings are the folders'
+    defaults)."""
     import numpy as np
     case = next(c for c in CASES if c["name"] == name)
     prompt = str(np.load(os.path.join(FIXTURES, case["folder"], "expected.npz"))["prompt"])
@@ -83,4 +84,7 @@ def test_cli_beams_give_transformers_hypotheses(name):
     assert [s["generated_ids"] for s in record["sequences"]] == case["sequences"]
     assert record["generated_ids"] == case["sequences"][0]
     assert abs(record["score"] - case["scores"][0]) <= 1e-4
-    assert lines[-2] == record["text"]  # the best text, printed once it is known
+    # every hypothesis, best first, printed once the search ends
+    assert lines[-5:-1] == [f"[{k}] ({h['score']:.4f}) {h['text']}"
+                            for k, h in enumerate(record["sequences"], 1)]
+    assert lines[-5].endswith(record["text"])

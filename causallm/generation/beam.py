@@ -176,11 +176,19 @@ class BeamSearch:
         if self.tokenizer is not None:
             result.texts = [hyps[0]["text"] for hyps in result.sequences]
             if self.stream is not None:  # nothing streams until the best hypothesis is known
-                self.stream.write(result.texts[0] + "\n")
+                self.stream.write(self.listing(result.sequences[0]))
                 self.stream.flush()
         metrics.total_duration_ms = (time.perf_counter() - t0) * 1e3
         metrics.peak_memory_kb = peak_memory_kb()
         return result
+
+    @staticmethod
+    def listing(hyps: list[dict]) -> str:
+        """What the stream shows of one prompt's hypotheses: the best text alone, or with
+        several returned, a line ``[rank] (score) text`` per hypothesis, best first."""
+        if len(hyps) == 1:
+            return hyps[0]["text"] + "\n"
+        return "".join(f"[{k}] ({h['score']:.4f}) {h['text']}\n" for k, h in enumerate(hyps, 1))
 
     def decode(self, ids: list[int], eos: set) -> str:
         """The text of a hypothesis, its EOS not included."""
