@@ -1,8 +1,9 @@
 """``mha_core``: Applications/CausalLM/layers/mha_core (MHACoreLayer), attention with RoPE and a KV cache.
 
-Inputs ``[Q, K, V]``, and a 4th, a position bias, when the model has one: Q ``(B, 1, H, nQ*d)``,
-K and V ``(B, 1, H', nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at columns [h*d, (h+1)*d).
-For the step's row i at absolute position p = from_ + i:
+Inputs ``[Q, K, V]``, then in this order when present: a position bias, the cross keys and
+values (``merge_cross_attention``), the step's token types (``block_bidirectional``). Q
+``(B, 1, H, nQ*d)``, K and V ``(B, 1, H', nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at
+columns [h*d, (h+1)*d). For the step's row i at absolute position p = from_ + i:
 
     k_p = RoPE(K_i, p)  and  v_p = V_i  are written to cache row p      (rows [from_, to))
     q   = RoPE(Q_i, p)
@@ -12,16 +13,18 @@ For the step's row i at absolute position p = from_ + i:
     s_t = tanh(s_t / c) * c                   if attn_logit_softcapping c > 0
     out_i = sum_t softmax(s)_t v_t            a sink logit (use_sink) joins the softmax, no value
 
-Allowed keys: causal -> ``max(0, p - W + 1) <= t <= p`` (W = sliding_window; HF's
-``kv > q - W``); not causal -> ``|p - t| < W`` with ``t < to``, HF's bidirectional sliding
-window (Gemma 3 ``use_bidirectional_attention``; its config turns ``sliding_window`` S into
-S // 2 + 1 before the mask, and the model passes that). RoPE is rotate-half over the
-halves [0, d/2) and [d/2, d): a' = a cos - b sin, b' = b cos + a sin, with
-``cos[p, j] = cos(p * inv_freq[j]) * attention_scaling``. ``inv_freq`` and the scaling follow
-Hugging Face's rope types: default, linear, llama3 and yarn.
+Allowed keys (W = sliding_window, W' = sliding_window_right, W when 0): causal ->
+``max(0, p - W + 1) <= t <= p`` (HF's ``kv > q - W``); not causal -> ``p - W < t < p + W'``
+with ``t < to``: HF's bidirectional sliding window ``|q - kv| < W`` (Gemma 3
+``use_bidirectional_attention``; its config turns ``sliding_window`` S into S // 2 + 1 before
+the mask, and the model passes that), or T5Gemma2's encoder window S with W = (S + 1) // 2
+and W' = S // 2 + 1. RoPE is rotate-half over the halves [0, d/2) and [d/2, d):
+a' = a cos - b sin, b' = b cos + a sin, with ``cos[p, j] = cos(p * inv_freq[j]) *
+attention_scaling``. ``inv_freq`` and the scaling follow Hugging Face's rope types: default,
+linear, llama3 and yarn.
 
-Position bias (4th input, ``(B, 1, nQ, 2C + 1)``, e.g. ``relative_position_bias``): the score of
-key t for the query at p gets ``bias[b, 0, h, C + t - p]``; C >= max_timestep - 1.
+Position bias (``(B, 1, nQ, 2C + 1)``, e.g. ``relative_position_bias``): the score of key t for
+the query at p gets ``bias[b, 0, h, C + t - p]``; C >= max_timestep - 1.
 
 Cross-attention (``is_cross_attention=true``, the decoder reading the encoder): K and V are the
 keys and values an earlier stage projected from its sequence (the encoder output), read as they
@@ -30,8 +33,22 @@ RoPE (``use_rope`` must be false), no cache of its own: its KV cache is those in
 "cross"), projected once per prompt. With B_q query rows and B_k key rows (B_k dividing B_q),
 query row b reads key row b // (B_q / B_k): the beams of a prompt share its encoder rows.
 
+Merged attention (``merge_cross_attention=true``, T5Gemma2's decoder): self-attention as above
+(its own cache, RoPE, causal mask and window), and the two extra inputs are cross keys and
+values as in cross-attention, which every query also sees, in the same softmax: the scores of
+the allowed self keys and of all the cross keys are normalized together. The layer holds both a
+"self" and a "cross" KV cache.
+
+Token-type blocks (``block_bidirectional=true``, Gemma 3's images): the last input is the
+step's token types ``(B, 1, 1, L)``; a causal query whose type is not 0 also sees the later keys
+of its run of equal non-zero types (the rest of its image), as transformers masks the prefill
+given ``token_type_ids``; the window's lower bound still applies. A run must lie within one
+step.
+
 Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32,
-row t = position t, a KV cache of kind "self"; keys are cached after RoPE. Weights: ``sink``
+row t = position t, a KV cache of kind "self"; keys are cached after RoPE. A bidirectional
+layer without RoPE (an encoder: BERT, T5, BART, SigLIP) keeps no cache: it runs over the whole
+sequence in one step (``from_`` 0) and reads K and V from its inputs. Weights: ``sink``
 ``(nQ,)`` only with ``use_sink``.
 
 Fixed against nntrainer (spec §10): the cache row and the RoPE position come from ``from_``, not
@@ -41,9 +58,10 @@ two-sided as HF's when not causal (nntrainer's is one-sided "the last W keys", G
 ``rope_theta`` is a float (G25); ``to`` may reach ``max_timestep`` (G10).
 
 Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep
-(required), sliding_window (UINT_MAX = none), rope_theta (500000), max_position_embeddings
-(40960; positions are bounded by max_timestep here), use_sink (false), is_causal (true),
-is_cross_attention (false), use_rope (true), attn_logit_softcapping (0 = off),
+(required), sliding_window (UINT_MAX = none), sliding_window_right (0 = sliding_window),
+rope_theta (500000), max_position_embeddings (40960; positions are bounded by max_timestep
+here), use_sink (false), is_causal (true), is_cross_attention (false), merge_cross_attention
+(false), block_bidirectional (false), use_rope (true), attn_logit_softcapping (0 = off),
 query_pre_attn_scalar (0 = head_dim; Gemma's attention scale, which nntrainer ignores, G12),
 rope_scaling_type (default | linear | llama3 | yarn), rope_scaling_factor (1),
 rope_scaling_max_position_embeddings (4096, the original context of llama3/yarn),
@@ -60,11 +78,9 @@ import math
 import numpy as np
 
 from causallm.kernels import attention, kv_cache_write, rope_inv_freq, rope_tables
+from causallm.kernels.attention import NO_BIAS, NO_CROSS, NO_KEY_END, NO_SINKS
 from causallm.runtime.layer import Layer
 from causallm.runtime.properties import UINT_MAX, bool_, float_, str_, uint
-
-NO_SINKS = np.zeros(0, dtype=np.float32)
-NO_BIAS = np.zeros((0, 0, 0), dtype=np.float32)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -77,6 +93,7 @@ class MHACoreLayer(Layer):
         "num_heads_KV": uint(1),
         "max_timestep": uint(required=True),
         "sliding_window": uint(UINT_MAX),
+        "sliding_window_right": uint(0),
         "max_new_tokens": uint(1),
         "rope_theta": float_(500000.0),
         "max_position_embeddings": uint(40960),
@@ -84,6 +101,8 @@ class MHACoreLayer(Layer):
         "use_rope": bool_(True),
         "is_causal": bool_(True),
         "is_cross_attention": bool_(False),
+        "merge_cross_attention": bool_(False),
+        "block_bidirectional": bool_(False),
         "attn_logit_softcapping": float_(0.0),
         "query_pre_attn_scalar": float_(0.0),
         "rope_scaling_type": str_("default", choices=ROPE_TYPES),
@@ -108,9 +127,13 @@ class MHACoreLayer(Layer):
     def finalize(self, context):
         p = self.props
         dims = context.getInputDimensions()
-        if len(dims) not in (3, 4):
-            raise context.error(f"needs inputs [query, key, value] and an optional position "
-                                f"bias, got {len(dims)}")
+        self.merged, self.blocks = p["merge_cross_attention"], p["block_bidirectional"]
+        extra = 2 * self.merged + self.blocks
+        if len(dims) not in (3 + extra, 4 + extra):
+            raise context.error(f"needs inputs [query, key, value], an optional position bias"
+                                f"{', cross key, cross value' if self.merged else ''}"
+                                f"{', token types' if self.blocks else ''}; got {len(dims)}")
+        self.has_bias = len(dims) == 4 + extra
         q, k, v = dims[:3]
         n_heads, n_kv = p["num_heads"], p["num_heads_KV"]
         if n_heads < 1 or n_kv < 1 or n_heads % n_kv:
@@ -120,15 +143,28 @@ class MHACoreLayer(Layer):
             raise context.error(f"query width {q.width} is not a multiple of num_heads {n_heads}")
         d = q.width // n_heads
         self.cross = p["is_cross_attention"]
+        self.cross_inputs = (1, 2) if self.cross else None
+        if self.merged:
+            first = 4 if self.has_bias else 3
+            self.cross_inputs = (first, first + 1)
         for label, dim in (("key", k), ("value", v)):
             if dim.width != n_kv * d:
                 raise context.error(f"{label} width {dim.width} != num_heads_KV {n_kv} x "
                                     f"head_dim {d}")
             if (dim.height != q.height or dim.batch != q.batch) and not self.cross:
                 raise context.error(f"{label} dims {dim} do not match query dims {q}")
-            if self.cross and q.batch % dim.batch:
-                raise context.error(f"{label} batch {dim.batch} does not divide the query's "
-                                    f"{q.batch} (each group of query rows reads one key row)")
+        if self.cross_inputs is not None:
+            ck, cv = (dims[i] for i in self.cross_inputs)
+            for label, dim in (("cross key", ck), ("cross value", cv)):
+                if dim.width != n_kv * d:
+                    raise context.error(f"{label} width {dim.width} != num_heads_KV {n_kv} x "
+                                        f"head_dim {d}")
+                if q.batch % dim.batch:
+                    raise context.error(f"{label} batch {dim.batch} does not divide the "
+                                        f"query's {q.batch} (each group of query rows reads "
+                                        f"one key row)")
+            if ck.height != cv.height:
+                raise context.error(f"cross key dims {ck} and cross value dims {cv} differ")
         if k.height != v.height:
             raise context.error(f"key dims {k} and value dims {v} differ")
         if d % 2 and p["use_rope"]:
@@ -141,18 +177,25 @@ class MHACoreLayer(Layer):
 
         self.n_heads, self.n_kv, self.head_dim, self.max_timestep = n_heads, n_kv, d, T
         self.window = p["sliding_window"]
+        self.window_right = p["sliding_window_right"] or self.window
         self.causal = p["is_causal"]
         self.softcap = p["attn_logit_softcapping"]
         scalar = p["query_pre_attn_scalar"]
         if scalar < 0:
             raise context.error(f"query_pre_attn_scalar must be positive, got {scalar}")
         self.scale = 1.0 / math.sqrt(scalar or d)
-        if self.cross and (p["use_rope"] or p["is_causal"] or p["use_sink"]
+        if self.cross and (p["use_rope"] or p["is_causal"] or p["use_sink"] or self.merged
                            or p["sliding_window"] != UINT_MAX):
             raise context.error("is_cross_attention needs use_rope=false and is_causal=false, "
-                                "and takes no sink and no sliding window")
+                                "and takes no sink, no sliding window and no merged keys")
+        if self.merged and not self.causal:
+            raise context.error("merge_cross_attention is a decoder's: it needs is_causal=true")
+        if self.blocks and not self.causal:
+            raise context.error("block_bidirectional needs is_causal=true (a bidirectional "
+                                "layer already sees every key)")
+        # an encoder layer without RoPE reads K and V from its inputs: no cache to fill
+        self.cacheless = not self.causal and not self.cross and not p["use_rope"]
         self.cos, self.sin = self._rope_tables(context)
-        self.has_bias = len(dims) == 4
         if self.has_bias:
             bias = dims[3]
             if bias.height != n_heads or bias.width % 2 == 0 or bias.width < 2 * T - 1:
@@ -162,13 +205,17 @@ class MHACoreLayer(Layer):
         self.sink_index = None
         if p["use_sink"]:
             self.sink_index = context.requestWeight("sink", (n_heads,), context.activation_dtype)
-        if self.cross:
-            context.requestKVCache("cross", inputs=(1, 2))
-            keys = k.height
-        else:
+        keys = k.height if self.cross or self.cacheless else T
+        if not self.cross and not self.cacheless:
             context.requestKVCache("self", (q.batch, T, n_kv * d))
-            keys = T
-        self.scores = context.requestTensor("scores", (q.batch * n_heads, keys + d))
+        cross_keys = 0
+        if self.cross_inputs is not None:
+            context.requestKVCache("cross", inputs=self.cross_inputs)
+            cross_keys = dims[self.cross_inputs[0]].height
+        if self.cross:
+            keys, cross_keys = cross_keys, 0
+        self.scores = context.requestTensor("scores", (q.batch * n_heads,
+                                                       keys + cross_keys + d))
         context.setOutputDimensions([q])
 
     def _rope_tables(self, context):
@@ -199,17 +246,52 @@ class MHACoreLayer(Layer):
         inputs, tensors = context.inputs, context.tensors
         sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]
         bias = inputs[3] if self.has_bias else NO_BIAS
-        if self.cross:
-            source = context.input_stages[1]
+        cross_k = cross_v = NO_CROSS
+        cross_len = 0
+        if self.cross_inputs is not None:
+            ki, vi = self.cross_inputs
+            source = context.input_stages[ki]
             if source.to == 0 or source.from_ != 0:
                 raise context.error(f"cross-attention needs stage '{source.name}' run once over "
                                     f"its whole sequence first")
-            k_cache, v_cache, kv_len = inputs[1], inputs[2], source.to
+            cross_k, cross_v, cross_len = inputs[ki], inputs[vi], source.to
+        if self.cross:
+            k_cache, v_cache, kv_len = cross_k, cross_v, cross_len
+            cross_k = cross_v = NO_CROSS
+            cross_len = 0
+        elif self.cacheless:
+            if from_ != 0:
+                raise context.error(f"a bidirectional layer without RoPE runs over the whole "
+                                    f"sequence in one step (from 0), got from {from_}")
+            k_cache, v_cache, kv_len = inputs[1], inputs[2], to
         else:
             k_cache, v_cache = tensors[0], tensors[1]
             kv_cache_write(inputs[1], inputs[2], k_cache, v_cache, self.cos, self.sin, from_,
                            step, self.n_kv, self.head_dim)
             kv_len = to
-        attention(inputs[0], k_cache, v_cache, context.outputs[0], self.cos, self.sin, sinks,
-                  bias, tensors[self.scores], from_, step, kv_len, self.n_heads, self.n_kv,
-                  self.head_dim, self.window, self.causal, self.softcap, self.scale)
+        key_end = self._key_end(inputs[-1], from_, step) if self.blocks else NO_KEY_END
+        attention(inputs[0], k_cache, v_cache, context.outputs[0], self.cos, self.sin,
+                  tensors[self.scores], from_, step, kv_len, self.n_heads, self.n_kv,
+                  self.head_dim, scale=self.scale, window=self.window,
+                  window_right=self.window_right, causal=self.causal, softcap=self.softcap,
+                  sinks=sinks, bias=bias, cross_k=cross_k, cross_v=cross_v,
+                  cross_len=cross_len, key_end=key_end)
+
+    @staticmethod
+    def _key_end(types, from_, step):
+        """(B, step) int64: for a row of non-zero type, the position after the last row of its
+        run of that type (the run's end), else 0; NO_KEY_END when the step has no such row."""
+        t = types.reshape(types.shape[0], -1)[:, :step]
+        if not t.any():
+            return NO_KEY_END
+        end = np.zeros(t.shape, dtype=np.int64)
+        for b in range(t.shape[0]):
+            i = 0
+            while i < step:
+                j = i + 1
+                while j < step and t[b, j] == t[b, i]:
+                    j += 1
+                if t[b, i] != 0:
+                    end[b, i:j] = from_ + j
+                i = j
+        return end

@@ -35,12 +35,15 @@ def apply_rope(x, cos, sin):  # [n, d], [n, d/2], [n, d/2] -> [n, d]
     return x * c + rotated * s
 
 
-def attention_mask(q_pos, k_pos, window, causal):  # [nq], [nk] -> [nq, nk] bool (True = attend)
+def attention_mask(q_pos, k_pos, window, causal, window_right=None, key_end=None):
+    # [nq], [nk] -> [nq, nk] bool (True = attend); key_end [nq]: a causal query also sees keys < it
     q = q_pos[:, None]                             # [nq, 1]
     k = k_pos[None, :]                             # [1, nk]
     if causal:
-        return (k <= q) & (k > q - window)         # the query and the window - 1 keys before it
-    return np.abs(k - q) < window                  # non-causal: both sides, distance < window
+        later = (k < key_end[:, None]) if key_end is not None else False
+        return ((k <= q) | later) & (k > q - window)   # the window - 1 keys before, and later ones
+    right = window if window_right is None else window_right
+    return (k > q - window) & (k < q + right)      # non-causal: both sides (|q - k| < window)
 
 
 def softmax(x):  # [..., n] -> [..., n]
@@ -64,19 +67,27 @@ def attention(q, k, v, mask, scale, softcap=0.0, sink=None, bias=None):  # [nq, 
 
 
 def mha(q, k, v, q_pos, k_pos, n_heads, n_kv, cos, sin, window, causal, scale, softcap=0.0, sinks=None,
-        bias=None):
-    # [nq, n_heads*d], [nk, n_kv*d] (not rotated), [nk, n_kv*d] -> [nq, n_heads*d]; bias [n_heads, nq, nk]
+        bias=None, window_right=None, key_end=None, cross_k=None, cross_v=None):
+    # [nq, n_heads*d], [nk, n_kv*d] (not rotated), [nk, n_kv*d] -> [nq, n_heads*d]; bias [n_heads, nq, nk];
+    # cross_k, cross_v [nx, n_kv*d]: keys every query also sees, unrotated, in the same softmax
     d = q.shape[-1] // n_heads
-    mask = attention_mask(q_pos, k_pos, window, causal)                     # [nq, nk]
+    mask = attention_mask(q_pos, k_pos, window, causal, window_right, key_end)  # [nq, nk]
     out = []
     for h in range(n_heads):
         g = h // (n_heads // n_kv)                                          # GQA: repeat_kv
         qh = apply_rope(q[:, h * d:(h + 1) * d], cos[q_pos], sin[q_pos])    # [nq, d]
         kh = apply_rope(k[:, g * d:(g + 1) * d], cos[k_pos], sin[k_pos])    # [nk, d]
         vh = v[:, g * d:(g + 1) * d].astype(np.float64)                     # [nk, d]
+        mh = mask
+        if cross_k is not None:                                             # merged attention
+            kh = np.concatenate([kh, cross_k[:, g * d:(g + 1) * d]])        # [nk + nx, d]
+            vh = np.concatenate([vh, cross_v[:, g * d:(g + 1) * d]])
+            mh = np.concatenate([mask, np.ones((len(q_pos), len(cross_k)), bool)], axis=1)
         sink = None if sinks is None else float(sinks[h])
         bh = None if bias is None else bias[h]
-        out.append(attention(qh, kh, vh, mask, scale, softcap, sink, bh))  # [nq, d]
+        if bh is not None and cross_k is not None:
+            bh = np.concatenate([bh, np.zeros((len(q_pos), len(cross_k)))], axis=1)
+        out.append(attention(qh, kh, vh, mh, scale, softcap, sink, bh))    # [nq, d]
     return np.concatenate(out, axis=-1)                                     # [nq, n_heads*d]
 
 

@@ -225,8 +225,9 @@ def test_attention(case, pos0, nrows):
     in_place = case == "causal"                      # out may be the q buffer itself
     out = q if in_place else np.full_like(q, np.nan)
     scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
-    K.attention(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, total,
-                N_HEADS, N_KV, HEAD_DIM, window, causal, softcap, scale)
+    K.attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, total, N_HEADS, N_KV,
+                HEAD_DIM, scale=scale, window=window, causal=causal, softcap=softcap,
+                sinks=sinks, bias=bias)
     want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
                                                           original_max_position_embeddings=16), T)
     for b in range(B):
@@ -254,13 +255,84 @@ def test_cross_attention_reads_every_key_of_the_other_sequence(pos0, nrows):
     out = np.full_like(q, np.nan)
     scratch = np.empty((B * N_HEADS, kv_len + 3 + HEAD_DIM), np.float32)
     scale = 1.0
-    K.attention(q, k_rows, v_rows, out, cos, sin, np.zeros(0, np.float32),
-                np.zeros((0, 0, 0), np.float32), scratch, pos0, nrows, kv_len, N_HEADS, N_KV,
-                HEAD_DIM, 1 << 32, False, 0.0, scale)
+    K.attention(q, k_rows, v_rows, out, cos, sin, scratch, pos0, nrows, kv_len, N_HEADS, N_KV,
+                HEAD_DIM, scale=scale, causal=False)
     for b in range(B):
         identity = np.ones((kv_len, HEAD_DIM // 2)), np.zeros((kv_len, HEAD_DIM // 2))
         want = ref.mha(q[b], k_rows[b, :kv_len], v_rows[b, :kv_len], np.arange(nrows),
                        np.arange(kv_len), N_HEADS, N_KV, *identity, 1 << 40, False, scale)
+        close(out[b], want)
+
+
+@pytest.mark.parametrize("pos0,nrows", [(0, 13), (0, 6)])
+@pytest.mark.parametrize("window", [8, 9, 3])
+def test_two_sided_window_with_its_own_right_side(window, pos0, nrows):
+    """T5Gemma2's encoder window W: keys q - ((W+1)//2 - 1) .. q + W//2 (left (W+1)//2, right
+    W//2 + 1, exclusive)."""
+    q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=60)
+    total, T = pos0 + nrows, k_cache.shape[1]
+    left, right = (window + 1) // 2, window // 2 + 1
+    q = q_all[:, pos0:].copy()
+    out = np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+    K.attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, total, N_HEADS, N_KV,
+                HEAD_DIM, scale=0.3, window=left, window_right=right, causal=False)
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    qp, kp = np.arange(pos0, total), np.arange(total)
+    hf = ((qp[:, None] - kp[None, :] >= 0) & (qp[:, None] - kp[None, :] < left)) | \
+        ((qp[:, None] - kp[None, :] < 0) & (kp[None, :] - qp[:, None] < right))
+    assert np.array_equal(ref.attention_mask(qp, kp, left, False, right), hf)  # HF's formula
+    for b in range(B):
+        close(out[b], ref.mha(q_all[b, pos0:], k_all[b], v_all[b], qp, kp, N_HEADS, N_KV,
+                              want_cos, want_sin, left, False, 0.3, window_right=right))
+
+
+@pytest.mark.parametrize("pos0,nrows", [(0, 1), (0, 7), (9, 1), (5, 4)])
+def test_merged_attention_adds_the_cross_keys_to_the_softmax(pos0, nrows):
+    """T5Gemma2's decoder: the causal, windowed, rotated self keys and every cross key (another
+    sequence's, unrotated) in one softmax; the cross rows are shared by groups of query rows."""
+    q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=70)
+    total, T = pos0 + nrows, k_cache.shape[1]
+    nx, window = 6, 4
+    cross_k = np.full((1, nx + 2, N_KV * HEAD_DIM), np.nan, np.float32)
+    cross_v = np.full_like(cross_k, np.nan)
+    cross_k[:, :nx] = rand(1, nx, N_KV * HEAD_DIM, seed=71)
+    cross_v[:, :nx] = rand(1, nx, N_KV * HEAD_DIM, seed=72)
+    q = q_all[:, pos0:].copy()
+    out = np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, T + nx + 2 + HEAD_DIM), np.float32)
+    K.attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, total, N_HEADS, N_KV,
+                HEAD_DIM, scale=0.25, window=window, causal=True, cross_k=cross_k,
+                cross_v=cross_v, cross_len=nx)
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    for b in range(B):
+        want = ref.mha(q_all[b, pos0:], k_all[b], v_all[b], np.arange(pos0, total),
+                       np.arange(total), N_HEADS, N_KV, want_cos, want_sin, window, True, 0.25,
+                       cross_k=cross_k[0, :nx], cross_v=cross_v[0, :nx])
+        close(out[b], want)
+
+
+def test_key_end_opens_the_rest_of_a_block_to_a_causal_query():
+    """Gemma 3's image tokens: rows of a block see the block's later keys too, within the
+    window's lower bound; rows outside blocks stay causal."""
+    pos0, nrows, window = 2, 9, 4
+    q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=80)
+    total, T = pos0 + nrows, k_cache.shape[1]
+    key_end = np.zeros((B, nrows), np.int64)
+    key_end[:, 2:7] = pos0 + 7                         # positions 4..8 form a block
+    q = q_all[:, pos0:].copy()
+    out = np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+    K.attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, total, N_HEADS, N_KV,
+                HEAD_DIM, scale=0.25, window=window, causal=True, key_end=key_end)
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    for b in range(B):
+        want = ref.mha(q_all[b, pos0:], k_all[b], v_all[b], np.arange(pos0, total),
+                       np.arange(total), N_HEADS, N_KV, want_cos, want_sin, window, True, 0.25,
+                       key_end=key_end[b])
         close(out[b], want)
 
 
@@ -380,6 +452,8 @@ def test_serial_and_parallel_kernels_agree_exactly():
         out = np.zeros_like(q)
         scratch = np.zeros((B * H, T + D), np.float32)
         kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), np.zeros((0, 0, 0), np.float32),
-               scratch, 7, 5, 12, H, KV, D, 4, True, 0.0, D ** -0.5)
+               np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
+               np.zeros((0, 0), np.int64), scratch, 7, 5, 12, 0, H, KV, D, 4, 4, True, 0.0,
+               D ** -0.5)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])

@@ -1,5 +1,6 @@
 """Attention over a preallocated KV cache, with RoPE, GQA, sliding window, softcap, sinks and an
-additive position bias; also cross-attention, whose keys are another sequence's.
+additive position bias; also cross-attention, whose keys are another sequence's, and merged
+attention, whose softmax spans both (T5Gemma2's decoder).
 
 Layouts (d = head_dim, g = kv head of q head h = h // (n_heads // n_kv), contiguous groups as
 HF ``repeat_kv``)::
@@ -12,22 +13,29 @@ HF ``repeat_kv``)::
     sinks               (n_heads,) or (0,)
     bias                (B, n_heads, 2C + 1) or (0, 0, 0): bias[b, h, C + t - p] is added to the
                         score of key t for the query at p (T5's relative position bias)
-    scratch             (B * n_heads, T + d)  per (b, h): scores, then the rotated query
+    cross_k, cross_v    (B'', Tx, n_kv * d) or (0, 0, 0): a second key set (another sequence's,
+                        unrotated), of which the first cross_len rows join every query's softmax
+    key_end             (B, nrows) int64 or (0, 0): a causal query row i may also see the keys
+                        up to key_end[b, i] (exclusive; the rest of its image, Gemma 3)
+    scratch             (B * n_heads, T + Tx + d)  per (b, h): scores, then the rotated query
 
 RoPE (rotate-half, as HF ``apply_rotary_pos_emb``) at position p, halves a = x[:d/2],
 b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cached rotated.
 
-For query row i at p = pos0 + i, the keys are t in [lo, hi), of the kv_len rows holding keys::
+For query row i at p = pos0 + i, the keys of the cache are t in [lo, hi), of the kv_len rows
+holding keys::
 
-    causal:      lo = max(0, p - window + 1),            hi = p + 1
-    non-causal:  lo = max(0, p - window + 1),            hi = min(kv_len, p + window)
+    causal:      lo = max(0, p - window + 1),    hi = max(p + 1, key_end[b, i])
+    non-causal:  lo = max(0, p - window + 1),    hi = min(kv_len, p + window_right)
 
-i.e. the keys at distance < window, before the query only (causal) or on both sides of it
-(non-causal, HF's bidirectional sliding window ``|q - kv| < window``). Self-attention has
-kv_len = pos0 + nrows (the keys written so far); cross-attention (the cache holds the encoder's
-kv_len keys, no window) has every key.
+i.e. the keys at distance < window before the query (and the query's own), and on the
+non-causal side those at distance < window_right after it: HF's bidirectional sliding window
+``|q - kv| < window`` has window_right = window, T5Gemma2's encoder window W has
+window = (W + 1) // 2 and window_right = W // 2 + 1. Self-attention has kv_len = pos0 + nrows
+(the keys written so far); cross-attention (the cache holds the encoder's kv_len keys, no
+window) has every key. Then the cross keys, when given, all of them::
 
-    s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]]
+    s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]]       t in [lo, hi), then every cross key
     s_t = tanh(s_t / softcap) * softcap                             if softcap > 0
     m   = max(max_t s_t, sink_h)                                    (sink only if given)
     p_t = exp(s_t - m) / (sum_u exp(s_u - m) + exp(sink_h - m))
@@ -75,24 +83,28 @@ PARALLEL_MIN_WORK = 1 << 18
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
-            n_heads, n_kv, head_dim, window, causal, softcap, scale, task):
+def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
+            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window, window_right,
+            causal, softcap, scale, task):
     """Rows i < nrows of query head h = task % n_heads of batch b = task // n_heads."""
     T = k_cache.shape[1]
+    Tx = cross_k.shape[1]
     d = head_dim
     half = d // 2
     group = n_heads // n_kv
     use_sink = sinks.shape[0] == n_heads
     use_bias = bias.shape[0] > 0
+    use_end = key_end.shape[0] > 0
     center = (bias.shape[2] - 1) // 2
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
     b = task // n_heads
     kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
+    xb = b * cross_k.shape[0] // q.shape[0] if cross_len > 0 else 0
     h = task % n_heads
     g = h // group
-    score = scratch[task, :T]
-    qr = scratch[task, T:T + d]
+    score = scratch[task, :T + Tx]
+    qr = scratch[task, T + Tx:T + Tx + d]
     for i in range(nrows):
         p = pos0 + i
         # rotate the query into scratch
@@ -104,22 +116,26 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
             bb = qh[j + half]
             qr[j] = a * c[j] - bb * s[j]
             qr[j + half] = bb * c[j] + a * s[j]
+        lo = max(0, p - window + 1)
         if causal:
-            lo = max(0, p - window + 1)
             hi = p + 1
+            if use_end and key_end[b, i] > hi:
+                hi = key_end[b, i]
         else:
-            lo = max(0, p - window + 1)
-            hi = min(kv_len, p + window)
+            hi = min(kv_len, p + window_right)
         n = hi - lo
-        # scores and their max
+        # scores and their max: the cache's keys [lo, hi), then the cross keys
         m = np.float32(0.0)
-        for t in range(n):
-            kt = k_cache[kb, lo + t, g * d:(g + 1) * d]
+        for t in range(n + cross_len):
+            if t < n:
+                kt = k_cache[kb, lo + t, g * d:(g + 1) * d]
+            else:
+                kt = cross_k[xb, t - n, g * d:(g + 1) * d]
             acc = np.float32(0.0)
             for j in range(d):
                 acc += qr[j] * kt[j]
             sc = acc * scale32
-            if use_bias:
+            if use_bias and t < n:
                 sc += bias[b, h, center + lo + t - p]
             if cap > 0:
                 sc = np.tanh(sc / cap) * cap
@@ -130,7 +146,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
             m = sinks[h]
         # softmax numerators and denominator
         denom = np.float32(0.0)
-        for t in range(n):
+        for t in range(n + cross_len):
             e = np.exp(score[t] - m)
             score[t] = e
             denom += e
@@ -141,39 +157,61 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrow
         o = out[b, i, h * d:(h + 1) * d]
         for j in range(d):
             o[j] = 0
-        for t in range(n):
+        for t in range(n + cross_len):
             pt = score[t] * inv
-            vt = v_cache[kb, lo + t, g * d:(g + 1) * d]
+            if t < n:
+                vt = v_cache[kb, lo + t, g * d:(g + 1) * d]
+            else:
+                vt = cross_v[xb, t - n, g * d:(g + 1) * d]
             for j in range(d):
                 o[j] += pt * vt[j]
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows,
-                       kv_len, n_heads, n_kv, head_dim, window, causal, softcap, scale):
+def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
+                       key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
+                       window, window_right, causal, softcap, scale):
     """attention() with the (b, h) tasks spread over the thread pool."""
     for task in prange(q.shape[0] * n_heads):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
-                n_heads, n_kv, head_dim, window, causal, softcap, scale, task)
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
+                scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
+                window_right, causal, softcap, scale, task)
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows,
-                     kv_len, n_heads, n_kv, head_dim, window, causal, softcap, scale):
+def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
+                     key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
+                     window, window_right, causal, softcap, scale):
     """attention() on one thread (little work)."""
     for task in range(q.shape[0] * n_heads):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
-                n_heads, n_kv, head_dim, window, causal, softcap, scale, task)
+        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
+                scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
+                window_right, causal, softcap, scale, task)
 
 
-def attention(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
-              n_heads, n_kv, head_dim, window, causal, softcap, scale):
-    """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc).
+NO_WINDOW = 1 << 40
+NO_SINKS = np.zeros(0, dtype=np.float32)
+NO_BIAS = np.zeros((0, 0, 0), dtype=np.float32)
+NO_CROSS = np.zeros((0, 0, 0), dtype=np.float32)
+NO_KEY_END = np.zeros((0, 0), dtype=np.int64)
+for _a in (NO_SINKS, NO_BIAS, NO_CROSS, NO_KEY_END):
+    _a.flags.writeable = False
+
+
+def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,
+              head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
+              softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
+              cross_len=0, key_end=NO_KEY_END):
+    """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc);
+    ``window_right`` defaults to ``window``.
 
     One task per (b, h), on the thread pool when there is enough work. q is read (into
     scratch) before out is written, so out may be q.
     """
-    work = q.shape[0] * n_heads * nrows * min(kv_len, window) * head_dim
+    window_right = window if window_right is None else window_right
+    work = q.shape[0] * n_heads * nrows * (min(kv_len, window + window_right) + cross_len) \
+        * head_dim
     kernel = attention_parallel if work >= PARALLEL_MIN_WORK else attention_serial
-    kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, scratch, pos0, nrows, kv_len,
-           n_heads, n_kv, head_dim, window, causal, softcap, scale)
+    kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
+           pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
+           min(window_right, NO_WINDOW), causal, softcap, scale)

@@ -151,8 +151,7 @@ class Model:
             rctx.outputs = buffers[name]
             rctx.tensors = [np.zeros(t.shape, dtype=np.float32) for t in ictx.tensors]
             contexts[name] = (node.layer, rctx)
-            spec = ictx.kv_cache
-            if spec is not None:
+            for spec in ictx.kv_caches:
                 if spec.kind == SELF:
                     k = spec.tensor
                     self._kv_caches.append(KVCache(name, SELF, graph.stage_of[name],

@@ -125,7 +125,7 @@ class InitLayerContext:
         self.output_dims: list[TensorDim] | None = None
         self.weights: list[WeightSpec] = []
         self.tensors: list[TensorSpec] = []
-        self.kv_cache: KVCacheSpec | None = None
+        self.kv_caches: list[KVCacheSpec] = []
 
     def getName(self) -> str:
         return self.name
@@ -154,21 +154,22 @@ class InitLayerContext:
 
     def requestKVCache(self, kind: str, shape: tuple[int, ...] | None = None,
                        inputs: tuple[int, int] | None = None) -> int | None:
-        """Declare the layer's KV cache (one per layer), listed by ``Model.getKVCaches``.
+        """Declare a KV cache of the layer (at most one of each kind), listed by
+        ``Model.getKVCaches``.
 
         ``"self"``: key and value tensors of ``shape`` (zeroed), appended to the layer's tensors;
         returns the key's tensor index (the value's is the next). ``"cross"``: the cache is the
         layer's inputs ``inputs = (key, value)`` as an earlier stage left them; returns None.
         """
-        if self.kv_cache is not None:
-            raise self.error("requests a second KV cache")
+        if any(spec.kind == kind for spec in self.kv_caches):
+            raise self.error(f"requests a second {kind!r} KV cache")
         if kind == "self" and shape is not None:
             key = self.requestTensor("cache_key", shape)
             self.requestTensor("cache_value", shape)
-            self.kv_cache = KVCacheSpec(kind, tuple(int(s) for s in shape), tensor=key)
+            self.kv_caches.append(KVCacheSpec(kind, tuple(int(s) for s in shape), tensor=key))
             return key
         if kind == "cross" and inputs is not None:
-            self.kv_cache = KVCacheSpec(kind, inputs=tuple(inputs))
+            self.kv_caches.append(KVCacheSpec(kind, inputs=tuple(inputs)))
             return None
         raise self.error(f"bad KV cache request ({kind!r}: 'self' needs a shape, 'cross' the "
                          f"key and value inputs)")
