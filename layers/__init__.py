@@ -8,11 +8,16 @@ lookup); the CausalLM layers are registered by the models' ``registerCustomLayer
 from causallm.runtime.registry import registerFactory
 from layers.activation import ActivationLayer
 from layers.addition import AdditionLayer
+from layers.conv2d import Conv2DLayer
 from layers.fully_connected import FullyConnectedLayer
 from layers.input import InputLayer
 from layers.multiply import MultiplyLayer
+from layers.permute import PermuteLayer
+from layers.pooling2d import Pooling2DLayer
+from layers.reshape import ReshapeLayer
 
-BUILTIN_LAYERS = (InputLayer, FullyConnectedLayer, AdditionLayer, MultiplyLayer, ActivationLayer)
+BUILTIN_LAYERS = (InputLayer, FullyConnectedLayer, AdditionLayer, MultiplyLayer, ActivationLayer,
+                  Conv2DLayer, Pooling2DLayer, PermuteLayer, ReshapeLayer)
 """nntrainer's own layer types that the CausalLM models use."""
 
 for _layer_class in BUILTIN_LAYERS:
