@@ -73,6 +73,7 @@ def registerModels(factory: Factory) -> None:
     from models.causal_lm import CausalLM
     from models.gemma3.embedding_gemma import EmbeddingGemma
     from models.gemma3.gemma3_causallm import Gemma3CausalLM
+    from models.gemma3.gemma3_vision import Gemma3ForConditionalGeneration
     from models.gpt2.gpt2_causallm import GPT2CausalLM
     from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
     from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
@@ -87,6 +88,7 @@ def registerModels(factory: Factory) -> None:
     from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
     from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
     from models.t5.t5 import T5ForConditionalGeneration
+    from models.t5gemma2.t5gemma2 import T5Gemma2ForConditionalGeneration
 
     factory.registerModel("LlamaForCausalLM", lambda cfg, gen, nntr: CausalLM(cfg, gen, nntr))
     factory.registerModel("Qwen3MoeForCausalLM",
@@ -97,6 +99,8 @@ def registerModels(factory: Factory) -> None:
                           lambda cfg, gen, nntr: Qwen3CachedSlimMoECausalLM(cfg, gen, nntr))
     factory.registerModel("Gemma3ForCausalLM",
                           lambda cfg, gen, nntr: Gemma3CausalLM(cfg, gen, nntr))
+    factory.registerModel("Gemma3ForConditionalGeneration",
+                          lambda cfg, gen, nntr: Gemma3ForConditionalGeneration(cfg, gen, nntr))
     factory.registerModel("GptOssForCausalLM",
                           lambda cfg, gen, nntr: GptOssForCausalLM(cfg, gen, nntr))
     factory.registerModel("GptOssCachedSlimCausalLM",
@@ -113,6 +117,8 @@ def registerModels(factory: Factory) -> None:
     factory.registerModel("BartForConditionalGeneration",
                           lambda cfg, gen, nntr: BartForConditionalGeneration(cfg, gen, nntr))
     factory.registerModel("MarianMTModel", lambda cfg, gen, nntr: MarianMTModel(cfg, gen, nntr))
+    factory.registerModel("T5Gemma2ForConditionalGeneration",
+                          lambda cfg, gen, nntr: T5Gemma2ForConditionalGeneration(cfg, gen, nntr))
 
 
 EMBEDDING_ARCHITECTURES = {

@@ -135,6 +135,10 @@ class MHACoreLayer(Layer):
                                 f"{', token types' if self.blocks else ''}; got {len(dims)}")
         self.has_bias = len(dims) == 4 + extra
         q, k, v = dims[:3]
+        for label, dim in (("query", q), ("key", k), ("value", v)):
+            if dim.channel != 1:
+                raise context.error(f"{label} dims {dim}: rows are the height, channel must be "
+                                    f"1")
         n_heads, n_kv = p["num_heads"], p["num_heads_KV"]
         if n_heads < 1 or n_kv < 1 or n_heads % n_kv:
             raise context.error(f"num_heads {n_heads} must be a positive multiple of "

@@ -32,6 +32,9 @@ from models.transformer import ModelType
 
 class CausalLM(LanguageModel):
     MODEL_TYPE = ModelType.CAUSALLM
+    TEXT_STAGE: str | None = None
+    """The stage prefill and decode steps run: the only one, unless a family adds stages (a
+    vision tower) and names its text stage."""
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
@@ -89,8 +92,8 @@ class CausalLM(LanguageModel):
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Feed one token per row at the next position; its logits (rows, vocab)."""
         B, pos = tokens.shape[0], self.position
-        logits = self.model.incremental_inference(B, [tokens.reshape(B, 1)], None, 1, pos,
-                                                  pos + 1)[0]
+        logits = self.model.incremental_inference(B, self.stageInputs(tokens.reshape(B, 1), pos),
+                                                  None, 1, pos, pos + 1, stage=self.TEXT_STAGE)[0]
         self.position = pos + 1
         return logits
 
@@ -132,14 +135,27 @@ class CausalLM(LanguageModel):
         return len(ids)
 
     def prefill(self, ids: np.ndarray, start_pos: int) -> np.ndarray:
-        """Feed ``ids`` (B, P) at positions [start_pos, start_pos + P) in chunks of the step
-        buffer's INIT_SEQ_LEN rows; the logits of the last position, (B, vocab)."""
+        """Feed ``ids`` (B, P) at positions [start_pos, start_pos + P) in chunks of at most the
+        step buffer's INIT_SEQ_LEN rows (prefillChunks); the logits of the last position,
+        (B, vocab)."""
         B, P = ids.shape
-        for c in range(0, P, self.INIT_SEQ_LEN):
-            n = min(self.INIT_SEQ_LEN, P - c)
-            logits = self.model.incremental_inference(B, [ids[:, c:c + n]], None, n,
-                                                      start_pos + c, start_pos + c + n)[0]
+        for c, n in self.prefillChunks(ids):
+            pos = start_pos + c
+            logits = self.model.incremental_inference(B, self.stageInputs(ids[:, c:c + n], pos),
+                                                      None, n, pos, pos + n,
+                                                      stage=self.TEXT_STAGE)[0]
         return logits
+
+    def prefillChunks(self, ids: np.ndarray):
+        """(offset, length) of each prefill step over ``ids`` (B, P): INIT_SEQ_LEN rows at a
+        time."""
+        P = ids.shape[1]
+        return [(c, min(self.INIT_SEQ_LEN, P - c)) for c in range(0, P, self.INIT_SEQ_LEN)]
+
+    def stageInputs(self, ids: np.ndarray, pos: int) -> list:
+        """The text stage's inputs for ``ids`` (B, n) at positions [pos, pos + n): the ids (a
+        family with more input layers adds theirs)."""
+        return [ids]
 
     # -- system prompt KV cache -------------------------------------------------------------
     def _caches(self) -> list[tuple[str, np.ndarray, np.ndarray]]:

@@ -128,7 +128,8 @@ class EncoderDecoder(LanguageModel):
         for layer in layers:
             self.model.addLayer(layer)
         # the encoder runs each prompt once; the decoder runs rowsPerPrompt() rows of it (beams)
-        self.model.addStage(ENCODER, ["encoder_input0"], [encoder_output], batch=self.BATCH_SIZE)
+        self.model.addStage(ENCODER, self.encoderInputNames(), [encoder_output],
+                            batch=self.BATCH_SIZE)
         self.model.addStage(DECODER, ["decoder_input0"], [logits])
 
     def createStackInput(self, stack: str, input_name: str) -> tuple[list, str]:
@@ -299,8 +300,18 @@ class EncoderDecoder(LanguageModel):
             raise CausalLMError(f"the prompt has {L} tokens but the encoder takes at most "
                                 f"init_seq_len = {self.INIT_SEQ_LEN} (in one step); raise "
                                 f"init_seq_len in nntr_config.json")
-        out = self.model.incremental_inference(B, [ids], None, L, 0, L, stage=ENCODER)[0]
+        out = self.model.incremental_inference(B, self.encoderInputs(ids), None, L, 0, L,
+                                               stage=ENCODER)[0]
         return out.reshape(B, -1, self.DIM)[:, :L]
+
+    def encoderInputNames(self) -> list[str]:
+        """The encoder stage's input layers, in the order encoderInputs gives their data."""
+        return ["encoder_input0"]
+
+    def encoderInputs(self, ids: np.ndarray) -> list:
+        """The encoder stage's inputs for the prompts ``ids`` (B, L): the ids (a family with
+        more input layers adds theirs)."""
+        return [ids]
 
     def decode(self, ids, from_: int) -> np.ndarray:
         """A decoder step: ``ids`` (B, n) at positions ``[from_, from_ + n)``, attending to its

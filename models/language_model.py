@@ -186,21 +186,36 @@ class LanguageModel(Transformer):
         return [int(t) for t in self.makeSampler(do_sample).select(logits, histories)]
 
     # -- generation -------------------------------------------------------------------------
+    def setImages(self, images) -> None:
+        """The images of the next generation (models/vision_language.py); a text model takes
+        none."""
+        if len(images):
+            raise CausalLMError(f"{type(self).__name__} is a text model: it takes no images")
+
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
                         do_sample: bool | None = None, start_pos: int = 0, on_token=None,
-                        context_ids: list[int] = (), stream=None) -> GenerationResult:
+                        context_ids: list[int] = (), stream=None,
+                        images=None) -> GenerationResult:
         """Generate from ``prompt_ids`` (one equal-length list per batch row): up to
         ``max_new_tokens`` (default ``NUM_TO_GENERATE``) new tokens per row, a row stopping at
         an EOS id. ``start_pos`` and ``context_ids`` place the prompt after tokens already in
         the cache (a loaded system prompt, which the repetition penalty counts too);
-        ``on_token(b, token_id)`` sees every new token; row 0's text streams to ``stream``."""
+        ``on_token(b, token_id)`` sees every new token; row 0's text streams to ``stream``.
+        ``images`` (a vision model's: paths, Pillow images or pixel values) stand for the
+        prompt's image tokens, for this generation only."""
         if not self.is_initialized:
             raise CausalLMError("generate: call initialize() and load_weight() first")
         settings = self.generationSettings(do_sample)
         search = BeamSearch if settings.num_beams > 1 else Generator
-        result = search(self, settings, self.tokenizer, stream).generate(
-            prompt_ids, self.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens,
-            start_pos, context_ids, on_token)
+        if images is not None:
+            self.setImages(images)
+        try:
+            result = search(self, settings, self.tokenizer, stream).generate(
+                prompt_ids, self.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens,
+                start_pos, context_ids, on_token)
+        finally:
+            if images is not None:
+                self.setImages([])
         self.performance_metrics = result.metrics
         self.result = result
         self.output_list = list(result.texts)
@@ -213,15 +228,21 @@ class LanguageModel(Transformer):
         return self.tokenizer.Encode(system_prompt + prompt + tail_prompt), 0, []
 
     def run(self, prompt: str, do_sample: bool | None = None, system_prompt: str = "",
-            tail_prompt: str = "", log_output: bool = True, out=None) -> GenerationResult:
+            tail_prompt: str = "", log_output: bool = True, out=None,
+            images=()) -> GenerationResult:
         """Encode ``system_prompt + prompt + tail_prompt``, generate and, with ``log_output``,
-        stream row 0's text to ``out`` (stdout) and print the metrics block to stderr."""
+        stream row 0's text to ``out`` (stdout) and print the metrics block to stderr.
+        ``images`` (a vision model's) go with the prompt (its image placeholders, or in front)."""
         if not self.is_initialized:
             raise CausalLMError("run: call initialize() and load_weight() first")
-        ids, start_pos, context = self.tokenize(prompt, system_prompt, tail_prompt)
-        result = self.generate_tokens([ids] * self.BATCH_SIZE, do_sample=do_sample,
-                                      start_pos=start_pos, context_ids=context,
-                                      stream=(out or sys.stdout) if log_output else None)
+        self.setImages(images)
+        try:
+            ids, start_pos, context = self.tokenize(prompt, system_prompt, tail_prompt)
+            result = self.generate_tokens([ids] * self.BATCH_SIZE, do_sample=do_sample,
+                                          start_pos=start_pos, context_ids=context,
+                                          stream=(out or sys.stdout) if log_output else None)
+        finally:
+            self.setImages([])
         if log_output:
             self.printMetrics(sys.stderr)
         return result

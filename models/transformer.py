@@ -243,16 +243,23 @@ class Transformer:
             "name=embedding0", withKey("in_dim", self.NUM_VOCAB),
             withKey("weight_dtype", self.EMBEDDING_DTYPE), withKey("out_dim", self.DIM),
             withKey("scale", self.EMBEDDING_SCALE)]))
+        extra, input_name = self.createEmbeddingInputs("input0", "embedding0")
+        layers += extra
 
         for i in range(self.NUM_LAYERS):
-            input_name = "embedding0" if i == 0 else f"layer{i - 1}_decoder_output"
             layers += self.createTransformerDecoderBlock(i, input_name)
+            input_name = f"layer{i}_decoder_output"
 
         layers.append(self.createNorm("output_norm",
                                       f"layer{self.NUM_LAYERS - 1}_decoder_output"))
 
         for layer in layers:
             self.model.addLayer(layer)
+
+    def createEmbeddingInputs(self, ids: str, embedding: str) -> tuple[list, str]:
+        """Layers between the token embedding and the first block, and the first block's
+        input: none here (a vision family merges its image features in)."""
+        return [], embedding
 
     def createTransformerDecoderBlock(self, layer_id: int, input_name: str) -> list:
         layers = []

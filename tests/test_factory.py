@@ -9,7 +9,8 @@ ARCHITECTURES = [
     "Qwen3SlimMoeForCausalLM", "Qwen3CachedSlimMoeForCausalLM", "Gemma3ForCausalLM",
     "GptOssForCausalLM", "GptOssCachedSlimCausalLM", "GPT2LMHeadModel", "Qwen3Embedding",
     "Qwen2Embedding", "EmbeddingGemma", "BertEmbedding", "T5ForConditionalGeneration",
-    "BartForConditionalGeneration", "MarianMTModel",
+    "BartForConditionalGeneration", "MarianMTModel", "Gemma3ForConditionalGeneration",
+    "T5Gemma2ForConditionalGeneration",
 ]
 
 

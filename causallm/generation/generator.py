@@ -43,9 +43,12 @@ def peak_memory_kb() -> int:
 
 @dataclass
 class PerformanceMetrics:
-    """models/performance_metrics.h, with the phases of a run: ``encode`` (an encoder-decoder's
-    encoder pass), ``prefill`` and ``generation`` (the one-token steps)."""
+    """models/performance_metrics.h, with the phases of a run: ``vision`` (a vision tower over
+    the images, its tokens the image patches), ``encode`` (an encoder-decoder's encoder pass),
+    ``prefill`` and ``generation`` (the one-token steps)."""
 
+    vision_tokens: int = 0
+    vision_duration_ms: float = 0.0
     encode_tokens: int = 0
     encode_duration_ms: float = 0.0
     prefill_tokens: int = 0
@@ -58,8 +61,8 @@ class PerformanceMetrics:
 
     @contextmanager
     def phase(self, name: str, tokens: int):
-        """Time the block as phase ``name`` ("encode", "prefill" or "generation") over
-        ``tokens`` tokens (added to what the phase has)."""
+        """Time the block as phase ``name`` ("vision", "encode", "prefill" or "generation")
+        over ``tokens`` tokens (added to what the phase has)."""
         t0 = time.perf_counter()
         yield
         ms = (time.perf_counter() - t0) * 1e3
@@ -67,9 +70,10 @@ class PerformanceMetrics:
         setattr(self, f"{name}_duration_ms", getattr(self, f"{name}_duration_ms") + ms)
 
     def phases(self) -> list[tuple[str, int, float]]:
-        """(name, tokens, ms) of each phase that ran (encode only for an encoder-decoder)."""
-        out = [("encode", self.encode_tokens, self.encode_duration_ms)] \
-            if self.encode_tokens else []
+        """(name, tokens, ms) of each phase that ran (vision only with images, encode only
+        for an encoder-decoder)."""
+        out = [(name, getattr(self, f"{name}_tokens"), getattr(self, f"{name}_duration_ms"))
+               for name in ("vision", "encode") if getattr(self, f"{name}_tokens")]
         return out + [("prefill", self.prefill_tokens, self.prefill_duration_ms),
                       ("generation", self.generation_tokens, self.generation_duration_ms)]
 

@@ -49,10 +49,11 @@ GENERATION_DEFAULTS: dict[str, Any] = {
 class JsonConfig(dict):
     """A JSON object plus the path it came from, with typed getters that fail in one line."""
 
-    def __init__(self, data: dict, path: str, exists: bool = True) -> None:
+    def __init__(self, data: dict, path: str, exists: bool = True, section: str = "") -> None:
         super().__init__(data)
         self.path = path
         self.exists = exists
+        self.section = section  # "encoder.text_config": where a nested object sits in the file
 
     @property
     def name(self) -> str:
@@ -63,9 +64,10 @@ class JsonConfig(dict):
         return os.path.dirname(os.path.abspath(self.path))
 
     def error(self, key: str, expected: str) -> CausalLMError:
+        name = f"{self.section}.{key}" if self.section else key
         if key in self:
-            return CausalLMError(f"{self.path}: '{key}' must be {expected}, got {self[key]!r}")
-        return CausalLMError(f"{self.path}: missing key '{key}' ({expected})")
+            return CausalLMError(f"{self.path}: '{name}' must be {expected}, got {self[key]!r}")
+        return CausalLMError(f"{self.path}: missing key '{name}' ({expected})")
 
     def contains(self, key: str) -> bool:
         """True when the key is present and not null (nlohmann ``contains`` + ``is_null``)."""
@@ -117,7 +119,8 @@ class JsonConfig(dict):
         value = self._value(key, default, "an object")
         if not isinstance(value, dict):
             raise self.error(key, "an object")
-        return JsonConfig(value, self.path, self.exists)
+        return JsonConfig(value, self.path, self.exists,
+                          f"{self.section}.{key}" if self.section else key)
 
     def resolve_path(self, value: str) -> str:
         """A path from this file: absolute as given, else relative to the file's folder."""

@@ -310,3 +310,44 @@ class Checkpoint:
     def file_of(self, name):
         """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""
         return self._file(name).path
+
+
+class RenamedCheckpoint:
+    """A Checkpoint under other names: each (old prefix, new prefix) of ``renames`` turns a
+    name starting with the old prefix into the new one (the first that matches), so a family
+    reads checkpoints written under an older layout (Gemma 3's transformers-4 names)."""
+
+    def __init__(self, ckpt, renames) -> None:
+        self.ckpt = ckpt
+        self.folder = ckpt.folder
+        self._old = {}
+        for name in ckpt.keys():
+            new = next((to + name[len(frm):] for frm, to in renames if name.startswith(frm)),
+                       name)
+            self._old[new] = name
+
+    def keys(self):
+        return list(self._old)
+
+    def __contains__(self, name):
+        return name in self._old
+
+    def __len__(self):
+        return len(self._old)
+
+    def _name(self, name):
+        if name not in self._old:
+            raise CausalLMError(f"{self.folder}: checkpoint has no tensor named '{name}'")
+        return self._old[name]
+
+    def shape(self, name):
+        return self.ckpt.shape(self._name(name))
+
+    def dtype(self, name):
+        return self.ckpt.dtype(self._name(name))
+
+    def get(self, name):
+        return self.ckpt.get(self._name(name))
+
+    def file_of(self, name):
+        return self.ckpt.file_of(self._name(name))
