@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
                    help="new tokens to generate (nntr_config num_to_generate)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image for a vision model (repeatable, in the order of the prompt's "
+                        "<start_of_image> placeholders, or put before the prompt)")
     p.add_argument("--num-beams", type=int, default=None,
                    help="beam search with N beams (generation_config num_beams)")
     p.add_argument("--num-return-sequences", type=int, default=None,
@@ -114,8 +117,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
     if args.threads is not None:
         set_threads(args.threads)
+    for path in args.image:
+        if not os.path.isfile(path):
+            what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
+            raise CausalLMError(f"--image {path}: {what}")
     model = Factory.Instance().createFromFolder(args.model_dir, **overrides)
     nntr_cfg = model.nntr_cfg
+    if args.image:  # read before the weights load, so a bad image fails fast
+        model.setImages(args.image)
 
     head_prompt, tail_prompt = "", ""
     if nntr_cfg.contains("system_prompt"):

@@ -186,12 +186,6 @@ class LanguageModel(Transformer):
         return [int(t) for t in self.makeSampler(do_sample).select(logits, histories)]
 
     # -- generation -------------------------------------------------------------------------
-    def setImages(self, images) -> None:
-        """The images of the next generation (models/vision_language.py); a text model takes
-        none."""
-        if len(images):
-            raise CausalLMError(f"{type(self).__name__} is a text model: it takes no images")
-
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
                         do_sample: bool | None = None, start_pos: int = 0, on_token=None,
                         context_ids: list[int] = (), stream=None,
@@ -229,13 +223,15 @@ class LanguageModel(Transformer):
 
     def run(self, prompt: str, do_sample: bool | None = None, system_prompt: str = "",
             tail_prompt: str = "", log_output: bool = True, out=None,
-            images=()) -> GenerationResult:
+            images=None) -> GenerationResult:
         """Encode ``system_prompt + prompt + tail_prompt``, generate and, with ``log_output``,
         stream row 0's text to ``out`` (stdout) and print the metrics block to stderr.
-        ``images`` (a vision model's) go with the prompt (its image placeholders, or in front)."""
+        ``images`` (a vision model's; default: those setImages gave) go with the prompt (its
+        image placeholders, or in front); they are used once."""
         if not self.is_initialized:
             raise CausalLMError("run: call initialize() and load_weight() first")
-        self.setImages(images)
+        if images is not None:
+            self.setImages(images)
         try:
             ids, start_pos, context = self.tokenize(prompt, system_prompt, tail_prompt)
             result = self.generate_tokens([ids] * self.BATCH_SIZE, do_sample=do_sample,

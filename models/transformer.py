@@ -466,6 +466,13 @@ class Transformer:
         """Sampling options (temperature, top_k, ...) from the command line: a model that does
         not generate has none to set (LanguageModel overrides this)."""
 
+    def setImages(self, images) -> None:
+        """The images of the next run (a vision model's: models/vision_language.py); a text
+        model takes none."""
+        if len(images):
+            name = getattr(self, "architecture", type(self).__name__)
+            raise CausalLMError(f"{name} takes no images (it has no vision tower)")
+
     def chatPrompt(self, chat_input: JsonConfig) -> str | None:
         """The prompt nntr_config's ``chat_input`` stands for, or None when this model has no
         chat template for it (main.cpp then falls back to ``sample_input``)."""

@@ -457,3 +457,27 @@ def test_serial_and_parallel_kernels_agree_exactly():
                D ** -0.5)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("n_kv", [N_HEADS, N_KV])
+def test_attention_dense_is_the_bidirectional_kernel(n_kv):
+    """The BLAS path of a long bidirectional step equals the per-row kernel (no RoPE)."""
+    L = 70
+    q = rand(B, L + 3, N_HEADS * HEAD_DIM, seed=90)
+    k = rand(B, L + 3, n_kv * HEAD_DIM, seed=91)
+    v = rand(B, L + 3, n_kv * HEAD_DIM, seed=92)
+    cos, sin = np.ones((L, HEAD_DIM // 2), np.float32), np.zeros((L, HEAD_DIM // 2), np.float32)
+    want, got = np.full_like(q, np.nan), np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, L + 3 + HEAD_DIM), np.float32)
+    K.attention(q, k, v, want, cos, sin, scratch, 0, L, L, N_HEADS, n_kv, HEAD_DIM, scale=0.2,
+                causal=False)
+    import importlib
+    importlib.import_module("causallm.kernels.attention").attention_dense(
+        q, k, v, got, L, N_HEADS, n_kv, HEAD_DIM, 0.2)
+    close(got[:, :L], want[:, :L])
+    untouched(got, slice(0, L))
+    for b in range(B):
+        ref_out = ref.mha(q[b, :L], k[b, :L], v[b, :L], np.arange(L), np.arange(L), N_HEADS, n_kv,
+                          np.ones((L, HEAD_DIM // 2)), np.zeros((L, HEAD_DIM // 2)), 1 << 40,
+                          False, 0.2)
+        close(got[b, :L], ref_out)

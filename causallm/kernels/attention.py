@@ -215,3 +215,28 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
            min(window_right, NO_WINDOW), causal, softcap, scale)
+
+
+def attention_dense(q, k, v, out, nrows, n_heads, n_kv, head_dim, scale):
+    """Bidirectional attention of ``nrows`` rows over the same ``nrows`` keys, every key seen,
+    no RoPE, window, bias, softcap or sink (a vision tower's, an encoder's): per head, with
+    numpy's matrix products (BLAS) in float32::
+
+        S = (Q_h K_g^T) * scale,   P = softmax(S) by rows,   O_h = P V_g
+
+    The same math as ``attention(..., causal=False)`` on rows laid out as in the module
+    docstring (q, out (B, H, n_heads * d); k, v (B, H, n_kv * d)); faster once nrows is in the
+    hundreds, where the per-row kernel's scalar loops fall behind BLAS."""
+    d, group = head_dim, n_heads // n_kv
+    for b in range(q.shape[0]):
+        for h in range(n_heads):
+            g = h // group
+            qh = q[b, :nrows, h * d:(h + 1) * d]
+            kg = k[b, :nrows, g * d:(g + 1) * d]
+            vg = v[b, :nrows, g * d:(g + 1) * d]
+            s = qh @ kg.T
+            s *= np.float32(scale)
+            s -= s.max(axis=1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=1, keepdims=True)
+            out[b, :nrows, h * d:(h + 1) * d] = s @ vg

@@ -199,8 +199,8 @@ the decoder's eoi_embedding), the two text stacks, the vision tower and projecto
 
 MODULE_NAMES = (("model.encoder.text_model.", "model.encoder."),
                 ("model.encoder.vision_tower.vision_model.", "model.encoder.vision_tower."))
-"""A checkpoint written with the module tree's names (``state_dict()`` as is): prefix there ->
-prefix here."""
+"""The module tree's names (a ``state_dict()`` saved as is; the Hub's SigLIP tower keeps its
+``vision_model``): prefix there -> prefix here."""
 
 
 class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
@@ -407,10 +407,7 @@ class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
         return T5GEMMA2_WEIGHTS
 
     def openHFCheckpoint(self, folder: str):
-        ckpt = super().openHFCheckpoint(folder)
-        if any(name.startswith(MODULE_NAMES[0][0]) for name in ckpt.keys()):
-            return RenamedCheckpoint(ckpt, MODULE_NAMES)
-        return ckpt
+        return RenamedCheckpoint(super().openHFCheckpoint(folder), MODULE_NAMES)
 
     def encoderInputNames(self) -> list[str]:
         return ["encoder_input0", IMAGE_INPUT]
