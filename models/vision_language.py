@@ -69,7 +69,7 @@ class VisionLanguageModel:
                                                         self.FC_LAYER_DTYPE)
         for layer in tower + projector:
             self.model.addLayer(layer)
-        self.model.addStage(VISION, [f"{VISION}_input0"], [features], batch=1)
+        self.model.addStage(VISION, [f"{VISION}_input0"], [out, features], batch=1)
 
     def createImageMerge(self, name: str, ids: str, token_id: int, embeddings: str,
                          rows: int) -> list:
@@ -113,14 +113,22 @@ class VisionLanguageModel:
         return super().tokenize(self.processor.expandPrompt(prompt, len(self.images)),
                                 system_prompt, tail_prompt)
 
+    def runVision(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The vision stage over one image's pixel values (3, S, S): the tower's output
+        (N, vision hidden) and the features (M, D)."""
+        N = self.VISION.num_patches
+        tower, features = self.model.incremental_inference(1, [pixels.reshape(1, -1)], None, N,
+                                                           0, N, stage=VISION)
+        return (tower.reshape(N, self.VISION.hidden_size),
+                features.reshape(self.MM_TOKENS_PER_IMAGE, self.VISION_TEXT_DIM))
+
     def encodeImages(self, metrics) -> np.ndarray:
         """The vision stage over each image: features (n_images, M, D) (phase "vision")."""
-        M, D, N = self.MM_TOKENS_PER_IMAGE, self.VISION_TEXT_DIM, self.VISION.num_patches
-        out = np.zeros((len(self.images), M, D), dtype=np.float32)
-        with metrics.phase("vision", N * len(self.images)):
+        out = np.zeros((len(self.images), self.MM_TOKENS_PER_IMAGE, self.VISION_TEXT_DIM),
+                       dtype=np.float32)
+        with metrics.phase("vision", self.VISION.num_patches * len(self.images)):
             for k, pixels in enumerate(self.images):
-                out[k] = self.model.incremental_inference(1, [pixels.reshape(1, -1)], None, N, 0,
-                                                          N, stage=VISION)[0].reshape(M, D)
+                out[k] = self.runVision(pixels)[1]
         return out
 
     def imageRows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
