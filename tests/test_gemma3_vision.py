@@ -112,3 +112,26 @@ def test_cli_two_images():
     assert record["architecture"] == "Gemma3ForConditionalGeneration"
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
     assert record["generated_ids"] == ref["tokens"].tolist()
+
+
+def test_weights_bin_round_trip_and_export(ref, tmp_path):
+    """.bin (vision tower included) and back to safetensors under transformers' names: the
+    tensors are the checkpoint's, and both give transformers' tokens."""
+    model = load_folder(NAME)
+    path = str(tmp_path / "g3v.bin")
+    model.save_weight(path)
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bin_to_hf
+    out = tmp_path / "hf"
+    bin_to_hf.export(os.path.join(FIXTURES, NAME), path, str(out))
+    assert {"preprocessor_config.json", "processor_config.json"} <= set(os.listdir(out))
+    original, written = model.openHFCheckpoint(os.path.join(FIXTURES, NAME)), \
+        model.openHFCheckpoint(str(out))
+    assert set(written.keys()) == set(original.keys())
+    for key in written.keys():
+        np.testing.assert_array_equal(written.get(key), original.get(key), err_msg=key)
+    for weights, folder in ((path, NAME), (None, str(out))):
+        again = load_folder(folder, weights=weights)
+        result = again.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=32,
+                                       do_sample=False, images=image_paths(ref))
+        assert result.generated_ids[0] == ref["tokens"].tolist()

@@ -36,7 +36,7 @@ SAFETENSORS_DTYPES = ("F32", "F16", "BF16")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json",
                 "merges.txt", "chat_template.jinja", "source.spm", "target.spm",
-                "target_vocab.json")
+                "target_vocab.json", "preprocessor_config.json", "processor_config.json")
 """The Hugging Face files copied from MODEL_DIR when present (config.json must be)."""
 
 
