@@ -217,26 +217,33 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
            min(window_right, NO_WINDOW), causal, softcap, scale)
 
 
+DENSE_BLOCK_ROWS = 512
+"""Query rows per block of attention_dense: a block's scores (512 x keys) stay in cache through
+the softmax's passes (a 4096-patch SigLIP layer: 0.95 -> 0.71 s)."""
+
+
 def attention_dense(q, k, v, out, nrows, n_heads, n_kv, head_dim, scale):
     """Bidirectional attention of ``nrows`` rows over the same ``nrows`` keys, every key seen,
-    no RoPE, window, bias, softcap or sink (a vision tower's, an encoder's): per head, with
-    numpy's matrix products (BLAS) in float32::
+    no RoPE, window, bias, softcap or sink (a vision tower's, an encoder's): per head and block
+    of DENSE_BLOCK_ROWS query rows, with numpy's matrix products (BLAS) and SIMD exp in
+    float32::
 
-        S = (Q_h K_g^T) * scale,   P = softmax(S) by rows,   O_h = P V_g
+        S = (Q_h * scale) K_g^T,   P = softmax(S) by rows,   O_h = P V_g
 
     The same math as ``attention(..., causal=False)`` on rows laid out as in the module
     docstring (q, out (B, H, n_heads * d); k, v (B, H, n_kv * d)); faster once nrows is in the
-    hundreds, where the per-row kernel's scalar loops fall behind BLAS."""
+    tens, where the per-row kernel's scalar loops fall behind BLAS."""
     d, group = head_dim, n_heads // n_kv
+    scale = np.float32(scale)
     for b in range(q.shape[0]):
         for h in range(n_heads):
             g = h // group
-            qh = q[b, :nrows, h * d:(h + 1) * d]
-            kg = k[b, :nrows, g * d:(g + 1) * d]
+            kt = k[b, :nrows, g * d:(g + 1) * d].T
             vg = v[b, :nrows, g * d:(g + 1) * d]
-            s = qh @ kg.T
-            s *= np.float32(scale)
-            s -= s.max(axis=1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=1, keepdims=True)
-            out[b, :nrows, h * d:(h + 1) * d] = s @ vg
+            for r in range(0, nrows, DENSE_BLOCK_ROWS):
+                e = min(r + DENSE_BLOCK_ROWS, nrows)
+                s = (q[b, r:e, h * d:(h + 1) * d] * scale) @ kt
+                s -= s.max(axis=1, keepdims=True)
+                np.exp(s, out=s)
+                s /= s.sum(axis=1, keepdims=True)
+                out[b, r:e, h * d:(h + 1) * d] = s @ vg
