@@ -36,15 +36,14 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from children import SEED, peak_rss_mb, report, spawn
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK = "@@BENCH_JSON@@ "  # prefix of the one stdout line a child reports on
 FOLDER_VERSION = "v1"     # bump when the way a model folder is made changes
-SEED = 1234
 
 MODELS = {
     "small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
@@ -94,13 +93,8 @@ def prompt_ids(vocab_size: int, n: int) -> list[int]:
 
 
 # -- children ---------------------------------------------------------------------------------
-def report(result: dict) -> None:
-    print(MARK + json.dumps(result), flush=True)
 
 
-def peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child_make(name: str, folder: str) -> None:
@@ -376,26 +370,13 @@ def _timed(fn) -> float:
 
 
 # -- parent -----------------------------------------------------------------------------------
-def spawn(args: list[str], threads: int) -> dict:
-    """Run this script as a child with every thread pool sized to ``threads``; its result."""
-    n = str(threads)
-    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n,
-               NUMBA_NUM_THREADS=n)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args],
-                          env=env, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"child {args[0]} failed (exit {proc.returncode})")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if not lines:
-        raise SystemExit(f"child {args[0]} reported nothing")
-    return json.loads(lines[-1][len(MARK):])
 
 
 def model_folder(cache_dir: str, name: str, threads: int) -> str:
     """The folder of model ``name`` under ``cache_dir``, made first if it is not there."""
     folder = os.path.join(cache_dir, f"{name}-seed{SEED}-{FOLDER_VERSION}")
     if not os.path.isdir(folder):
-        spawn(["make", name, folder], threads)
+        spawn(__file__, ["make", name, folder], threads)
     return folder
 
 
@@ -420,10 +401,10 @@ def bench_model(name: str, args, log, probe) -> dict:
     common = [name, folder, str(args.prompt_len), str(args.decode), str(args.threads),
               str(args.repeat)]
     log(f"[{name}] ours ...")
-    ours = spawn(["ours", *common, "1" if args.profile else "0"], args.threads)
+    ours = spawn(__file__, ["ours", *common, "1" if args.profile else "0"], args.threads)
     probe()
     log(f"[{name}] torch ...")
-    torch_ = spawn(["torch", *common], args.threads)
+    torch_ = spawn(__file__, ["torch", *common], args.threads)
     probe()
 
     P, D = args.prompt_len, args.decode
@@ -573,7 +554,7 @@ def main(argv=None) -> None:
 
     def probe():
         log("[bandwidth] ...")
-        probes.append(spawn(["bandwidth", str(args.threads)], args.threads))
+        probes.append(spawn(__file__, ["bandwidth", str(args.threads)], args.threads))
 
     probe()
     results = [bench_model(name, args, log, probe) for name in args.models]

@@ -33,14 +33,13 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 
+from children import SEED, peak_rss_mb, report, spawn
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK = "@@BENCH_JSON@@ "
-SEED = 1234
 
 MODELS = {
     # google-t5/t5-small's shapes (relu, tied, 6 + 6 layers)
@@ -69,13 +68,8 @@ def prompt_ids(name: str, n: int) -> list[int]:
         [cfg.get("eos_token_id", 1)]
 
 
-def report(result: dict) -> None:
-    print(MARK + json.dumps(result), flush=True)
 
 
-def peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child_make(name: str, folder: str) -> None:
@@ -182,17 +176,6 @@ def child_torch(folder: str, ids: list[int], decode: int, beams: int, threads: i
             "torch": torch.__version__, "attn": model.config._attn_implementation})
 
 
-def spawn(args: list[str], threads: int) -> dict:
-    n = str(threads)
-    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n,
-               NUMBA_NUM_THREADS=n)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args],
-                          env=env, stdout=subprocess.PIPE, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"child {args[0]} failed (exit {proc.returncode}, "
-                         f"{'no' if not lines else 'a'} report)")
-    return json.loads(lines[-1][len(MARK):])
 
 
 def bench_model(name: str, args, log) -> dict:
@@ -200,13 +183,13 @@ def bench_model(name: str, args, log) -> dict:
     if not os.path.isdir(folder):
         os.makedirs(args.cache_dir, exist_ok=True)
         log(f"[make] {name} -> {folder}")
-        spawn(["make", name, folder], args.threads)
+        spawn(__file__, ["make", name, folder], args.threads)
     common = [name, folder, str(args.prompt_len), str(args.decode), str(args.num_beams),
               str(args.threads), str(args.repeat)]
     out = {"model": name}
     for engine in ("ours", "torch"):
         log(f"[{name}] {engine} ...")
-        r = spawn([engine, *common], args.threads)
+        r = spawn(__file__, [engine, *common], args.threads)
         best_enc = min(x["encode_ms"] for x in r["runs"])
         best_dec = min(x["decode_ms"] for x in r["runs"])
         best_total = min(x["total_ms"] for x in r["runs"])

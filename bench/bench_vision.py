@@ -24,16 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+from children import SEED, peak_rss_mb, report, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK = "@@BENCH_JSON@@ "
-SEED = 1234
 
 TEXT = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
             num_attention_heads=4, num_key_value_heads=1, head_dim=64)
@@ -53,13 +51,8 @@ MODELS = {
 }
 
 
-def report(result: dict) -> None:
-    print(MARK + json.dumps(result), flush=True)
 
 
-def peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def pixels(name: str) -> np.ndarray:
@@ -136,16 +129,6 @@ def child_torch(folder: str, name: str, repeat: int, threads: int) -> None:
             "torch": torch.__version__, "attn": model.config._attn_implementation})
 
 
-def spawn(args: list[str], threads: int) -> dict:
-    n = str(threads)
-    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n,
-               NUMBA_NUM_THREADS=n)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args],
-                          env=env, stdout=subprocess.PIPE, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"child {args[0]} failed (exit {proc.returncode})")
-    return json.loads(lines[-1][len(MARK):])
 
 
 def bench_model(name: str, args, log) -> dict:
@@ -153,13 +136,14 @@ def bench_model(name: str, args, log) -> dict:
     if not os.path.isdir(folder):
         os.makedirs(args.cache_dir, exist_ok=True)
         log(f"[make] {name} -> {folder}")
-        spawn(["make", name, folder], args.threads)
+        spawn(__file__, ["make", name, folder], args.threads)
     out = {"model": name, "patches": (MODELS[name]["vision"]["image_size"]
                                       // MODELS[name]["vision"]["patch_size"]) ** 2}
     features = {}
     for engine in ("ours", "torch"):
         log(f"[{name}] {engine} ...")
-        r = spawn([engine, folder, name, str(args.repeat), str(args.threads)], args.threads)
+        r = spawn(__file__, [engine, folder, name, str(args.repeat), str(args.threads)],
+                  args.threads)
         features[engine] = np.array(r.pop("features"), dtype=np.float32)
         out[engine] = {"ms": min(r["ms"]), "load_s": r["load_s"],
                        "peak_rss_mb": r["peak_rss_mb"]}
