@@ -46,6 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
                    help="new tokens to generate (nntr_config num_to_generate)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
+    p.add_argument("--dtype", type=str.upper, default=None,
+                   choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
+                   help="hold the fully connected, embedding and head weights in this format "
+                        "(converted at load); default: as the weight file stores them")
     p.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image for a vision model (repeatable, in the order of the prompt's "
                         "<start_of_image> placeholders, or put before the prompt)")
@@ -151,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
                                repetition_penalty=args.repeat_penalty, seed=args.seed,
                                greedy=args.greedy, num_beams=args.num_beams,
                                num_return_sequences=args.num_return_sequences)
+    model.setWeightFormat(args.dtype)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

@@ -33,7 +33,7 @@ class FullyConnectedLayer(Layer):
         unit, x = self.props["unit"], dims[0]
         if unit < 1:
             raise context.error("unit must be at least 1")
-        context.requestWeight("weight", (x.width, unit))
+        context.requestWeight("weight", (x.width, unit), packable=True)
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)

@@ -23,7 +23,7 @@ class LmHeadLayer(Layer):
         if len(dims) != 1:
             raise context.error(f"needs 1 input, got {len(dims)}")
         unit, x = self.props["unit"], dims[0]
-        context.requestWeight("weight", (x.width, unit))
+        context.requestWeight("weight", (x.width, unit), packable=True)
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)

@@ -35,7 +35,7 @@ class TieWordEmbedding(Layer):
             raise context.error(f"needs 1 input, got {len(dims)}")
         unit, x = self.props["unit"], dims[0]
         self.scale = self.props["scale"]
-        context.requestWeight("Embedding", (unit, x.width))
+        context.requestWeight("Embedding", (unit, x.width), packable=True)
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)

@@ -28,7 +28,7 @@ import numpy as np
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.lazy_weights import bin_slices, safetensors_slice
-from causallm.io.nntr_bin import write_bin
+from causallm.io.nntr_bin import bin_nbytes, read_weight, write_bin
 from causallm.io.weight_table import HFWeight
 
 HF_EXPERTS = ".mlp.experts."  # checkpoint names of the expert tensors
@@ -125,12 +125,16 @@ class ExpertsOnFileMixin:
             return
         specs = self.model.getWeightSpecs()
         slices = {}
+        mm = np.memmap(weight_path, dtype=np.uint8, mode="r")
         for spec, part in zip(specs, bin_slices(weight_path, [(s.full_name, s.shape, s.dtype)
                                                               for s in specs])):
             if ":expert_" in spec.full_name:
                 slices[spec.full_name] = part
             else:
-                self.model.setWeight(spec.full_name, part.read())
+                nb = bin_nbytes(spec.shape, spec.dtype)
+                self.model.setWeight(spec.full_name, read_weight(
+                    spec.full_name, spec.shape, spec.dtype, spec.packable,
+                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset))
         self.attachExpertSources(slices)
         self.model.warmup()
 
@@ -182,4 +186,4 @@ class ExpertsOnFileMixin:
                   else self.model.getWeight(s.full_name) for s in specs]
         dtypes = [layer_dtype_map.get(s.full_name.split(":", 1)[0]) or dtype or s.dtype
                   for s in specs]
-        write_bin(weight_path, arrays, dtypes)
+        write_bin(weight_path, arrays, dtypes, [s.full_name for s in specs])

@@ -26,6 +26,7 @@ from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
+from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
@@ -434,6 +435,10 @@ class Transformer:
             self.load_hf_weight(weight_path)
         else:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
+            if getattr(self, "WEIGHT_FORMAT", None) is not None:
+                for spec in self.model.getWeightSpecs():
+                    if spec.packable:
+                        self.storeWeight(spec.full_name, self.model.getWeight(spec.full_name))
         self.model.warmup()
 
     def openHFCheckpoint(self, folder: str) -> Checkpoint:
@@ -444,11 +449,42 @@ class Transformer:
     def load_hf_weight(self, path: str) -> None:
         """Map every tensor of a safetensors checkpoint onto a layer weight through the weight
         table; every weight must be covered and every tensor used (the error names the ones
-        that are not)."""
+        that are not). Weights are held as ``weightFormat`` says."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
         ckpt = self.openHFCheckpoint(folder)
-        self.getHFWeightTable().load(ckpt, self.getHFWeightMap(), self.model.setWeight,
-                                     type(self).__name__)
+        packable = {s.full_name: not s.full_name.endswith(":Embedding")
+                    for s in self.model.getWeightSpecs() if s.packable}
+        self.getHFWeightTable().load(ckpt, self.getHFWeightMap(), self.storeWeight,
+                                     type(self).__name__, packable)
+
+    # -- weight precision -------------------------------------------------------------------
+    def setWeightFormat(self, fmt: str | None) -> None:
+        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (FP32,
+        BF16, FP16, Q8_0, Q4_0; ``--dtype``), converting at load; None: weightFormat's rule."""
+        if fmt is not None and fmt.upper() not in WEIGHT_FORMATS:
+            raise CausalLMError(f"weight format {fmt!r} is not one of "
+                                f"{', '.join(WEIGHT_FORMATS)}")
+        self.WEIGHT_FORMAT = None if fmt is None else fmt.upper()
+
+    def weightFormat(self, spec) -> str | None:
+        """The format a packable weight is held in, or None to keep the checkpoint's (F32,
+        BF16 and F16 stay as they are): the ``setWeightFormat`` / ``--dtype`` one, else the
+        weight's dtype from nntr_config (``fc_layer_dtype``, ``embedding_dtype``,
+        ``lmhead_dtype``) unless that is FP32, the default."""
+        fmt = getattr(self, "WEIGHT_FORMAT", None) or spec.dtype.upper()
+        return None if fmt == "FP32" and getattr(self, "WEIGHT_FORMAT", None) is None else fmt
+
+    def storeWeight(self, target: str, value) -> None:
+        """``model.setWeight`` after converting a packable weight to its weightFormat."""
+        spec = self._spec_of.get(target) if hasattr(self, "_spec_of") else None
+        if spec is None:
+            self._spec_of = {s.full_name: s for s in self.model.getWeightSpecs()}
+            spec = self._spec_of[target]
+        if spec.packable:
+            fmt = self.weightFormat(spec)
+            if fmt is not None:
+                value = convertWeight(value, fmt, transposed=not target.endswith(":Embedding"))
+        self.model.setWeight(target, value)
 
     def save_weight(self, weight_path: str, dtype: str | None = None,
                     layer_dtype_map: dict | None = None) -> None:
@@ -484,6 +520,32 @@ class Transformer:
         bare Transformer (no head) has nothing to run, as in C++, and says so."""
         raise CausalLMError(f"{type(self).__name__}.run: a bare Transformer has no head; use "
                             f"CausalLM or SentenceTransformer")
+
+
+WEIGHT_FORMATS = ("FP32", "BF16", "FP16", "Q8_0", "Q4_0")
+"""What ``--dtype`` and the nntr_config dtype keys may hold a packable weight as."""
+_PACKED_NAME = {"BF16": "BF16", "FP16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q4_0"}
+
+
+def convertWeight(value, fmt: str, transposed: bool):
+    """A weight (float32 array of its logical shape, or a PackedMatrix) held as ``fmt``:
+    float32 for FP32, else a PackedMatrix whose rows are the logical (K, N)'s columns
+    (``transposed``: a fully connected weight) or rows (an embedding). A Q8_0 / Q4_0 weight
+    whose rows are not a multiple of 32 values stays as it is."""
+    if fmt == "FP32":
+        return value.toFloat() if isinstance(value, PackedMatrix) else value
+    packed = _PACKED_NAME.get(fmt)
+    if packed is None:
+        raise CausalLMError(f"weight format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if isinstance(value, PackedMatrix):
+        if value.format == packed:
+            return value
+        rows = value.rowsFloat()
+    else:
+        rows = value.T if transposed else value
+    if packed in ("Q8_0", "Q4_0") and rows.shape[1] % 32:
+        return value
+    return PackedMatrix.fromFloat(packed, rows, transposed)
 
 
 def set_threads(n: int) -> None:

@@ -249,7 +249,8 @@ def test_bin_nbytes():
     assert bin_nbytes((), "FP32") == 4
     assert bin_nbytes((64, 32), "Q4_0") == 64 * 18
     assert bin_nbytes((256, 512), "Q6_K") == 512 * 210
-    with pytest.raises(CausalLMError, match="'BF16' is not one of FP32, FP16, Q4_0, Q6_K"):
+    assert bin_nbytes((64, 32), "Q8_0") == 64 * 34
+    with pytest.raises(CausalLMError, match="'BF16' is not one of FP32, FP16, Q4_0, Q8_0, Q6_K"):
         bin_nbytes((2,), "BF16")
 
 
@@ -295,14 +296,16 @@ def test_bin_short_and_long(tmp_path):
 def test_bin_dtype_errors(tmp_path):
     path = tmp_path / "q.bin"
     path.write_bytes(bytes(18 * 2))
-    with pytest.raises(CausalLMError, match="weight 'fc' has dtype Q4_0, which is not supported"):
-        read_bin(path, [("fc", (32, 2), "Q4_0")])  # the size check passes first
+    with pytest.raises(CausalLMError, match=r"weight 'fc' \(32, 2\) cannot be Q4_0"):
+        read_bin(path, [("fc", (32, 2), "Q4_0")])  # the size check passes first; N % 8 != 0
     with pytest.raises(CausalLMError, match="expected 210 bytes .* found 36"):
         read_bin(path, [("emb", (256,), "Q6_K")])
     with pytest.raises(CausalLMError, match="weight 'x' has dtype 'INT8', not one of"):
         read_bin(path, [("x", (2,), "INT8")])
-    with pytest.raises(CausalLMError, match=r"weight #0: dtype 'Q4_0' is not supported"):
-        write_bin(path, [np.zeros(32)], ["Q4_0"])
+    with pytest.raises(CausalLMError, match=r"weight #0: dtype 'Q6_K' is not supported"):
+        write_bin(path, [np.zeros(256)], ["Q6_K"])
+    with pytest.raises(CausalLMError, match=r"weight 'fc:weight' \(3, 20\) cannot be Q8_0"):
+        write_bin(path, [np.zeros((20, 3))], ["Q8_0"], ["fc:weight"])
     with pytest.raises(CausalLMError, match=r"weight #1 \(2,\): values beyond the FP16 range"):
         write_bin(path, [np.zeros(1), np.array([1.0, 7e4])], ["FP16", "FP16"])
     with pytest.raises(CausalLMError, match="2 arrays but 1 dtypes"):

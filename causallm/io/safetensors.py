@@ -157,6 +157,17 @@ class SafetensorsFile:
             a = a.astype(np.float32)
         return _readonly(a)
 
+    def raw(self, name):
+        """(dtype, array): BF16 and F16 tensors as their uint16 bits (a read-only view of the
+        file, copied only if misaligned), anything else as ``get`` gives it."""
+        dtype, shape, start, nbytes = self._entry(name)
+        if dtype not in ("BF16", "F16"):
+            return dtype, self.get(name)
+        raw = self._map[start:start + nbytes].view(np.ndarray)
+        if start % 2:
+            raw = raw.copy()
+        return dtype, _readonly(raw.view("<u2").reshape(shape))
+
 
 def _st_dtype_for(a, dtype):
     """The safetensors dtype string an array is written as (see write_safetensors)."""
@@ -307,6 +318,12 @@ class Checkpoint:
                                               self._where[scales].get(scales)))
         return self._file(name).get(name)
 
+    def raw(self, name):
+        """(dtype, array) as SafetensorsFile.raw (an MXFP4 tensor: dequantized, "F32")."""
+        if name in self._mxfp4:
+            return "F32", self.get(name)
+        return self._file(name).raw(name)
+
     def file_of(self, name):
         """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""
         return self._file(name).path
@@ -348,6 +365,9 @@ class RenamedCheckpoint:
 
     def get(self, name):
         return self.ckpt.get(self._name(name))
+
+    def raw(self, name):
+        return self.ckpt.raw(self._name(name))
 
     def file_of(self, name):
         return self.ckpt.file_of(self._name(name))

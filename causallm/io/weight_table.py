@@ -41,6 +41,7 @@ from typing import Callable, Iterable, NamedTuple
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.kernels.packed import PackedMatrix
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,15 @@ class WeightTable:
         return name
 
     # -- loading ----------------------------------------------------------------------------
-    def load(self, ckpt, weight_map: dict, set_weight: Callable, owner: str = "model") -> None:
+    def load(self, ckpt, weight_map: dict, set_weight: Callable, owner: str = "model",
+             packable: dict | None = None) -> None:
         """Give every weight of ``weight_map`` its checkpoint tensor (``set_weight(target,
-        array)``). Every checkpoint tensor must be used (or ignored, or an alias) and every
-        mapped tensor found; the error names the ones that are not."""
+        array)``). A BF16 or F16 tensor read whole (no part, no offset) into weights that
+        ``packable`` maps to how their packed rows lie (True: the logical matrix transposed, as
+        a Linear's [out, in]; False: as it is, as an embedding table), the table reading it
+        that way, comes as a ``PackedMatrix`` of its bits, kept as stored; any other as float32.
+        Every checkpoint tensor must be used (or ignored, or an alias) and every mapped tensor
+        found; the error names the ones that are not."""
         aliases = self.aliasMap(weight_map)
         found: dict[str, str] = {}       # our HF name -> the checkpoint's name for it
         spare: dict[str, str] = {}       # primary -> a checkpoint alias of it
@@ -238,10 +244,17 @@ class WeightTable:
             raise CausalLMError(f"{getattr(ckpt, 'folder', 'checkpoint')}: {'; '.join(problems)}")
         for hf, parts in weight_map.items():
             name = found[hf]
-            array = ckpt.get(name)
+            packable = packable or {}
+            whole = all(packable.get(p.target) is p.transpose and p.index is None
+                        and not p.offset for p in parts)
+            dtype, array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ("F32", None)
+            if dtype not in ("BF16", "F16"):
+                array = ckpt.get(name)
             for part in parts:
                 try:
-                    set_weight(part.target, part.to_weight(array))
+                    value = (PackedMatrix(dtype, array, transposed=part.transpose)
+                             if dtype in ("BF16", "F16") else part.to_weight(array))
+                    set_weight(part.target, value)
                 except (CausalLMError, IndexError) as e:
                     raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
                                         f"{tuple(array.shape)}"
@@ -255,7 +268,7 @@ class WeightTable:
         place."""
         tensors = {}
         for hf, parts in weight_map.items():
-            arrays = [p.from_weight(get_weight(p.target)) for p in parts]
+            arrays = [p.from_weight(_float(get_weight(p.target))) for p in parts]
             if len(parts) == 1 and parts[0].index is None:
                 tensors[hf] = arrays[0]
             else:
@@ -296,6 +309,11 @@ def _assemble(hf: str, parts, arrays) -> np.ndarray:
     if not (count == 1).all():
         raise CausalLMError(f"{hf}: the weights of its parts do not tile the tensor")
     return full
+
+
+def _float(weight):
+    """A weight as float32 (a packed one widened to its logical shape)."""
+    return weight.toFloat() if isinstance(weight, PackedMatrix) else weight
 
 
 def _some(names: list[str], n: int = 8) -> str:

@@ -161,10 +161,13 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias for b < B, i < nrows; w is the logical (K, N).
 
     w is either C-contiguous (K, N) [in, out], or the transpose view ``wt.T`` of a C-contiguous
-    (N, K) [out, in] array. Below ``BLAS_MIN_ROWS`` rows the numba kernel of that layout
+    (N, K) [out, in] array, or a transposed ``PackedMatrix`` (its own kernels). Below ``BLAS_MIN_ROWS`` rows the numba kernel of that layout
     runs (one pass over W for all batches; on one thread below ``PARALLEL_MIN_WEIGHTS``); otherwise numpy's BLAS (sgemm accepts both layouts
     without copying) writes each batch straight into y, and the bias is added afterwards.
     """
+    if not isinstance(w, np.ndarray):  # a PackedMatrix (causallm/kernels/packed.py)
+        w.linear(x, bias, y, x_row, y_row, nrows)
+        return
     if nrows < BLAS_MIN_ROWS:
         big = w.size >= PARALLEL_MIN_WEIGHTS
         if w.flags.c_contiguous:

@@ -26,6 +26,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io import nntr_bin
+from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.compiler import StageSpec, compile_graph
 from causallm.runtime.kv_cache import CROSS, SELF, KVCache
 from causallm.runtime.layer import RunLayerContext, WeightSpec
@@ -137,6 +138,7 @@ class Model:
         graph = self._graph
         self._weights: dict[str, np.ndarray] = {
             s.full_name: np.zeros(s.shape, dtype=np.float32) for s in self._weight_specs}
+        self._packable = {s.full_name: s.packable for s in self._weight_specs}
         buffers = plan_buffers(graph)
         batch_of = {stage.name: stage.batch for stage in graph.stages}
         states = {stage.name: StageState(stage.name) for stage in graph.stages}
@@ -189,17 +191,22 @@ class Model:
         except KeyError:
             raise CausalLMError(f"model has no weight '{full_name}'") from None
 
-    def setWeight(self, full_name: str, array: np.ndarray) -> None:
-        """Use ``array`` (any float dtype; float32 C- or F-contiguous arrays are kept without a
-        copy, e.g. a memory-mapped weight or its transpose) as weight ``full_name``."""
+    def setWeight(self, full_name: str, array) -> None:
+        """Use ``array`` as weight ``full_name``: any float array (float32 C- or F-contiguous
+        arrays are kept without a copy, e.g. a memory-mapped weight or its transpose), or, for
+        a packable weight, a ``PackedMatrix`` kept as it is (another weight gets it widened)."""
         self._require(_INITIALIZED, "setWeight()")
         current = self._weights.get(full_name)
         if current is None:
             raise CausalLMError(f"model has no weight '{full_name}'")
-        if tuple(array.shape) != current.shape:
-            raise CausalLMError(f"weight '{full_name}': expected shape {current.shape}, got "
-                                f"{tuple(array.shape)}")
-        if array.dtype != np.float32 or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        if tuple(array.shape) != tuple(current.shape):
+            raise CausalLMError(f"weight '{full_name}': expected shape {tuple(current.shape)}, "
+                                f"got {tuple(array.shape)}")
+        if isinstance(array, PackedMatrix):
+            if not self._packable[full_name]:
+                array = np.ascontiguousarray(array.toFloat())
+        elif array.dtype != np.float32 or not (array.flags.c_contiguous
+                                               or array.flags.f_contiguous):
             array = np.ascontiguousarray(array, dtype=np.float32)
         self._weights[full_name] = array
         self._dirty = True
@@ -209,7 +216,7 @@ class Model:
         self._require(_INITIALIZED, "load()")
         if format != ModelFormat.MODEL_FORMAT_BIN:
             raise CausalLMError(f"load: unsupported format {format!r}")
-        specs = [(s.full_name, s.shape, s.dtype) for s in self._weight_specs]
+        specs = [(s.full_name, s.shape, s.dtype, s.packable) for s in self._weight_specs]
         for spec, array in zip(self._weight_specs, nntr_bin.read_bin(path, specs)):
             self._weights[spec.full_name] = array
         self._refresh_weights()
@@ -226,7 +233,7 @@ class Model:
             scope = spec.full_name.split(":", 1)[0]
             dtypes.append(layer_dtype_map.get(scope) or dtype or spec.dtype)
         arrays = [self._weights[s.full_name] for s in self._weight_specs]
-        nntr_bin.write_bin(path, arrays, dtypes)
+        nntr_bin.write_bin(path, arrays, dtypes, [s.full_name for s in self._weight_specs])
 
     def _require_compiled(self, what: str) -> None:
         if self._state == _DECLARED:

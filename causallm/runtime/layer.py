@@ -78,11 +78,14 @@ class Layer:
 
 @dataclass
 class WeightSpec:
-    """A requested weight: its full name (``scope:name``), numpy shape and stored dtype."""
+    """A requested weight: its full name (``scope:name``), numpy shape and stored dtype;
+    ``packable``: the layer also takes it as a ``PackedMatrix`` (BF16, F16, Q8_0, Q4_0 kept in
+    memory as they are, causallm/kernels/packed.py), else it is always float32."""
 
     full_name: str
     shape: tuple[int, ...]
     dtype: str
+    packable: bool = False
 
     @property
     def size(self) -> int:
@@ -139,12 +142,14 @@ class InitLayerContext:
     def setOutputDimensions(self, dims: list[TensorDim]) -> None:
         self.output_dims = list(dims)
 
-    def requestWeight(self, name: str, shape: tuple[int, ...], dtype: str | None = None) -> int:
-        """Request a weight of numpy ``shape``; ``dtype`` defaults to the node's weight dtype.
-        Returns its index for ``RunLayerContext.getWeight``."""
+    def requestWeight(self, name: str, shape: tuple[int, ...], dtype: str | None = None,
+                      packable: bool = False) -> int:
+        """Request a weight of numpy ``shape``; ``dtype`` defaults to the node's weight dtype;
+        ``packable``: the layer's kernels also take it packed (WeightSpec). Returns its index
+        for ``RunLayerContext.getWeight``."""
         shape = tuple(int(s) for s in shape)
         self.weights.append(WeightSpec(f"{self.weight_scope}:{name}", shape,
-                                       dtype or self.weight_dtype))
+                                       dtype or self.weight_dtype, packable))
         return len(self.weights) - 1
 
     def requestTensor(self, name: str, shape: tuple[int, ...]) -> int:

@@ -1,0 +1,355 @@
+"""Weights kept in their own precision: BF16, F16, and ggml's Q8_0 and Q4_0 blocks, with the
+matrix-vector kernels that widen them on the fly.
+
+A packed matrix stores ``rows`` (R, C) along C, as ggml and PyTorch store a Linear weight
+[out, in] and an embedding table [vocab, hidden]::
+
+    BF16   bits uint16 (R, C):                          w[r, c] = float32(bits << 16)
+    F16    bits uint16 (R, C):                          w[r, c] = IEEE half bits
+    Q8_0   qs int8 (R, C), d float32 (R, C/32):         w[r, c] = d[r, c // 32] * qs[r, c]
+    Q4_0   qs uint8 (R, C/2), d float32 (R, C/32):      byte qs[r, 16 b + j] holds the elements
+                                                        32 b + j (low nibble) and 32 b + 16 + j
+                                                        (high nibble) of block b;
+                                                        w = d[r, b] * (nibble - 8)
+
+(ggml's ``block_q8_0`` / ``block_q4_0`` values, the fp16 scale kept as the float32 it stands
+for.) ``quantize_q8_0`` and ``quantize_q4_0`` round as ggml's reference quantizers do
+(``quantize_row_q8_0_ref``, ``quantize_row_q4_0_ref``), so a model quantized here equals one
+quantized by llama.cpp.
+
+``PackedMatrix`` holds one and knows its logical shape: a fully connected weight is the logical
+(K, N) = [in, out] of rows (N, K) (``transposed``, as the transpose view of a PyTorch weight);
+an embedding table is the logical (V, D) of rows (V, D). ``packed_linear`` is ``linear`` for a
+transposed packed weight::
+
+    y[b, y_row + i] = x[b, x_row + i] @ W + bias          W = the logical (K, N)
+
+For a few rows (decode, memory bound) a numba kernel per format streams the packed bytes and
+widens them in registers, parallel over blocks of output rows; for many rows (prefill, compute
+bound) the matrix is widened into a reused float32 buffer and numpy's BLAS multiplies, as for
+float32 weights (``linear.BLAS_MIN_ROWS``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+BLOCK = 32  # values per Q8_0 / Q4_0 block
+FORMATS = ("BF16", "F16", "Q8_0", "Q4_0")
+
+
+@intrinsic
+def bf16_to_f32(typingctx, bits):
+    """float32 of bfloat16 bits (uint32 holding them in the low half)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.shl(args[0], ir.Constant(ir.IntType(32), 16)),
+                               ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def f16_to_f32(typingctx, bits):
+    """float32 of IEEE half bits (uint16)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+# -- decode kernels: columns [n0, n1) of y = x @ W + bias, W the packed (K, N) ------------------
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
+    K = bits.shape[1]
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1):
+        w = bits[n]
+        for b in range(x.shape[0]):
+            for i in range(nrows):
+                xr = x[b, x_row + i]
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += xr[k] * bf16_to_f32(np.uint32(w[k]))
+                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
+    K = bits.shape[1]
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1):
+        w = bits[n]
+        for b in range(x.shape[0]):
+            for i in range(nrows):
+                xr = x[b, x_row + i]
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += xr[k] * f16_to_f32(w[k])
+                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _q8_cols(x, qs, d, bias, y, x_row, y_row, nrows, n0, n1):
+    K = qs.shape[1]
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1):
+        q = qs[n]
+        s = d[n]
+        for b in range(x.shape[0]):
+            for i in range(nrows):
+                xr = x[b, x_row + i]
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += np.float32(q[k]) * xr[k] * s[k >> 5]
+                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _q4_cols(xs, qs, d, bias, y, y_row, nrows, n0, n1):
+    """xs (B, nrows, K): each input row split per block into its first and second 16 values,
+    [x_lo | x_hi] (K/2 each), so the low and high nibbles of byte j meet x_lo[j], x_hi[j]."""
+    H = qs.shape[1]
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1):
+        q = qs[n]
+        s = d[n]
+        for b in range(xs.shape[0]):
+            for i in range(nrows):
+                xlo = xs[b, i, :H]
+                xhi = xs[b, i, H:]
+                acc = np.float32(0.0)
+                for j in range(H):
+                    v = np.uint32(q[j])
+                    lo = np.float32(np.int32(v & np.uint32(15))) - np.float32(8.0)
+                    hi = np.float32(np.int32(v >> np.uint32(4))) - np.float32(8.0)
+                    acc += (lo * xlo[j] + hi * xhi[j]) * s[j >> 4]
+                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+
+
+@njit(cache=True)
+def _q4_split(x, x_row, nrows):
+    """(B, nrows, K) with each row's blocks split as _q4_cols reads them."""
+    B, K = x.shape[0], x.shape[2]
+    H = K // 2
+    out = np.empty((B, nrows, K), dtype=np.float32)
+    for b in range(B):
+        for i in range(nrows):
+            src = x[b, x_row + i]
+            dst = out[b, i]
+            for blk in range(K // BLOCK):
+                for j in range(16):
+                    dst[blk * 16 + j] = src[blk * BLOCK + j]
+                    dst[H + blk * 16 + j] = src[blk * BLOCK + 16 + j]
+    return out
+
+
+_COLS = 64  # output rows per parallel task
+
+
+@njit(cache=True, parallel=True)
+def _bf16_parallel(x, bits, bias, y, x_row, y_row, nrows):
+    N = bits.shape[0]
+    for blk in prange((N + _COLS - 1) // _COLS):
+        _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
+                   min(blk * _COLS + _COLS, N))
+
+
+@njit(cache=True, parallel=True)
+def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows):
+    N = bits.shape[0]
+    for blk in prange((N + _COLS - 1) // _COLS):
+        _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
+                  min(blk * _COLS + _COLS, N))
+
+
+@njit(cache=True, parallel=True)
+def _q8_parallel(x, qs, d, bias, y, x_row, y_row, nrows):
+    N = qs.shape[0]
+    for blk in prange((N + _COLS - 1) // _COLS):
+        _q8_cols(x, qs, d, bias, y, x_row, y_row, nrows, blk * _COLS,
+                 min(blk * _COLS + _COLS, N))
+
+
+@njit(cache=True, parallel=True)
+def _q4_parallel(xs, qs, d, bias, y, y_row, nrows):
+    N = qs.shape[0]
+    for blk in prange((N + _COLS - 1) // _COLS):
+        _q4_cols(xs, qs, d, bias, y, y_row, nrows, blk * _COLS, min(blk * _COLS + _COLS, N))
+
+
+# -- widening -----------------------------------------------------------------------------------
+
+def dequantize_rows(fmt: str, a: np.ndarray, d: np.ndarray | None, out: np.ndarray) -> None:
+    """The packed rows as float32 into ``out`` (R, C)."""
+    if fmt == "BF16":
+        out.view(np.uint32)[...] = a.astype(np.uint32) << 16
+    elif fmt == "F16":
+        out[...] = a.view(np.float16)
+    elif fmt == "Q8_0":
+        R, C = a.shape
+        np.multiply(a.reshape(R, -1, BLOCK), d[:, :, None], out=out.reshape(R, -1, BLOCK))
+    else:  # Q4_0
+        R, C = out.shape
+        q = a.reshape(R, -1, 16)
+        o = out.reshape(R, -1, BLOCK)
+        o[:, :, :16] = q & 15
+        o[:, :, 16:] = q >> 4
+        o -= 8
+        o *= d[:, :, None]
+
+
+# -- quantizing, as ggml's reference quantizers -------------------------------------------------
+
+def _f16_round(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def quantize_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(qs int8 (R, C), d float32 (R, C/32)) of float rows (R, C): per block d = amax / 127
+    (stored as fp16), q = roundf(x / d) (half away from zero)."""
+    R, C = rows.shape
+    blocks = np.asarray(rows, dtype=np.float32).reshape(R, C // BLOCK, BLOCK)
+    amax = np.abs(blocks).max(axis=-1)
+    d = amax / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    scaled = blocks * inv[:, :, None]
+    q = np.trunc(scaled + np.copysign(np.float32(0.5), scaled))  # roundf
+    return q.astype(np.int8).reshape(R, C), _f16_round(d)
+
+
+def quantize_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(qs uint8 (R, C/2), d float32 (R, C/32)) of float rows (R, C): per block the value of
+    largest magnitude m gives d = m / -8 (stored as fp16), q = min(15, int8(x / d + 8.5))."""
+    R, C = rows.shape
+    blocks = np.asarray(rows, dtype=np.float32).reshape(R, C // BLOCK, BLOCK)
+    where = np.abs(blocks).argmax(axis=-1)
+    m = np.take_along_axis(blocks, where[:, :, None], axis=-1)[:, :, 0]
+    d = m / np.float32(-8)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, (blocks * inv[:, :, None] + np.float32(8.5)).astype(np.int8))
+    q = q.astype(np.uint8)
+    qs = (q[:, :, :16] | (q[:, :, 16:] << 4)).reshape(R, C // 2)
+    return qs, _f16_round(d)
+
+
+# -- the matrix ---------------------------------------------------------------------------------
+
+_scratch = np.zeros(0, dtype=np.float32)
+
+
+def _widened(w: "PackedMatrix") -> np.ndarray:
+    """The rows as float32 in a buffer reused between calls (the prefill's BLAS operand)."""
+    global _scratch
+    R, C = w.rows_shape
+    if _scratch.size < R * C:
+        _scratch = np.empty(R * C, dtype=np.float32)
+    out = _scratch[:R * C].reshape(R, C)
+    dequantize_rows(w.format, w.data, w.scales, out)
+    return out
+
+
+class PackedMatrix:
+    """A matrix in one of FORMATS (module docstring): ``data`` and ``scales`` hold its rows
+    (R, C); its logical shape is (C, R) when ``transposed`` (a Linear weight [in, out]), else
+    (R, C) (an embedding table)."""
+
+    def __init__(self, fmt: str, data: np.ndarray, scales: np.ndarray | None = None,
+                 transposed: bool = True) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown packed format {fmt!r}")
+        self.format, self.data, self.scales, self.transposed = fmt, data, scales, transposed
+        R = data.shape[0]
+        C = data.shape[1] * (2 if fmt == "Q4_0" else 1)
+        self.rows_shape = (R, C)
+        self.shape = (C, R) if transposed else (R, C)
+        self.dtype = fmt
+
+    @classmethod
+    def fromFloat(cls, fmt: str, rows: np.ndarray, transposed: bool = True) -> "PackedMatrix":
+        """Float rows (R, C) packed as ``fmt`` (for Q8_0 / Q4_0, C a multiple of 32)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if fmt == "BF16":  # round to nearest even, as torch
+            u = rows.view(np.uint32)
+            bits = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            return cls(fmt, bits, None, transposed)
+        if fmt == "F16":
+            return cls(fmt, rows.astype(np.float16).view(np.uint16), None, transposed)
+        if rows.shape[1] % BLOCK:
+            raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got "
+                             f"{rows.shape[1]}")
+        quantize = quantize_q8_0 if fmt == "Q8_0" else quantize_q4_0
+        return cls(fmt, *quantize(rows), transposed)
+
+    @property
+    def T(self) -> "PackedMatrix":
+        return PackedMatrix(self.format, self.data, self.scales, not self.transposed)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
+
+    def rowsFloat(self) -> np.ndarray:
+        """The rows (R, C) as a new float32 array."""
+        out = np.empty(self.rows_shape, dtype=np.float32)
+        dequantize_rows(self.format, self.data, self.scales, out)
+        return out
+
+    def toFloat(self) -> np.ndarray:
+        """The logical matrix as float32 (a transposed view when ``transposed``)."""
+        rows = self.rowsFloat()
+        return rows.T if self.transposed else rows
+
+    def linear(self, x, bias, y, x_row, y_row, nrows) -> None:
+        """``linear`` with this (transposed) matrix as W."""
+        if not self.transposed:
+            raise ValueError("a packed weight is multiplied as the logical (K, N) of rows "
+                             "(N, K): use its .T")
+        packed_linear(x, self, bias, y, x_row, y_row, nrows)
+
+    def gather(self, index: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``index`` (int array) as float32 into ``out`` (len(index), C)."""
+        sel = self.data[index]
+        dequantize_rows(self.format, sel, None if self.scales is None else self.scales[index],
+                        out)
+
+
+def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
+    """``linear`` for a transposed packed weight (module docstring)."""
+    N = w.rows_shape[0]
+    if nrows >= BLAS_MIN_ROWS:
+        W = _widened(w).T
+        for b in range(x.shape[0]):
+            out = y[b, y_row:y_row + nrows]
+            np.matmul(x[b, x_row:x_row + nrows], W, out=out)
+            if bias.shape[0]:
+                out += bias
+        return
+    big = w.rows_shape[0] * w.rows_shape[1] >= PARALLEL_MIN_WEIGHTS
+    fmt, a, d = w.format, w.data, w.scales
+    if fmt == "BF16":
+        if big:
+            _bf16_parallel(x, a, bias, y, x_row, y_row, nrows)
+        else:
+            _bf16_cols(x, a, bias, y, x_row, y_row, nrows, 0, N)
+    elif fmt == "F16":
+        if big:
+            _f16_parallel(x, a, bias, y, x_row, y_row, nrows)
+        else:
+            _f16_cols(x, a, bias, y, x_row, y_row, nrows, 0, N)
+    elif fmt == "Q8_0":
+        if big:
+            _q8_parallel(x, a, d, bias, y, x_row, y_row, nrows)
+        else:
+            _q8_cols(x, a, d, bias, y, x_row, y_row, nrows, 0, N)
+    else:
+        xs = _q4_split(x, x_row, nrows)
+        if big:
+            _q4_parallel(xs, a, d, bias, y, y_row, nrows)
+        else:
+            _q4_cols(xs, a, d, bias, y, y_row, nrows, 0, N)
+

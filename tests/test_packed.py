@@ -1,0 +1,126 @@
+"""Weights kept in their own precision (causallm/kernels/packed.py) against numpy twins: the
+quantizers against gguf-py's (ggml's reference quantizers in numpy, byte for byte), each
+format's matrix-vector kernel and prefill path against widen-then-multiply, the row gather
+of an embedding table, and NNTrainer's x86 Q4_0 .bin layout against the spec's recipe."""
+
+import gguf
+import numpy as np
+import pytest
+
+from causallm.io import nntr_bin
+from causallm.kernels import linear
+from causallm.kernels.packed import (
+    FORMATS,
+    PackedMatrix,
+    quantize_q4_0,
+    quantize_q8_0,
+)
+
+GGML = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
+
+
+def rand(*shape, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def ggml_blocks(fmt, qs, d):
+    """Our (qs, d) rows as ggml block bytes (fp16 d, then qs), for comparison."""
+    return nntr_bin._blocks_to_bytes(fmt, qs, d)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_quantizers_are_ggmls_byte_for_byte(fmt):
+    rows = rand(7, 96, seed=1)
+    rows[0, :32] = 0.0                         # an all-zero block: d = 0
+    rows[1, 5] = 40.0                          # a block dominated by one value
+    rows[2, 33] = -40.0                        # ... by a negative one (Q4_0 keeps the sign)
+    rows[3] = np.round(rows[3] * 4) / 4        # ties for roundf
+    quantize = quantize_q8_0 if fmt == "Q8_0" else quantize_q4_0
+    ours = ggml_blocks(fmt, *quantize(rows))
+    theirs = gguf.quants.quantize(rows, GGML[fmt])
+    np.testing.assert_array_equal(ours, theirs)
+    widened = PackedMatrix.fromFloat(fmt, rows, transposed=False).toFloat()
+    np.testing.assert_array_equal(widened, gguf.quants.dequantize(theirs, GGML[fmt]))
+
+
+def test_bf16_and_f16_keep_their_bits():
+    rows = rand(3, 40, seed=2)
+    bf = PackedMatrix.fromFloat("BF16", rows)
+    ggml_bf16 = gguf.quants.quantize(rows, gguf.GGMLQuantizationType.BF16).view(np.uint16)
+    np.testing.assert_array_equal(bf.data, ggml_bf16)
+    np.testing.assert_array_equal(bf.rowsFloat(), (bf.data.astype(np.uint32) << 16)
+                                  .view(np.float32))
+    f16 = PackedMatrix.fromFloat("F16", rows)
+    np.testing.assert_array_equal(f16.rowsFloat(), rows.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("nrows", [1, 3, 17])      # 17 rows: the widen-then-BLAS path
+@pytest.mark.parametrize("N", [37, 2100])          # one task / the parallel kernel
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear_is_widen_then_multiply(fmt, N, nrows):
+    K, B = 96 if N < 100 else 256, 2
+    w = PackedMatrix.fromFloat(fmt, rand(N, K, seed=3, scale=0.1))    # rows (N, K): W is (K, N)
+    assert w.shape == (K, N) and w.transposed
+    W = w.rowsFloat().T.astype(np.float64)
+    x = np.full((B, nrows + 3, K), np.nan, np.float32)
+    x[:, 1:1 + nrows] = rand(B, nrows, K, seed=4)
+    for bias in (np.zeros(0, np.float32), rand(N, seed=5)):
+        y = np.full((B, nrows + 2, N), np.nan, np.float32)
+        linear(x, w, bias, y, 1, 2, nrows)
+        want = x[:, 1:1 + nrows].astype(np.float64) @ W + (bias if bias.size else 0)
+        np.testing.assert_allclose(y[:, 2:2 + nrows], want, rtol=2e-5, atol=2e-5)
+        assert np.isnan(y[:, :2]).all()           # only the rows asked for are written
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_embedding_rows_gather_and_the_tied_head(fmt):
+    V, D = 50, 64
+    table = PackedMatrix.fromFloat(fmt, rand(V, D, seed=6), transposed=False)
+    rows = table.rowsFloat()
+    out = np.empty((4, D), np.float32)
+    table.gather(np.array([3, 0, 49, 3]), out)
+    np.testing.assert_array_equal(out, rows[[3, 0, 49, 3]])
+    x = rand(1, 1, D, seed=7)
+    y = np.zeros((1, 1, V), np.float32)
+    linear(x, table.T, np.zeros(0, np.float32), y, 0, 0, 1)   # logits = x @ table^T
+    np.testing.assert_allclose(y[0, 0], rows @ x[0, 0], rtol=1e-5, atol=1e-5)
+
+
+def q4_0x8_by_the_spec(qs, d):
+    """NNTrainer's x86 Q4_0 bytes written from the porting spec's words (§7.3), in loops: for
+    each group of 8 rows and each K-block, the 8 fp16 scales, then 16 chunks of 8 bytes, chunk i
+    = bytes (i // 8) * 8 .. + 8 of row i % 8's qs, XOR 0x88."""
+    N, nb = d.shape
+    out = bytearray()
+    for g in range(0, N, 8):
+        for blk in range(nb):
+            out += np.array([d[g + r, blk] for r in range(8)], dtype="<f2").tobytes()
+            for i in range(16):
+                src = qs[g + i % 8, blk * 16 + (i // 8) * 8:blk * 16 + (i // 8) * 8 + 8]
+                out += bytes(int(b) ^ 0x88 for b in src)
+    return np.frombuffer(bytes(out), dtype=np.uint8)
+
+
+def test_q4_0_bin_layout_is_nntrainers_x86_repack(tmp_path):
+    K, N = 64, 16                                         # a (K, N) fully connected weight
+    w = PackedMatrix.fromFloat("Q4_0", rand(N, K, seed=8))
+    raw = nntr_bin.repack_q4_0x8(w.data, w.scales)
+    np.testing.assert_array_equal(raw, q4_0x8_by_the_spec(w.data, w.scales))
+    qs, d = nntr_bin.unpack_q4_0x8(raw, N, K)
+    np.testing.assert_array_equal(qs, w.data)
+    np.testing.assert_array_equal(d, w.scales)
+    table = PackedMatrix.fromFloat("Q8_0", rand(10, 32, seed=9), transposed=False)
+    path = tmp_path / "q.bin"
+    nntr_bin.write_bin(path, [w, table, rand(3, seed=10)], ["Q4_0", "Q8_0", "FP32"],
+                       ["fc:weight", "emb:Embedding", "norm:gamma"])
+    assert path.stat().st_size == N * K // 32 * 18 + 10 * 34 + 12
+    got = nntr_bin.read_bin(path, [("fc:weight", (K, N), "Q4_0", True),
+                                   ("emb:Embedding", (10, 32), "Q8_0", True),
+                                   ("norm:gamma", (3,), "FP32", False)])
+    assert got[0].format == "Q4_0" and got[0].transposed
+    np.testing.assert_array_equal(got[0].data, w.data)
+    np.testing.assert_array_equal(got[1].rowsFloat(), table.rowsFloat())
+    widened = nntr_bin.read_bin(path, [("fc:weight", (K, N), "Q4_0", False),
+                                       ("emb:Embedding", (10, 32), "Q8_0", False),
+                                       ("norm:gamma", (3,), "FP32", False)])
+    np.testing.assert_array_equal(widened[0], w.toFloat())  # a float weight gets it widened
