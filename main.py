@@ -50,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
                    help="hold the fully connected, embedding and head weights in this format "
                         "(converted at load); default: as the weight file stores them")
+    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
+                   help="precision of the KV cache (nntr_config kv_cache_dtype); default: FP32 "
+                        "for float32 weights, FP16 for 16-bit or quantized ones")
     p.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image for a vision model (repeatable, in the order of the prompt's "
                         "<start_of_image> placeholders, or put before the prompt)")
@@ -156,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                                greedy=args.greedy, num_beams=args.num_beams,
                                num_return_sequences=args.num_return_sequences)
     model.setWeightFormat(args.dtype)
+    model.setKVCacheDtype(args.kv_dtype)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

@@ -45,8 +45,11 @@ of its run of equal non-zero types (the rest of its image), as transformers mask
 given ``token_type_ids``; the window's lower bound still applies. A run must lie within one
 step.
 
-Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, max_timestep, nKV*d)`` float32,
-row t = position t, a KV cache of kind "self"; keys are cached after RoPE. A bidirectional
+Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, nKV, max_timestep, d)``, [b, j, t]
+= kv head j at position t (each head's positions contiguous, which attention streams; nntrainer
+lays a position's heads side by side, ``rows`` of the KV cache gives that layout), a KV cache of
+kind "self"; keys are cached after RoPE. ``cache_dtype`` FP32, or FP16 as nntrainer's (values
+rounded to nearest even, held as uint16 bits): half the memory and bandwidth. A bidirectional
 layer without RoPE (an encoder: BERT, T5, BART, SigLIP) keeps no cache: it runs over the whole
 sequence in one step (``from_`` 0) and reads K and V from its inputs; with no window, bias,
 sink or softcap either, a step of DENSE_MIN_ROWS rows or more runs as matrix products
@@ -70,7 +73,8 @@ rope_scaling_max_position_embeddings (4096, the original context of llama3/yarn)
 rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4), rope_scaling_beta_fast
 (32), rope_scaling_beta_slow (1), rope_scaling_truncate (false, as nntrainer's yarn; HF's
 default is true and the models pass the config's value), rope_scaling_attention_factor /
-rope_scaling_mscale / rope_scaling_mscale_all_dim (0 = unset). Accepted and unused as in
+rope_scaling_mscale / rope_scaling_mscale_all_dim (0 = unset), cache_dtype (FP32 | FP16; ours:
+nntrainer's cache is always FP16). Accepted and unused as in
 nntrainer: max_new_tokens, projected_key_dim, projected_value_dim, output_shape, dropout_rate,
 return_attention_weight, average_attention_weight.
 """
@@ -91,6 +95,7 @@ from causallm.runtime.layer import Layer
 from causallm.runtime.properties import UINT_MAX, bool_, float_, str_, uint
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+CACHE_DTYPES = {"FP32": "float32", "FP16": "uint16"}  # FP16: IEEE half bits
 
 DENSE_MIN_ROWS = 64
 """Rows from which a bidirectional step without RoPE, window or bias runs on BLAS
@@ -136,6 +141,7 @@ class MHACoreLayer(Layer):
         "dropout_rate": float_(0.0),
         "return_attention_weight": str_("none"),
         "average_attention_weight": bool_(False),
+        "cache_dtype": str_("FP32", choices=CACHE_DTYPES),
     }
 
     def finalize(self, context):
@@ -228,7 +234,8 @@ class MHACoreLayer(Layer):
             self.sink_index = context.requestWeight("sink", (n_heads,), context.activation_dtype)
         keys = k.height if self.cross or self.cacheless else T
         if not self.cross and not self.cacheless:
-            context.requestKVCache("self", (q.batch, T, n_kv * d))
+            context.requestKVCache("self", (q.batch, n_kv, T, d),
+                                   dtype=CACHE_DTYPES[p["cache_dtype"]])
         cross_keys = 0
         if self.cross_inputs is not None:
             context.requestKVCache("cross", inputs=self.cross_inputs)

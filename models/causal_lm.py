@@ -158,19 +158,16 @@ class CausalLM(LanguageModel):
         return [ids]
 
     # -- system prompt KV cache -------------------------------------------------------------
-    def _caches(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
-        """(owner, key, value) of every self-attention KV cache, in graph order."""
-        return [(c.owner, c.key, c.value) for c in self.model.getKVCaches("self")]
-
     def save_kvcache(self, path: str, to: int, token_ids: list[int] | None = None) -> None:
-        """Write rows [0, to) of every mha_core's K then V cache, in graph order, as FP16
-        (the layout of CausalLM::save_kvcache: no header). Written atomically. With
-        ``token_ids``, a sidecar ``<path>.ids.json`` records the tokens the cache holds, so a
-        changed system prompt is noticed (the C++ file alone cannot tell)."""
+        """Write positions [0, to) of every mha_core's K then V cache, in graph order, as FP16
+        rows (B, to, nKV * d) (the layout of CausalLM::save_kvcache: no header). Written
+        atomically. With ``token_ids``, a sidecar ``<path>.ids.json`` records the tokens the
+        cache holds, so a changed system prompt is noticed (the C++ file alone cannot tell)."""
         def write(f):
-            for _, k, v in self._caches():
-                f.write(np.ascontiguousarray(k[:, :to], dtype=np.float16).tobytes())
-                f.write(np.ascontiguousarray(v[:, :to], dtype=np.float16).tobytes())
+            for cache in self.model.getKVCaches("self"):
+                for rows in cache.rows(to):
+                    f.write((rows.view(np.float16) if rows.dtype == np.uint16
+                             else rows.astype(np.float16)).tobytes())
         atomic_write(path, write)
         if token_ids is not None:
             write_json_atomic(f"{path}.ids.json", {"token_ids": list(token_ids)})
@@ -190,8 +187,8 @@ class CausalLM(LanguageModel):
         if to > self.max_timestep:
             raise CausalLMError(f"{path}: sys_prompt_token_size {to} exceeds the KV cache's "
                                 f"{self.max_timestep} rows (init_seq_len + num_to_generate)")
-        caches = self._caches()
-        expected = sum(k[:, :to].size + v[:, :to].size for _, k, v in caches) * 2
+        caches = self.model.getKVCaches("self")
+        expected = sum(2 * c.key[:, :, :to].size for c in caches) * 2
         found = os.path.getsize(path)
         if found != expected:
             raise CausalLMError(f"{path}: expected {expected} bytes for a {to}-token system "
@@ -201,8 +198,11 @@ class CausalLM(LanguageModel):
             raise CausalLMError(f"{path}: the system prompt cache holds non-finite values "
                                 f"(corrupt; remove the file to recompute it)")
         offset = 0
-        for _, k, v in caches:
-            for cache in (k, v):
-                part = cache[:, :to]
-                part[...] = data[offset:offset + part.size].reshape(part.shape)
-                offset += part.size
+        for cache in caches:
+            B, n_kv, _, d = cache.key.shape
+            n = B * to * n_kv * d
+            k, v = (data[o:o + n].reshape(B, to, n_kv * d) for o in (offset, offset + n))
+            if cache.key.dtype == np.uint16:
+                k, v = k.view(np.uint16), v.view(np.uint16)
+            cache.setRows(to, k, v)
+            offset += 2 * n

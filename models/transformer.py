@@ -24,14 +24,14 @@ from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
-from causallm.io.safetensors import Checkpoint
+from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from layers.embedding_layer import EmbeddingLayer
-from layers.mha_core import ROPE_TYPES, MHACoreLayer
+from layers.mha_core import CACHE_DTYPES, ROPE_TYPES, MHACoreLayer
 from layers.rms_norm import RMSNormLayer
 from layers.swiglu import SwiGLULayer
 from layers.tie_word_embeddings import TieWordEmbedding
@@ -121,6 +121,12 @@ class Transformer:
         self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
         self.EMBEDDING_DTYPE = nntr_cfg.get_str("embedding_dtype", d["embedding_dtype"])
         self.FC_LAYER_DTYPE = nntr_cfg.get_str("fc_layer_dtype", d["fc_layer_dtype"])
+        self.KV_CACHE_DTYPE = None  # kvCacheDtype() decides
+        if nntr_cfg.contains("kv_cache_dtype"):
+            self.KV_CACHE_DTYPE = nntr_cfg.get_str("kv_cache_dtype").upper()
+            if self.KV_CACHE_DTYPE not in CACHE_DTYPES:
+                raise CausalLMError(f"{nntr_cfg.path}: kv_cache_dtype '{self.KV_CACHE_DTYPE}' "
+                                    f"is not one of {', '.join(CACHE_DTYPES)}")
 
         self.IS_CAUSAL = True
         if cfg.contains("is_causal"):
@@ -354,6 +360,7 @@ class Transformer:
 
             num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
             max_timestep               INIT_SEQ_LEN + NUM_TO_GENERATE (the KV cache rows)
+            cache_dtype                kvCacheDtype()
             sliding_window             layerSlidingWindow(layer_id)
             rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
             is_causal                  IS_CAUSAL
@@ -368,6 +375,7 @@ class Transformer:
                 "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
                 "max_new_tokens": self.NUM_TO_GENERATE,
                 "is_causal": self.IS_CAUSAL,
+                "cache_dtype": self.kvCacheDtype(),
                 **self.ropeProperties()}
 
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
@@ -466,6 +474,41 @@ class Transformer:
                                 f"{', '.join(WEIGHT_FORMATS)}")
         self.WEIGHT_FORMAT = None if fmt is None else fmt.upper()
 
+    def setKVCacheDtype(self, dtype: str | None) -> None:
+        """Hold the self-attention KV caches as ``dtype`` (FP32 or FP16; ``--kv-dtype``),
+        before initialize(); None: nntr_config's ``kv_cache_dtype``, else kvCacheDtype's rule."""
+        if dtype is not None:
+            if dtype.upper() not in CACHE_DTYPES:
+                raise CausalLMError(f"KV cache dtype {dtype!r} is not one of "
+                                    f"{', '.join(CACHE_DTYPES)}")
+            self.KV_CACHE_DTYPE = dtype.upper()
+
+    def kvCacheDtype(self) -> str:
+        """The self-attention caches' precision (mha_core ``cache_dtype``): as set
+        (``kv_cache_dtype``, ``--kv-dtype``); else FP32 when the weights compute in float32
+        (results then match a float32 transformers run to rounding) and FP16 when they are held
+        in 16 bits or fewer (as llama.cpp's and nntrainer's caches: half the memory and
+        bandwidth, well inside the weights' own precision)."""
+        if self.KV_CACHE_DTYPE is not None:
+            return self.KV_CACHE_DTYPE
+        return "FP32" if self.weightPrecision() == "FP32" else "FP16"
+
+    def weightPrecision(self) -> str:
+        """The precision the fully connected weights are held in: the ``setWeightFormat``
+        one; else nntr_config's ``fc_layer_dtype`` when not FP32 or when the weights are a .bin
+        file; else the one the folder's safetensors hold most of (FP32 when none)."""
+        if getattr(self, "WEIGHT_FORMAT", None) is not None:
+            return self.WEIGHT_FORMAT
+        if self.FC_LAYER_DTYPE.upper() != "FP32" or self.nntr_cfg.contains("model_file_name"):
+            return self.FC_LAYER_DTYPE.upper()
+        if getattr(self, "_saved_precision", None) is None:
+            try:
+                dtype = float_dtype(Checkpoint(self.cfg.directory))
+            except CausalLMError:
+                dtype = None
+            self._saved_precision = {"BF16": "BF16", "F16": "FP16"}.get(dtype, "FP32")
+        return self._saved_precision
+
     def weightFormat(self, spec) -> str | None:
         """The format a packable weight is held in, or None to keep the checkpoint's (F32,
         BF16 and F16 stay as they are): the ``setWeightFormat`` / ``--dtype`` one, else the
@@ -537,15 +580,11 @@ def convertWeight(value, fmt: str, transposed: bool):
     packed = _PACKED_NAME.get(fmt)
     if packed is None:
         raise CausalLMError(f"weight format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    if isinstance(value, PackedMatrix):
-        if value.format == packed:
-            return value
-        rows = value.rowsFloat()
-    else:
-        rows = value.T if transposed else value
-    if packed in ("Q8_0", "Q4_0") and rows.shape[1] % 32:
+    if packed in ("Q8_0", "Q4_0") and value.shape[0 if transposed else 1] % 32:
         return value
-    return PackedMatrix.fromFloat(packed, rows, transposed)
+    if isinstance(value, PackedMatrix):
+        return value.to(packed)
+    return PackedMatrix.fromFloat(packed, value.T if transposed else value, transposed)
 
 
 def set_threads(n: int) -> None:

@@ -23,6 +23,10 @@ from causallm.io.config import load_model_configs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 RTOL = 2e-4
+FLOAT32_CACHE = {"kv_cache_dtype": "FP32"}
+"""What load and load_folder give every model unless told otherwise: transformers computed the
+expected logits in float32, caches included (a half checkpoint's default cache is FP16:
+check_fp16_cache)."""
 
 
 def load(cls, name, cfg_changes=None, weights=None, **nntr):
@@ -32,7 +36,7 @@ def load(cls, name, cfg_changes=None, weights=None, **nntr):
     folder = os.path.join(FIXTURES, name)
     cfg, gen, nntr_cfg = load_model_configs(folder)
     cfg.update(cfg_changes or {})
-    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **nntr})
+    nntr_cfg.update({"init_seq_len": 64, "num_to_generate": 64, **FLOAT32_CACHE, **nntr})
     model = cls(cfg, gen, nntr_cfg)
     model.initialize()
     model.load_weight(weights or folder)
@@ -91,6 +95,28 @@ def check_prefill_and_cached_decode(model, ref, rtol=RTOL):
     for k, row in enumerate(logits):
         assert_logits_close(row, ref["step_logits"][k], f"decode step {k}", rtol)
         assert int(np.argmax(row)) == ref["tokens"][k], f"greedy token {k}"
+    return logits
+
+
+FP16_CACHE_RTOL = 5e-3
+"""How far an FP16 KV cache may move the logits: each cached key and value rounded to 11
+significant bits (relative error <= 2^-11 ~ 4.9e-4), through a few layers of tiny random
+models whose logits swing more than real ones'."""
+
+
+def check_fp16_cache(model, ref):
+    """The default cache of a half checkpoint: FP16 (uint16 bits); teacher-forced logits within
+    FP16_CACHE_RTOL of transformers' float32 ones, and the greedy token wherever transformers'
+    top two are further apart than that (a closer tie may flip on the rounding)."""
+    caches = model.model.getKVCaches("self")
+    assert caches and all(c.key.dtype == np.uint16 for c in caches)
+    logits = teacher_forced(model, ref)
+    for k, row in enumerate(logits):
+        ours, want = row, ref["step_logits"][k]
+        assert_logits_close(ours, want, f"FP16 cache, step {k}", FP16_CACHE_RTOL)
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] > 2 * FP16_CACHE_RTOL * max(1.0, float(np.abs(want).max())):
+            assert int(np.argmax(ours)) == ref["tokens"][k], f"FP16 cache, greedy token {k}"
     return logits
 
 
@@ -158,7 +184,8 @@ def load_folder(name, weights=None, initialize=True, **nntr):
     beams), initialized and its weights loaded (default: the folder's)."""
     from factory import Factory
     model = Factory.Instance().createFromFolder(
-        os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48, **nntr})
+        os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48,
+                                         **FLOAT32_CACHE, **nntr})
     if initialize:
         model.setGenerationOptions(greedy=True)
         model.initialize()

@@ -83,7 +83,8 @@ def test_cli_beams_give_transformers_hypotheses(name):
     assert record["prompt_ids"] == case["prompt_ids"] and record["num_beams"] == 4
     assert [s["generated_ids"] for s in record["sequences"]] == case["sequences"]
     assert record["generated_ids"] == case["sequences"][0]
-    assert abs(record["score"] - case["scores"][0]) <= 1e-4
+    # within the FP16 rounding of the KV cache a half checkpoint gets by default
+    assert abs(record["score"] - case["scores"][0]) <= 1e-3
     # every hypothesis, best first, printed once the search ends
     assert lines[-5:-1] == [f"[{k}] ({h['score']:.4f}) {h['text']}"
                             for k, h in enumerate(record["sequences"], 1)]

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 import parity
 import pytest
-from parity import assert_logits_close, prefill
+from parity import FLOAT32_CACHE, assert_logits_close, prefill
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
@@ -284,7 +284,7 @@ def test_saved_bin_holds_the_dequantized_experts(tmp_path):
     load(moe_expert_cache=0).save_weight(str(resident))
     assert on_file.read_bytes() == resident.read_bytes()
     cfg, gen, nntr = load_model_configs(FOLDER)
-    nntr.update(init_seq_len=64, num_to_generate=64, moe_expert_cache=0)
+    nntr.update(init_seq_len=64, num_to_generate=64, moe_expert_cache=0, **FLOAT32_CACHE)
     model = GptOssForCausalLM(cfg, gen, nntr)
     model.initialize()
     model.load_weight(str(on_file))

@@ -155,8 +155,10 @@ def test_rope_tables_values_and_sharing():
 
 # ---------------------------------------------------------------- attention
 
-def _cache_setup(pos0, nrows, seed):
-    """Random q/k/v for positions [0, pos0 + nrows); cache rows [0, pos0) written by a prefill."""
+def _cache_setup(pos0, nrows, seed, dtype=np.float32):
+    """Random q/k/v for positions [0, pos0 + nrows); cache positions [0, pos0) written by a
+    prefill, [pos0, pos0 + nrows) by a second step. Caches (B, N_KV, T, HEAD_DIM) of ``dtype``
+    (float32, or uint16 FP16 bits)."""
     total, T = pos0 + nrows, pos0 + nrows + 4
     q_all = rand(B, total, N_HEADS * HEAD_DIM, seed=seed)
     k_all = rand(B, total, N_KV * HEAD_DIM, seed=seed + 1)
@@ -164,8 +166,8 @@ def _cache_setup(pos0, nrows, seed):
     inv_freq, scaling = K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
                                         original_max_position_embeddings=16)
     cos, sin = K.rope_tables(inv_freq, scaling, T)
-    k_cache = np.full((B, T, N_KV * HEAD_DIM), np.nan, np.float32)
-    v_cache = np.full_like(k_cache, np.nan)
+    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
+    v_cache = k_cache.copy()
     if pos0:
         K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
                          cos, sin, 0, pos0, N_KV, HEAD_DIM)
@@ -186,9 +188,35 @@ def test_kv_cache_write(pos0, nrows):
     for b in range(B):
         for g in range(N_KV):
             cols = slice(g * HEAD_DIM, (g + 1) * HEAD_DIM)
-            close(k_cache[b, :total, cols], ref.apply_rope(k_all[b, :, cols], want_cos, want_sin))
-        assert np.array_equal(v_cache[b, :total], v_all[b])
-    assert np.isnan(k_cache[:, total:]).all() and np.isnan(v_cache[:, total:]).all()
+            close(k_cache[b, g, :total], ref.apply_rope(k_all[b, :, cols], want_cos, want_sin))
+            assert np.array_equal(v_cache[b, g, :total], v_all[b, :, cols])
+    assert np.isnan(k_cache[:, :, total:]).all() and np.isnan(v_cache[:, :, total:]).all()
+
+
+@pytest.mark.parametrize("pos0,nrows", [(0, 5), (13, 9)])
+def test_fp16_cache_holds_the_float32_values_rounded_to_nearest_even(pos0, nrows):
+    *_, k32, v32, _, _ = _cache_setup(pos0, nrows, seed=10)
+    *_, k16, v16, _, _ = _cache_setup(pos0, nrows, seed=10, dtype=np.uint16)
+    total = pos0 + nrows
+    for c32, c16 in ((k32, k16), (v32, v16)):
+        np.testing.assert_array_equal(c16[:, :, :total].view(np.float16),
+                                      c32[:, :, :total].astype(np.float16))
+
+
+@pytest.mark.parametrize("pos0,nrows", [(13, 1), (0, 11)])
+def test_attention_reads_an_fp16_cache_as_its_values(pos0, nrows):
+    """Attention over FP16 bits equals attention over float32 caches of the same values."""
+    q_all, _, _, k16, v16, cos, sin = _cache_setup(pos0, nrows, seed=20, dtype=np.uint16)
+    k32, v32 = (c.view(np.float16).astype(np.float32) for c in (k16, v16))
+    T = k16.shape[2]
+    outs = []
+    for kc, vc in ((k16, v16), (k32, v32)):
+        out = np.full((B, nrows, N_HEADS * HEAD_DIM), np.nan, np.float32)
+        scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+        K.attention(q_all[:, pos0:].copy(), kc, vc, out, cos, sin, scratch, pos0, nrows,
+                    pos0 + nrows, N_HEADS, N_KV, HEAD_DIM, scale=HEAD_DIM ** -0.5, window=7)
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
 ATTENTION_CASES = {
@@ -215,7 +243,7 @@ def _position_bias(T, seed):
 def test_attention(case, pos0, nrows):
     causal, window, softcap, use_sinks, use_bias = ATTENTION_CASES[case]
     q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=20)
-    total, T = pos0 + nrows, k_cache.shape[1]
+    total, T = pos0 + nrows, k_cache.shape[2]
     sinks = readonly(rand(N_HEADS, seed=30)) if use_sinks else np.zeros(0, np.float32)
     bias, full_bias = _position_bias(T, seed=31) if use_bias else (np.zeros((0, 0, 0), np.float32),
                                                                    None)
@@ -270,7 +298,7 @@ def test_two_sided_window_with_its_own_right_side(window, pos0, nrows):
     """T5Gemma2's encoder window W: keys q - ((W+1)//2 - 1) .. q + W//2 (left (W+1)//2, right
     W//2 + 1, exclusive)."""
     q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=60)
-    total, T = pos0 + nrows, k_cache.shape[1]
+    total, T = pos0 + nrows, k_cache.shape[2]
     left, right = (window + 1) // 2, window // 2 + 1
     q = q_all[:, pos0:].copy()
     out = np.full_like(q, np.nan)
@@ -293,7 +321,7 @@ def test_merged_attention_adds_the_cross_keys_to_the_softmax(pos0, nrows):
     """T5Gemma2's decoder: the causal, windowed, rotated self keys and every cross key (another
     sequence's, unrotated) in one softmax; the cross rows are shared by groups of query rows."""
     q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=70)
-    total, T = pos0 + nrows, k_cache.shape[1]
+    total, T = pos0 + nrows, k_cache.shape[2]
     nx, window = 6, 4
     cross_k = np.full((1, nx + 2, N_KV * HEAD_DIM), np.nan, np.float32)
     cross_v = np.full_like(cross_k, np.nan)
@@ -319,7 +347,7 @@ def test_key_end_opens_the_rest_of_a_block_to_a_causal_query():
     window's lower bound; rows outside blocks stay causal."""
     pos0, nrows, window = 2, 9, 4
     q_all, k_all, v_all, k_cache, v_cache, cos, sin = _cache_setup(pos0, nrows, seed=80)
-    total, T = pos0 + nrows, k_cache.shape[1]
+    total, T = pos0 + nrows, k_cache.shape[2]
     key_end = np.zeros((B, nrows), np.int64)
     key_end[:, 2:7] = pos0 + 7                         # positions 4..8 form a block
     q = q_all[:, pos0:].copy()
@@ -444,8 +472,8 @@ def test_serial_and_parallel_kernels_agree_exactly():
         np.testing.assert_array_equal(y1, y2)
     B, T, H, KV, D = 2, 16, 6, 2, 80
     q = rng.standard_normal((B, 5, H * D)).astype(np.float32)
-    kc = rng.standard_normal((B, T, KV * D)).astype(np.float32)
-    vc = rng.standard_normal((B, T, KV * D)).astype(np.float32)
+    kc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
+    vc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
     cos, sin = np.cos(np.ones((T, D // 2), np.float32)), np.sin(np.ones((T, D // 2), np.float32))
     outs = []
     for kernel in (att.attention_parallel, att.attention_serial):
@@ -454,7 +482,7 @@ def test_serial_and_parallel_kernels_agree_exactly():
         kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), np.zeros((0, 0, 0), np.float32),
                np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
                np.zeros((0, 0), np.int64), scratch, 7, 5, 12, 0, H, KV, D, 4, 4, True, 0.0,
-               D ** -0.5)
+               D ** -0.5, 3)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
 

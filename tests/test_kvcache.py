@@ -13,6 +13,7 @@ import os
 import shutil
 
 import numpy as np
+import parity
 import pytest
 
 from causallm.errors import CausalLMError
@@ -106,9 +107,9 @@ def test_saved_then_loaded_cache_continues_like_one_plain_run(folder):
     # run 2's difference is the FP16 rounding of the cached rows and nothing else
     rounded = make(folder)
     rounded.prefill_only(sys_ids)
-    for _, k, v in rounded._caches():
-        for c in (k, v):
-            c[:, :n] = c[:, :n].astype(np.float16).astype(np.float32)
+    for cache in rounded.model.getKVCaches("self"):
+        for c in (cache.key, cache.value):
+            c[:, :, :n] = c[:, :, :n].astype(np.float16).astype(np.float32)
     rounded.calls.clear()
     assert rounded.generate_tokens([prompt_ids], do_sample=False,
                                    start_pos=n).generated_ids[0] == tokens1
@@ -124,10 +125,12 @@ def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
         "nntr_config.json", "sys.cache", "sys.cache.ids.json"])
     # the layout: per mha_core in graph order, K rows [0, n) then V rows [0, n), FP16
     data = np.fromfile(cache, dtype=np.float16).reshape(LAYERS, 2, n, KV_WIDTH)
-    for i, (name, k, v) in enumerate(first._caches()):
-        assert name == f"layer{i}_attention"
-        np.testing.assert_array_equal(data[i, 0], k[0, :n].astype(np.float16))
-        np.testing.assert_array_equal(data[i, 1], v[0, :n].astype(np.float16))
+    for i, kv in enumerate(first.model.getKVCaches("self")):
+        assert kv.owner == f"layer{i}_attention"
+        k, v = kv.rows(n)              # (B, n, n_kv * head_dim): position t's heads side by side
+        np.testing.assert_array_equal(data[i, 0], k[0].astype(np.float16))
+        np.testing.assert_array_equal(data[i, 1], v[0].astype(np.float16))
+        np.testing.assert_array_equal(k[0, 5, 16:32], kv.key[0, 1, 5])  # kv head 1
 
     # a write that fails before the rename leaves the old file whole and no temporary file
     cache.write_bytes(b"old")
@@ -141,6 +144,21 @@ def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
     assert cache.read_bytes() == b"old"
     assert sorted(os.listdir(folder)) == sorted(os.listdir(FIXTURE) + [
         "nntr_config.json", "sys.cache", "sys.cache.ids.json"])
+
+
+def test_an_fp16_cache_is_saved_and_loaded_bit_for_bit(folder):
+    """With FP16 caches (kv_cache_dtype) the file holds the cache's own bits: a run from the
+    file is the run that wrote it, logits and all."""
+    config = json.loads((folder / "nntr_config.json").read_text())
+    (folder / "nntr_config.json").write_text(json.dumps({**config, "kv_cache_dtype": "FP16"}))
+    first, tokens1 = run(folder)
+    assert all(c.key.dtype == np.uint16 for c in first.model.getKVCaches("self"))
+    second, tokens2 = run(folder)
+    n = first.SYS_PROMP_LEN
+    assert tokens1 == tokens2
+    np.testing.assert_array_equal(logits(second, n), logits(first, n))
+    for a, b in zip(first.model.getKVCaches("self"), second.model.getKVCaches("self")):
+        np.testing.assert_array_equal(a.key[:, :, :n], b.key[:, :, :n])
 
 
 @pytest.mark.parametrize("delta", [-2, 2, None])
@@ -241,3 +259,59 @@ def test_repetition_penalty_counts_the_cached_system_prompt(folder, monkeypatch)
     with_context = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False,
                                          context_ids=said)
     assert with_context.generated_ids[0] != alone.generated_ids[0]
+
+
+# --------------------------------------------------------------------- the cache's precision
+HALF_FIXTURES = ["llama-hd80-bf16-sharded", "llama-f16-yarn-bias", "qwen2-gqa4", "qwen3-hd80",
+                 "gemma3-softcap", "gpt2-untied-scaled", "qwen3moe-e8k2-dense", "gpt-oss-tiny"]
+
+
+def from_folder(name, **nntr):
+    """The fixture's model as main.py builds it (no cache precision pinned), loaded."""
+    from factory import Factory
+    model = Factory.Instance().createFromFolder(os.path.join(parity.FIXTURES, name),
+                                                init_seq_len=64, num_to_generate=64, **nntr)
+    model.initialize()
+    model.load_weight()
+    return model
+
+
+@pytest.mark.parametrize("name", HALF_FIXTURES)
+def test_a_half_checkpoint_gets_an_fp16_cache_within_its_rounding(name):
+    parity.check_fp16_cache(from_folder(name), parity.expected(name))
+
+
+@pytest.mark.parametrize("name,nntr,want", [
+    ("llama-gqa3", {}, np.float32),                              # float32 weights: exact
+    ("llama-hd80-bf16-sharded", {}, np.uint16),                  # BF16 kept: FP16 cache
+    ("llama-hd80-bf16-sharded", {"kv_cache_dtype": "fp32"}, np.float32),
+    ("llama-gqa3", {"kv_cache_dtype": "FP16"}, np.uint16),
+    ("llama-gqa3", {"fc_layer_dtype": "Q4_0"}, np.uint16),       # held as Q4_0
+])
+def test_cache_precision_follows_the_weights_unless_set(name, nntr, want):
+    model = from_folder(name, **nntr)
+    assert {c.key.dtype for c in model.model.getKVCaches("self")} == {np.dtype(want)}
+
+
+def test_weight_format_and_kv_dtype_calls_choose_the_cache():
+    from factory import Factory
+    for fmt, kv, want in (("Q8_0", None, np.uint16), ("FP32", None, np.float32),
+                          ("Q4_0", "FP32", np.float32)):
+        model = Factory.Instance().createFromFolder(FIXTURE, init_seq_len=8, num_to_generate=8)
+        model.setWeightFormat(fmt)
+        model.setKVCacheDtype(kv)
+        model.initialize()
+        assert model.model.getKVCaches("self")[0].key.dtype == want
+
+
+def test_bad_kv_cache_dtype_is_a_one_line_error(tmp_path):
+    from factory import Factory
+    path = tmp_path / "llama-gqa3"
+    shutil.copytree(FIXTURE, path)
+    (path / "nntr_config.json").write_text(json.dumps({"kv_cache_dtype": "Q8_0"}))
+    with pytest.raises(CausalLMError) as e:
+        Factory.Instance().createFromFolder(str(path))
+    assert str(e.value) == (f"{path / 'nntr_config.json'}: kv_cache_dtype 'Q8_0' is not one "
+                            f"of FP32, FP16")
+    with pytest.raises(CausalLMError, match="KV cache dtype 'BF16' is not one of FP32, FP16"):
+        Factory.Instance().createFromFolder(FIXTURE).setKVCacheDtype("BF16")

@@ -630,6 +630,7 @@ def _transformer_from_config(config):
     cfg = JsonConfig({**base, **config}, "/nowhere/config.json")
     nntr = JsonConfig({"init_seq_len": 4, "num_to_generate": 60}, "/nowhere/nntr_config.json")
     model = Transformer.__new__(Transformer)
+    model.cfg, model.nntr_cfg = cfg, nntr
     model.setupParameters(cfg, JsonConfig({}, "/nowhere/generation_config.json", exists=False), nntr)
     return model
 

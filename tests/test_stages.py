@@ -309,7 +309,7 @@ def test_position_bias_dims_are_checked():
 
 def test_kv_cache_reorder_takes_batch_rows():
     from causallm.runtime.kv_cache import KVCache
-    key = np.arange(3 * 2 * 4, dtype=F32).reshape(3, 2, 4)
+    key = np.arange(3 * 2 * 2 * 4, dtype=F32).reshape(3, 2, 2, 4)  # (B, n_kv, T, head_dim)
     value = -key
     cache = KVCache("attn", "self", "model", key, value)
     want_k, want_v = key[[2, 2, 0]].copy(), value[[2, 2, 0]].copy()
@@ -319,6 +319,14 @@ def test_kv_cache_reorder_takes_batch_rows():
     assert cache.key is key and cache.length == 2  # in place; a self cache's capacity
     before = cache.key.copy()
     cache.reorder([1, 1, 2], length=1)  # only position 0 of the rows that change
-    np.testing.assert_array_equal(cache.key[0, 0], before[1, 0])
-    np.testing.assert_array_equal(cache.key[0, 1], before[0, 1])
+    np.testing.assert_array_equal(cache.key[0, :, 0], before[1, :, 0])
+    np.testing.assert_array_equal(cache.key[0, :, 1], before[0, :, 1])
     np.testing.assert_array_equal(cache.key[1:], before[1:])
+    # NNTrainer's layout, a row per position with the kv heads side by side, and back
+    k_rows, v_rows = cache.rows(2)
+    assert k_rows.shape == (3, 2, 8)
+    np.testing.assert_array_equal(k_rows[1, 1], np.concatenate([key[1, 0, 1], key[1, 1, 1]]))
+    other = KVCache("attn", "self", "model", np.zeros_like(key), np.zeros_like(value))
+    other.setRows(2, k_rows, v_rows)
+    np.testing.assert_array_equal(other.key, key)
+    np.testing.assert_array_equal(other.value, value)

@@ -214,21 +214,19 @@ def write_bin(path, arrays, dtypes, names=None):
 def _blocks(name, a, dtype):
     """Weight ``a`` (float or packed) as the bytes of its quantized layout."""
     table = is_table(name)
-    if isinstance(a, PackedMatrix) and a.format == dtype and a.transposed != table:
-        qs, d = a.data, a.scales
+    if isinstance(a, PackedMatrix) and a.transposed != table:
+        rows, shape = a, a.rows_shape        # its rows are the ones to write
     else:
-        if isinstance(a, PackedMatrix):
-            rows = a.rowsFloat() if a.transposed != table else a.toFloat()
-        else:
-            rows = np.asarray(a, dtype=np.float32)
-            rows = rows if table else rows.T
-        if rows.ndim != 2 or rows.shape[1] % 32 or (dtype == "Q4_0" and not table
-                                                     and rows.shape[0] % 8):
-            raise CausalLMError(f"write_bin: weight '{name}' {tuple(rows.shape)} cannot be "
-                                f"{dtype} (rows of a multiple of 32 values"
-                                f"{'' if table else ', a multiple of 8 rows for Q4_0'})")
-        packed = PackedMatrix.fromFloat(dtype, rows)
-        qs, d = packed.data, packed.scales
+        rows = a.toFloat() if isinstance(a, PackedMatrix) else np.asarray(a, dtype=np.float32)
+        rows = rows if table else rows.T
+        shape = rows.shape
+    if len(shape) != 2 or shape[1] % 32 or (dtype == "Q4_0" and not table and shape[0] % 8):
+        raise CausalLMError(f"write_bin: weight '{name}' {tuple(shape)} cannot be "
+                            f"{dtype} (rows of a multiple of 32 values"
+                            f"{'' if table else ', a multiple of 8 rows for Q4_0'})")
+    packed = rows.to(dtype) if isinstance(rows, PackedMatrix) else \
+        PackedMatrix.fromFloat(dtype, rows)
+    qs, d = packed.data, packed.scales
     if dtype == "Q4_0" and not table:
         return repack_q4_0x8(qs, d)
     return _blocks_to_bytes(dtype, qs, d)

@@ -222,6 +222,18 @@ def write_safetensors(path, tensors, metadata=None, dtype=None):
     atomic_write(path, write)
 
 
+def float_dtype(ckpt) -> str | None:
+    """The floating-point dtype ("F32", "BF16", "F16", ...) holding the most elements of a
+    checkpoint (anything with keys, dtype and shape): the precision it was saved in; None when
+    it has no float tensor."""
+    count: dict[str, int] = {}
+    for name in ckpt.keys():
+        dtype = ckpt.dtype(name)
+        if dtype[0] in "FB" and dtype != "BOOL":
+            count[dtype] = count.get(dtype, 0) + math.prod(ckpt.shape(name))
+    return max(count, key=count.get) if count else None
+
+
 class Checkpoint:
     """A Hugging Face model folder's safetensors weights, as one name -> tensor mapping.
 

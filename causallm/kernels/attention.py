@@ -7,17 +7,20 @@ HF ``repeat_kv``)::
 
     q, out              (B, H, n_heads * d)   rows [0, nrows) hold positions pos0 + i
     k, v                (B, H, n_kv * d)
-    k_cache, v_cache    (B', T, n_kv * d)     row t holds key position t; head j at [j*d, (j+1)*d);
+    k_cache, v_cache    (B', n_kv, T, d)      a self cache: [b, j, t] holds kv head j of position t
+                        or (B', T, n_kv * d)  keys given as rows (an encoder's, cross keys): row
+                                              t holds position t, head j at [j*d, (j+1)*d);
                                               B' divides B: query row b reads key row b // (B / B')
     cos, sin            (rows >= pos0 + nrows, d/2)   from rope.rope_tables
     sinks               (n_heads,) or (0,)
     bias                (B, n_heads, 2C + 1) or (0, 0, 0): bias[b, h, C + t - p] is added to the
                         score of key t for the query at p (T5's relative position bias)
-    cross_k, cross_v    (B'', Tx, n_kv * d) or (0, 0, 0): a second key set (another sequence's,
-                        unrotated), of which the first cross_len rows join every query's softmax
+    cross_k, cross_v    (B'', Tx, n_kv * d) or (0, 0, 0): a second key set as rows (another
+                        sequence's, unrotated), of which the first cross_len join every softmax
     key_end             (B, nrows) int64 or (0, 0): a causal query row i may also see the keys
                         up to key_end[b, i] (exclusive; the rest of its image, Gemma 3)
-    scratch             (B * n_heads, T + Tx + d)  per (b, h): scores, then the rotated query
+    scratch             (B * n_heads, >= keys + Tx + d)  per (b, h): scores; the rotated query
+                                              in its last d columns
 
 RoPE (rotate-half, as HF ``apply_rotary_pos_emb``) at position p, halves a = x[:d/2],
 b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cached rotated.
@@ -47,35 +50,100 @@ x86 prefill kernel is wrong when nrows or pos0 + nrows exceeds the window, gotch
 """
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.extending import intrinsic, overload
+
+from causallm.kernels.packed import f16_to_f32
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
 
 
+@intrinsic
+def f32_to_f16(typingctx, x):
+    """IEEE half bits (uint16) of a float32, rounded to nearest even."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
+
+
+def load(a):
+    """A cache element as float32 (a float32 cache as it is, an FP16 cache's bits widened)."""
+
+
+@overload(load)
+def _load(a):
+    if a == types.uint16:
+        return lambda a: f16_to_f32(a)
+    return lambda a: a
+
+
+def _store_impl(x, like):
+    """A float32 as an element of the cache ``like`` (float32, or FP16 bits)."""
+
+
+@overload(_store_impl)
+def _store(x, like):
+    if isinstance(like, types.Array) and like.dtype == types.uint16:
+        return lambda x, like: f32_to_f16(np.float32(x))
+    return lambda x, like: x
+
+
+def key_row(cache, b, g, t, d):
+    """Kv head g of position t in batch row b of a cache: (B, n_kv, T, d) or rows (B, T, n_kv*d)."""
+
+
+@overload(key_row)
+def _key_row(cache, b, g, t, d):
+    if cache.ndim == 4:
+        return lambda cache, b, g, t, d: cache[b, g, t]
+    return lambda cache, b, g, t, d: cache[b, t, g * d:(g + 1) * d]
+
+
 @njit(cache=True)
 def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim):
-    """k_cache[b, pos0+i] = RoPE(k[b, i], pos0+i); v_cache[b, pos0+i] = v[b, i]; i < nrows."""
+    """k_cache[b, g, pos0+i] = RoPE(k[b, i, head g], pos0+i); v_cache[b, g, pos0+i] = v[b, i,
+    head g]; i < nrows. The caches (B, n_kv, T, d) are float32, or uint16 FP16 bits (values
+    rounded to nearest even)."""
     B = k.shape[0]
-    half = head_dim // 2
-    width = n_kv * head_dim
+    d = head_dim
+    half = d // 2
     for b in range(B):
         for i in range(nrows):
             p = pos0 + i
             c = cos[p]
             s = sin[p]
             for g in range(n_kv):
-                src = k[b, i, g * head_dim:(g + 1) * head_dim]
-                dst = k_cache[b, p, g * head_dim:(g + 1) * head_dim]
+                src = k[b, i, g * d:(g + 1) * d]
+                dst = k_cache[b, g, p]
                 for j in range(half):
                     a = src[j]
                     bb = src[j + half]
-                    dst[j] = a * c[j] - bb * s[j]
-                    dst[j + half] = bb * c[j] + a * s[j]
-            vs = v[b, i]
-            vd = v_cache[b, p]
-            for j in range(width):
-                vd[j] = vs[j]
+                    dst[j] = _store_impl(a * c[j] - bb * s[j], dst)
+                    dst[j + half] = _store_impl(bb * c[j] + a * s[j], dst)
+                vs = v[b, i, g * d:(g + 1) * d]
+                vd = v_cache[b, g, p]
+                for j in range(d):
+                    vd[j] = _store_impl(vs[j], vd)
 
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _dot(x, y, d):
+    """sum_j x[j] * y[j], y a cache row (float32 or FP16 bits)."""
+    acc = np.float32(0.0)
+    for j in range(d):
+        acc += x[j] * load(y[j])
+    return acc
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _axpy(o, a, y, d):
+    """o[j] += a * y[j], y a cache row (float32 or FP16 bits)."""
+    for j in range(d):
+        o[j] += a * load(y[j])
+
+
+_TILE = 64  # key (value) rows a task reads once for all its heads: 32 KiB at head_dim 128
 
 # Work (B * n_heads * rows * keys * head_dim) below which attention runs on one thread: a
 # parallel region costs ~10-50 us to start and waits for its slowest thread.
@@ -85,37 +153,38 @@ PARALLEL_MIN_WORK = 1 << 18
 @njit(cache=True, fastmath=_FASTMATH)
 def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
             pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window, window_right,
-            causal, softcap, scale, task):
-    """Rows i < nrows of query head h = task % n_heads of batch b = task // n_heads."""
-    T = k_cache.shape[1]
-    Tx = cross_k.shape[1]
+            causal, softcap, scale, parts, task):
+    """Rows i < nrows of the query heads [h0, h1) of kv head g of batch b: task = (b, g, part),
+    the group's heads split into ``parts``. Each key and value row is read once for them all;
+    head h keeps its scores and rotated query in scratch row b * n_heads + h."""
     d = head_dim
+    qcol = scratch.shape[1] - d  # the rotated query's columns in a scratch row
     half = d // 2
     group = n_heads // n_kv
+    per = group // parts
     use_sink = sinks.shape[0] == n_heads
     use_bias = bias.shape[0] > 0
     use_end = key_end.shape[0] > 0
     center = (bias.shape[2] - 1) // 2
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
-    b = task // n_heads
+    b = task // (n_kv * parts)
+    g = (task // parts) % n_kv
+    h0 = g * group + (task % parts) * per
     kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
     xb = b * cross_k.shape[0] // q.shape[0] if cross_len > 0 else 0
-    h = task % n_heads
-    g = h // group
-    score = scratch[task, :T + Tx]
-    qr = scratch[task, T + Tx:T + Tx + d]
     for i in range(nrows):
         p = pos0 + i
-        # rotate the query into scratch
-        qh = q[b, i, h * d:(h + 1) * d]
         c = cos[p]
         s = sin[p]
-        for j in range(half):
-            a = qh[j]
-            bb = qh[j + half]
-            qr[j] = a * c[j] - bb * s[j]
-            qr[j + half] = bb * c[j] + a * s[j]
+        for h in range(h0, h0 + per):
+            qh = q[b, i, h * d:(h + 1) * d]
+            qr = scratch[b * n_heads + h, qcol:]
+            for j in range(half):
+                a = qh[j]
+                bb = qh[j + half]
+                qr[j] = a * c[j] - bb * s[j]
+                qr[j + half] = bb * c[j] + a * s[j]
         lo = max(0, p - window + 1)
         if causal:
             hi = p + 1
@@ -124,69 +193,80 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
         else:
             hi = min(kv_len, p + window_right)
         n = hi - lo
-        # scores and their max: the cache's keys [lo, hi), then the cross keys
-        m = np.float32(0.0)
-        for t in range(n + cross_len):
-            if t < n:
-                kt = k_cache[kb, lo + t, g * d:(g + 1) * d]
-            else:
-                kt = cross_k[xb, t - n, g * d:(g + 1) * d]
-            acc = np.float32(0.0)
+        # scores, a tile of key rows at a time: each tile read from memory once for all the
+        # heads of the task (it stays in cache for the next head)
+        total = n + cross_len
+        for t0 in range(0, total, _TILE):
+            t1 = min(t0 + _TILE, total)
+            for h in range(h0, h0 + per):
+                row = scratch[b * n_heads + h]
+                qr = row[qcol:]
+                for t in range(t0, min(t1, n)):
+                    sc = _dot(qr, key_row(k_cache, kb, g, lo + t, d), d) * scale32
+                    if use_bias:
+                        sc += bias[b, h, center + lo + t - p]
+                    if cap > 0:
+                        sc = np.tanh(sc / cap) * cap
+                    row[t] = sc
+                for t in range(max(t0, n), t1):
+                    sc = _dot(qr, cross_k[xb, t - n, g * d:(g + 1) * d], d) * scale32
+                    if cap > 0:
+                        sc = np.tanh(sc / cap) * cap
+                    row[t] = sc
+        # softmax per head
+        for h in range(h0, h0 + per):
+            score = scratch[b * n_heads + h, :total]
+            m = score[0]
+            for t in range(1, total):
+                if score[t] > m:
+                    m = score[t]
+            if use_sink and sinks[h] > m:
+                m = sinks[h]
+            denom = np.float32(0.0)
+            for t in range(total):
+                e = np.exp(score[t] - m)
+                score[t] = e
+                denom += e
+            if use_sink:
+                denom += np.exp(sinks[h] - m)
+            inv = np.float32(1.0) / denom
+            for t in range(total):
+                score[t] *= inv
+            o = out[b, i, h * d:(h + 1) * d]
             for j in range(d):
-                acc += qr[j] * kt[j]
-            sc = acc * scale32
-            if use_bias and t < n:
-                sc += bias[b, h, center + lo + t - p]
-            if cap > 0:
-                sc = np.tanh(sc / cap) * cap
-            score[t] = sc
-            if t == 0 or sc > m:
-                m = sc
-        if use_sink and sinks[h] > m:
-            m = sinks[h]
-        # softmax numerators and denominator
-        denom = np.float32(0.0)
-        for t in range(n + cross_len):
-            e = np.exp(score[t] - m)
-            score[t] = e
-            denom += e
-        if use_sink:
-            denom += np.exp(sinks[h] - m)
-        inv = np.float32(1.0) / denom
-        # weighted sum of values
-        o = out[b, i, h * d:(h + 1) * d]
-        for j in range(d):
-            o[j] = 0
-        for t in range(n + cross_len):
-            pt = score[t] * inv
-            if t < n:
-                vt = v_cache[kb, lo + t, g * d:(g + 1) * d]
-            else:
-                vt = cross_v[xb, t - n, g * d:(g + 1) * d]
-            for j in range(d):
-                o[j] += pt * vt[j]
+                o[j] = 0
+        # weighted sum, a tile of value rows at a time
+        for t0 in range(0, total, _TILE):
+            t1 = min(t0 + _TILE, total)
+            for h in range(h0, h0 + per):
+                score = scratch[b * n_heads + h]
+                o = out[b, i, h * d:(h + 1) * d]
+                for t in range(t0, min(t1, n)):
+                    _axpy(o, score[t], key_row(v_cache, kb, g, lo + t, d), d)
+                for t in range(max(t0, n), t1):
+                    _axpy(o, score[t], cross_v[xb, t - n, g * d:(g + 1) * d], d)
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
 def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
                        key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-                       window, window_right, causal, softcap, scale):
-    """attention() with the (b, h) tasks spread over the thread pool."""
-    for task in prange(q.shape[0] * n_heads):
+                       window, window_right, causal, softcap, scale, parts):
+    """attention() with the (b, kv head, part) tasks spread over the thread pool."""
+    for task in prange(q.shape[0] * n_kv * parts):
         _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
                 scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-                window_right, causal, softcap, scale, task)
+                window_right, causal, softcap, scale, parts, task)
 
 
 @njit(cache=True, fastmath=_FASTMATH)
 def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
                      key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-                     window, window_right, causal, softcap, scale):
+                     window, window_right, causal, softcap, scale, parts):
     """attention() on one thread (little work)."""
-    for task in range(q.shape[0] * n_heads):
+    for task in range(q.shape[0] * n_kv * parts):
         _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
                 scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-                window_right, causal, softcap, scale, task)
+                window_right, causal, softcap, scale, parts, task)
 
 
 NO_WINDOW = 1 << 40
@@ -203,18 +283,25 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
               softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
               cross_len=0, key_end=NO_KEY_END):
     """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc);
-    ``window_right`` defaults to ``window``.
+    ``window_right`` defaults to ``window``. The caches are float32 or FP16 bits (uint16).
 
-    One task per (b, h), on the thread pool when there is enough work. q is read (into
-    scratch) before out is written, so out may be q.
+    One task per (b, kv head): the heads of a group read each key and value row once; when
+    there are fewer such tasks than threads, each group's heads are split over more tasks. On
+    the thread pool when there is enough work. q is read (into scratch) before out is
+    written, so out may be q.
     """
     window_right = window if window_right is None else window_right
     work = q.shape[0] * n_heads * nrows * (min(kv_len, window + window_right) + cross_len) \
         * head_dim
-    kernel = attention_parallel if work >= PARALLEL_MIN_WORK else attention_serial
+    group = n_heads // n_kv
+    parallel = work >= PARALLEL_MIN_WORK
+    parts = 1
+    if parallel and q.shape[0] * n_kv < get_num_threads():
+        parts = group  # too few groups for the threads: a task per head
+    kernel = attention_parallel if parallel else attention_serial
     kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
-           min(window_right, NO_WINDOW), causal, softcap, scale)
+           min(window_right, NO_WINDOW), causal, softcap, scale, parts)
 
 
 DENSE_BLOCK_ROWS = 512

@@ -209,32 +209,96 @@ def _f16_round(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+@njit(cache=True, parallel=True)
+def _quantize_q8_0(rows, qs, d):
+    """Q8_0 blocks of float32 rows (R, C) into qs (R, C) and the unrounded d (R, C/32), in
+    float32 as ggml's reference: d = amax / 127, q = roundf(x * (1 / d)) (0 when d is 0)."""
+    R, C = rows.shape
+    for r in prange(R):
+        x = rows[r]
+        for b in range(C // BLOCK):
+            amax = np.float32(0.0)
+            for j in range(b * BLOCK, b * BLOCK + BLOCK):
+                amax = max(amax, abs(x[j]))
+            db = amax / np.float32(127.0)
+            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
+            for j in range(b * BLOCK, b * BLOCK + BLOCK):
+                v = x[j] * inv
+                half = np.float32(0.5) if v >= 0 else np.float32(-0.5)
+                qs[r, j] = np.int8(np.trunc(v + half))  # roundf: half away from zero
+            d[r, b] = db
+
+
+@njit(cache=True, parallel=True)
+def _quantize_q4_0(rows, qs, d):
+    """Q4_0 blocks of float32 rows (R, C) into qs (R, C/2) and the unrounded d (R, C/32), as
+    ggml's reference: m = the first value of largest magnitude, d = m / -8,
+    q = min(15, trunc(x * (1 / d) + 8.5)) (8 when d is 0), nibbles j and j + 16 in byte j."""
+    R, C = rows.shape
+    for r in prange(R):
+        x = rows[r]
+        for b in range(C // BLOCK):
+            o = b * BLOCK
+            amax = np.float32(0.0)
+            m = np.float32(0.0)
+            for j in range(o, o + BLOCK):
+                if abs(x[j]) > amax:
+                    amax = abs(x[j])
+                    m = x[j]
+            db = m / np.float32(-8.0)
+            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
+            for j in range(16):
+                lo = min(15, np.int32(x[o + j] * inv + np.float32(8.5)))
+                hi = min(15, np.int32(x[o + 16 + j] * inv + np.float32(8.5)))
+                qs[r, b * 16 + j] = np.uint8(lo | (hi << 4))
+            d[r, b] = db
+
+
+_PACK_CHUNK = 1024
+"""Rows widened and packed at a time: a conversion's float32 copy stays one chunk (4 MiB at
+1024 values a row), not the matrix (a 150k-token embedding table is 600 MB in float32)."""
+
+
+def pack_rows(fmt: str, R: int, C: int, rows_of) -> tuple[np.ndarray, np.ndarray | None]:
+    """(data, scales) of ``fmt`` for the rows (R, C) that ``rows_of(r0, r1)`` gives a chunk at
+    a time as float32; BF16 rounds to nearest even (as torch), F16 as numpy, Q8_0 / Q4_0 as
+    ggml's reference quantizers (C a multiple of 32)."""
+    scales = None
+    if fmt in ("BF16", "F16"):
+        data = np.empty((R, C), dtype=np.uint16)
+    else:
+        if C % BLOCK:
+            raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got {C}")
+        data = np.empty((R, C if fmt == "Q8_0" else C // 2),
+                        dtype=np.int8 if fmt == "Q8_0" else np.uint8)
+        scales = np.empty((R, C // BLOCK), dtype=np.float32)
+    for r0 in range(0, R, _PACK_CHUNK):
+        r1 = min(R, r0 + _PACK_CHUNK)
+        x = np.ascontiguousarray(rows_of(r0, r1), dtype=np.float32)
+        if fmt == "BF16":
+            u = x.view(np.uint32)
+            data[r0:r1] = (u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16
+        elif fmt == "F16":
+            data[r0:r1] = x.astype(np.float16).view(np.uint16)
+        else:
+            quantize = _quantize_q8_0 if fmt == "Q8_0" else _quantize_q4_0
+            quantize(x, data[r0:r1], scales[r0:r1])
+            scales[r0:r1] = _f16_round(scales[r0:r1])  # ggml stores d as fp16
+    return data, scales
+
+
 def quantize_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(qs int8 (R, C), d float32 (R, C/32)) of float rows (R, C): per block d = amax / 127
     (stored as fp16), q = roundf(x / d) (half away from zero)."""
     R, C = rows.shape
-    blocks = np.asarray(rows, dtype=np.float32).reshape(R, C // BLOCK, BLOCK)
-    amax = np.abs(blocks).max(axis=-1)
-    d = amax / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    scaled = blocks * inv[:, :, None]
-    q = np.trunc(scaled + np.copysign(np.float32(0.5), scaled))  # roundf
-    return q.astype(np.int8).reshape(R, C), _f16_round(d)
+    return pack_rows("Q8_0", R, C, lambda r0, r1: rows[r0:r1])
 
 
 def quantize_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(qs uint8 (R, C/2), d float32 (R, C/32)) of float rows (R, C): per block the value of
     largest magnitude m gives d = m / -8 (stored as fp16), q = min(15, int8(x / d + 8.5))."""
     R, C = rows.shape
-    blocks = np.asarray(rows, dtype=np.float32).reshape(R, C // BLOCK, BLOCK)
-    where = np.abs(blocks).argmax(axis=-1)
-    m = np.take_along_axis(blocks, where[:, :, None], axis=-1)[:, :, 0]
-    d = m / np.float32(-8)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    q = np.minimum(15, (blocks * inv[:, :, None] + np.float32(8.5)).astype(np.int8))
-    q = q.astype(np.uint8)
-    qs = (q[:, :, :16] | (q[:, :, 16:] << 4)).reshape(R, C // 2)
-    return qs, _f16_round(d)
+    return pack_rows("Q4_0", R, C, lambda r0, r1: rows[r0:r1])
 
 
 # -- the matrix ---------------------------------------------------------------------------------
@@ -271,19 +335,16 @@ class PackedMatrix:
 
     @classmethod
     def fromFloat(cls, fmt: str, rows: np.ndarray, transposed: bool = True) -> "PackedMatrix":
-        """Float rows (R, C) packed as ``fmt`` (for Q8_0 / Q4_0, C a multiple of 32)."""
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        if fmt == "BF16":  # round to nearest even, as torch
-            u = rows.view(np.uint32)
-            bits = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-            return cls(fmt, bits, None, transposed)
-        if fmt == "F16":
-            return cls(fmt, rows.astype(np.float16).view(np.uint16), None, transposed)
-        if rows.shape[1] % BLOCK:
-            raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got "
-                             f"{rows.shape[1]}")
-        quantize = quantize_q8_0 if fmt == "Q8_0" else quantize_q4_0
-        return cls(fmt, *quantize(rows), transposed)
+        """Float rows (R, C) (any strides) packed as ``fmt`` (pack_rows)."""
+        R, C = rows.shape
+        return cls(fmt, *pack_rows(fmt, R, C, lambda r0, r1: rows[r0:r1]), transposed)
+
+    def to(self, fmt: str) -> "PackedMatrix":
+        """The same matrix packed as ``fmt``: its rows widened a chunk at a time."""
+        if fmt == self.format:
+            return self
+        R, C = self.rows_shape
+        return PackedMatrix(fmt, *pack_rows(fmt, R, C, self.rowsFloat), self.transposed)
 
     @property
     def T(self) -> "PackedMatrix":
@@ -293,10 +354,12 @@ class PackedMatrix:
     def nbytes(self) -> int:
         return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
 
-    def rowsFloat(self) -> np.ndarray:
-        """The rows (R, C) as a new float32 array."""
-        out = np.empty(self.rows_shape, dtype=np.float32)
-        dequantize_rows(self.format, self.data, self.scales, out)
+    def rowsFloat(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """The rows [r0, r1) (all by default) as a new float32 array."""
+        r1 = self.rows_shape[0] if r1 is None else r1
+        out = np.empty((r1 - r0, self.rows_shape[1]), dtype=np.float32)
+        dequantize_rows(self.format, self.data[r0:r1],
+                        None if self.scales is None else self.scales[r0:r1], out)
         return out
 
     def toFloat(self) -> np.ndarray:

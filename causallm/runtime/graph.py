@@ -151,7 +151,7 @@ class Model:
             rctx.inputs = [buffers[p][i] for p, i in refs]
             rctx.input_stages = [states[graph.stage_of[p]] for p, _ in refs]
             rctx.outputs = buffers[name]
-            rctx.tensors = [np.zeros(t.shape, dtype=np.float32) for t in ictx.tensors]
+            rctx.tensors = [np.zeros(t.shape, dtype=t.dtype) for t in ictx.tensors]
             contexts[name] = (node.layer, rctx)
             for spec in ictx.kv_caches:
                 if spec.kind == SELF:

@@ -110,6 +110,7 @@ class TensorSpec:
 
     name: str
     shape: tuple[int, ...]
+    dtype: str = "float32"   # numpy dtype name: float32, or uint16 (an FP16 KV cache's bits)
 
 
 class InitLayerContext:
@@ -152,25 +153,29 @@ class InitLayerContext:
                                        dtype or self.weight_dtype, packable))
         return len(self.weights) - 1
 
-    def requestTensor(self, name: str, shape: tuple[int, ...]) -> int:
-        """Request a float32 tensor kept for the model's lifetime (zeroed at initialize)."""
-        self.tensors.append(TensorSpec(name, tuple(int(s) for s in shape)))
+    def requestTensor(self, name: str, shape: tuple[int, ...], dtype: str = "float32") -> int:
+        """Request a tensor kept for the model's lifetime (zeroed at initialize): float32, or
+        ``dtype`` (uint16 for FP16 bits)."""
+        self.tensors.append(TensorSpec(name, tuple(int(s) for s in shape), dtype))
         return len(self.tensors) - 1
 
     def requestKVCache(self, kind: str, shape: tuple[int, ...] | None = None,
-                       inputs: tuple[int, int] | None = None) -> int | None:
+                       inputs: tuple[int, int] | None = None,
+                       dtype: str = "float32") -> int | None:
         """Declare a KV cache of the layer (at most one of each kind), listed by
         ``Model.getKVCaches``.
 
-        ``"self"``: key and value tensors of ``shape`` (zeroed), appended to the layer's tensors;
-        returns the key's tensor index (the value's is the next). ``"cross"``: the cache is the
-        layer's inputs ``inputs = (key, value)`` as an earlier stage left them; returns None.
+        ``"self"``: key and value tensors of ``shape`` (zeroed; (B, n_kv, T, head_dim): each
+        kv head's positions contiguous) and ``dtype`` (float32, or uint16 FP16 bits), appended
+        to the layer's tensors; returns the key's tensor index (the value's is the next).
+        ``"cross"``: the cache is the layer's inputs ``inputs = (key, value)`` as an earlier
+        stage left them; returns None.
         """
         if any(spec.kind == kind for spec in self.kv_caches):
             raise self.error(f"requests a second {kind!r} KV cache")
         if kind == "self" and shape is not None:
-            key = self.requestTensor("cache_key", shape)
-            self.requestTensor("cache_value", shape)
+            key = self.requestTensor("cache_key", shape, dtype)
+            self.requestTensor("cache_value", shape, dtype)
             self.kv_caches.append(KVCacheSpec(kind, tuple(int(s) for s in shape), tensor=key))
             return key
         if kind == "cross" and inputs is not None:
