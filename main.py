@@ -40,7 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p "
                "switch sampling on (--temp 0 means greedy); --greedy forces greedy decoding.")
     p.add_argument("model_dir", nargs="?", default=DEFAULT_MODEL_DIR,
-                   help="model folder (default: the embedded res/tiny-llama)")
+                   help="model folder or .gguf file (default: the embedded res/tiny-llama)")
     p.add_argument("prompt", nargs="?", default=None,
                    help="input text (default: nntr_config.json sample_input)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
@@ -110,13 +110,15 @@ def run(args: argparse.Namespace) -> int:
     metrics; with --json one last stdout line with the run's record. The same for every
     architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
     from causallm.errors import CausalLMError
+    from causallm.io.gguf_file import is_gguf
     from factory import Factory
     from models.transformer import set_threads
 
     t_start = time.perf_counter()
     _check_args(args)
-    if not os.path.isdir(args.model_dir):
-        what = "a file, not a folder" if os.path.exists(args.model_dir) else "no such directory"
+    if not (os.path.isdir(args.model_dir) or is_gguf(args.model_dir)):
+        what = "a file, neither a folder nor a .gguf" if os.path.exists(args.model_dir) \
+            else "no such directory"
         hint = (f"; to prompt the default model, pass its folder first: "
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
                 if args.prompt is None and not os.path.exists(args.model_dir) else "")

@@ -19,11 +19,13 @@ table (``getHFWeightTable``, causallm/io/weight_table.py).
 from __future__ import annotations
 
 import os
+import sys
 
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
+from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.kernels.packed import PackedMatrix
@@ -86,6 +88,10 @@ class Transformer:
         self.model = None
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
+        gguf = getattr(cfg, "gguf", None)
+        if gguf is not None and not nntr_cfg.contains("tokenizer_file"):
+            self.tokenizer = Tokenizer(gguf.tokenizer(), gguf.path)  # the file's vocabulary
+            return
         tokenizer_file = nntr_cfg.resolve_path(
             nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
             if nntr_cfg.exists else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
@@ -423,23 +429,27 @@ class Transformer:
 
     def defaultWeightPath(self) -> str:
         """Where this model's weights are: nntr_config's ``model_file_name`` (relative to the
-        model folder), else the folder itself (its safetensors)."""
+        model folder), else the GGUF file the configs came from, else the folder itself (its
+        safetensors)."""
         if self.nntr_cfg.contains("model_file_name"):
             path = self.nntr_cfg.resolve_path(self.nntr_cfg.get_str("model_file_name"))
             if not os.path.exists(path):
                 raise CausalLMError(f"{self.nntr_cfg.path}: model_file_name '{path}' does not "
                                     f"exist")
             return path
-        return self.cfg.directory
+        gguf = getattr(self.cfg, "gguf", None)
+        return gguf.path if gguf is not None else self.cfg.directory
 
     def load_weight(self, weight_path: str | None = None) -> None:
-        """Load an NNTrainer .bin file, or a Hugging Face safetensors file or folder (by
-        default ``defaultWeightPath()``)."""
+        """Load an NNTrainer .bin file, a Hugging Face safetensors file or folder, or a GGUF
+        file (by default ``defaultWeightPath()``)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
         if weight_path is None:
             weight_path = self.defaultWeightPath()
-        if os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
+        if weight_path.lower().endswith(".gguf"):
+            self.load_gguf_weight(weight_path)
+        elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
             self.load_hf_weight(weight_path)
         else:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
@@ -459,7 +469,26 @@ class Transformer:
         table; every weight must be covered and every tensor used (the error names the ones
         that are not). Weights are held as ``weightFormat`` says."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        ckpt = self.openHFCheckpoint(folder)
+        self.loadCheckpoint(self.openHFCheckpoint(folder))
+
+    def load_gguf_weight(self, path: str) -> None:
+        """The weights of a GGUF file under the Hugging Face names of the weight table
+        (causallm/io/gguf_file.py): quantized types without a kernel become Q8_0 unless a
+        weight format is set."""
+        gguf = getattr(self.cfg, "gguf", None)
+        if gguf is None or os.path.abspath(gguf.path) != os.path.abspath(path):
+            gguf = GGUFFile(path)
+        weight_map = self.getHFWeightMap()
+        names = [*weight_map, *self.getHFWeightTable().aliasMap(weight_map)]
+        requantize = None if getattr(self, "WEIGHT_FORMAT", None) else "Q8_0"
+        ckpt = GGUFCheckpoint(gguf, names, requantize)
+        self.loadCheckpoint(ckpt)
+        for kind, n in ckpt.requantized.items():
+            print(f"[gguf] {n} {kind} tensor(s) held as {requantize} (no {kind} kernel; --dtype "
+                  f"chooses another format)", file=sys.stderr)
+
+    def loadCheckpoint(self, ckpt) -> None:
+        """Every weight from ``ckpt`` through the weight table, held as ``storeWeight`` says."""
         packable = {s.full_name: not s.full_name.endswith(":Embedding")
                     for s in self.model.getWeightSpecs() if s.packable}
         self.getHFWeightTable().load(ckpt, self.getHFWeightMap(), self.storeWeight,
@@ -501,6 +530,8 @@ class Transformer:
             return self.WEIGHT_FORMAT
         if self.FC_LAYER_DTYPE.upper() != "FP32" or self.nntr_cfg.contains("model_file_name"):
             return self.FC_LAYER_DTYPE.upper()
+        if getattr(self.cfg, "gguf", None) is not None:
+            return self.cfg.gguf.weightPrecision()
         if getattr(self, "_saved_precision", None) is None:
             try:
                 dtype = float_dtype(Checkpoint(self.cfg.directory))

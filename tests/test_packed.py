@@ -14,6 +14,7 @@ from causallm.kernels.packed import (
     PackedMatrix,
     quantize_q4_0,
     quantize_q8_0,
+    rows_to_ggml_blocks,
 )
 
 GGML = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
@@ -25,7 +26,7 @@ def rand(*shape, seed, scale=1.0):
 
 def ggml_blocks(fmt, qs, d):
     """Our (qs, d) rows as ggml block bytes (fp16 d, then qs), for comparison."""
-    return nntr_bin._blocks_to_bytes(fmt, qs, d)
+    return rows_to_ggml_blocks(fmt, qs, d)
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])

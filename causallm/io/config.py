@@ -146,9 +146,26 @@ def load_json(path: str, required: bool = True) -> JsonConfig:
 
 
 def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConfig]:
-    """``config.json`` (required), ``generation_config.json`` and ``nntr_config.json`` (optional)."""
-    if not os.path.isdir(model_dir):
-        raise CausalLMError(f"{model_dir}: not a model folder (no such directory)")
+    """``config.json`` (required), ``generation_config.json`` and ``nntr_config.json`` (optional)
+    of a model folder; or, for a .gguf file (or a folder whose only model is one), the configs
+    its metadata stands for (causallm/io/gguf_file.py) and the folder's nntr_config.json. A
+    GGUF's config carries the open file as ``cfg.gguf``."""
+    from causallm.io.gguf_file import GGUFFile, gguf_in_folder, is_gguf
+
+    gguf_path = model_dir if is_gguf(model_dir) else None
+    if gguf_path is None:
+        if not os.path.isdir(model_dir):
+            what = "file" if model_dir.lower().endswith(".gguf") else "directory"
+            raise CausalLMError(f"{model_dir}: not a model folder or .gguf file (no such {what})")
+        gguf_path = gguf_in_folder(model_dir)
+    if gguf_path is not None:
+        file = GGUFFile(gguf_path)
+        cfg = JsonConfig(file.config(), gguf_path)
+        cfg.gguf = file
+        gen = JsonConfig(file.generation(), gguf_path)
+        folder = os.path.dirname(os.path.abspath(gguf_path))
+        nntr = load_json(os.path.join(folder, "nntr_config.json"), required=False)
+        return cfg, gen, nntr
     cfg = load_json(os.path.join(model_dir, "config.json"))
     gen = load_json(os.path.join(model_dir, "generation_config.json"), required=False)
     nntr = load_json(os.path.join(model_dir, "nntr_config.json"), required=False)

@@ -28,10 +28,14 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io.files import atomic_write
-from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.packed import (
+    BLOCK_BYTES,
+    PackedMatrix,
+    ggml_blocks_to_rows,
+    rows_to_ggml_blocks,
+)
 
 _BIN_DTYPES = ("FP32", "FP16", "Q4_0", "Q8_0", "Q6_K")
-_BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
 
 
 def bin_nbytes(shape, dtype):
@@ -43,8 +47,8 @@ def bin_nbytes(shape, dtype):
         return 4 * n
     if dtype == "FP16":
         return 2 * n
-    if dtype in _BLOCK_BYTES:
-        return n // 32 * _BLOCK_BYTES[dtype]
+    if dtype in BLOCK_BYTES:
+        return n // 32 * BLOCK_BYTES[dtype]
     if dtype == "Q6_K":
         return n // 256 * 210
     raise CausalLMError(f"weight dtype {dtype!r} is not one of {', '.join(_BIN_DTYPES)}")
@@ -57,24 +61,6 @@ def is_table(name):
 
 
 # -- ggml blocks ----------------------------------------------------------------------------------
-
-def _blocks_to_bytes(fmt, qs, d):
-    """Rows of (qs, d) as plain ggml blocks (R, nb * block bytes) uint8."""
-    R, nb = d.shape
-    out = np.empty((R, nb, _BLOCK_BYTES[fmt]), dtype=np.uint8)
-    out[:, :, :2] = d.astype("<f2").view(np.uint8).reshape(R, nb, 2)
-    out[:, :, 2:] = qs.view(np.uint8).reshape(R, nb, -1)
-    return out.reshape(R, -1)
-
-
-def _bytes_to_blocks(fmt, raw, R, C):
-    """Plain ggml block rows (R, C values) back to (qs, d)."""
-    nb = C // 32
-    b = raw.reshape(R, nb, _BLOCK_BYTES[fmt])
-    d = np.ascontiguousarray(b[:, :, :2]).view("<f2").reshape(R, nb).astype(np.float32)
-    qs = np.ascontiguousarray(b[:, :, 2:]).reshape(R, -1)
-    return (qs.view(np.int8) if fmt == "Q8_0" else qs), d
-
 
 def repack_q4_0x8(qs, d):
     """Q4_0 rows (qs (N, K/2), d (N, K/32)), N % 8 == 0, in NNTrainer's x86 layout (bytes)."""
@@ -139,7 +125,7 @@ def read_bin(path, specs, allow_extra=False):
         if dtype == "Q6_K":
             raise CausalLMError(f"{path}: weight '{name}' has dtype Q6_K, which is not supported "
                                 "(FP32, FP16, Q4_0, Q8_0)")
-        if dtype in _BLOCK_BYTES and (len(shape) != 2 or shape[-1 if is_table(name) else 0] % 32
+        if dtype in BLOCK_BYTES and (len(shape) != 2 or shape[-1 if is_table(name) else 0] % 32
                                       or (dtype == "Q4_0" and not is_table(name)
                                           and shape[1] % 8)):
             raise CausalLMError(f"{path}: weight '{name}' {tuple(shape)} cannot be {dtype}")
@@ -167,7 +153,7 @@ def read_weight(name, shape, dtype, packable, raw, offset):
     if dtype == "Q4_0" and not table:
         qs, d = unpack_q4_0x8(raw, R, C)
     else:
-        qs, d = _bytes_to_blocks(dtype, raw, R, C)
+        qs, d = ggml_blocks_to_rows(dtype, raw, R, C)
     packed = PackedMatrix(dtype, qs, d, transposed=not table)
     return packed if packable else _readonly(np.ascontiguousarray(packed.toFloat()))
 
@@ -190,7 +176,7 @@ def write_bin(path, arrays, dtypes, names=None):
                                 "(FP32, FP16, Q4_0, Q8_0)")
 
     def convert(i, a, dtype, name):
-        if dtype in _BLOCK_BYTES:
+        if dtype in BLOCK_BYTES:
             return _blocks(name, a, dtype)
         a = a.toFloat() if isinstance(a, PackedMatrix) else a
         a = np.asarray(a, dtype="<f4", order="C")
@@ -229,7 +215,7 @@ def _blocks(name, a, dtype):
     qs, d = packed.data, packed.scales
     if dtype == "Q4_0" and not table:
         return repack_q4_0x8(qs, d)
-    return _blocks_to_bytes(dtype, qs, d)
+    return rows_to_ggml_blocks(dtype, qs, d)
 
 
 def _readonly(a):

