@@ -12,6 +12,7 @@ model registrations and the architecture resolution main.cpp does.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Callable
@@ -67,58 +68,46 @@ class Factory:
 
 
 def registerModels(factory: Factory) -> None:
-    """main.cpp's ``Factory::Instance().registerModel(...)`` calls."""
-    from models.bart.bart import BartForConditionalGeneration
-    from models.bert.bert_model import BertEmbedding
-    from models.causal_lm import CausalLM
-    from models.gemma3.embedding_gemma import EmbeddingGemma
-    from models.gemma3.gemma3_causallm import Gemma3CausalLM
-    from models.gemma3.gemma3_vision import Gemma3ForConditionalGeneration
-    from models.gpt2.gpt2_causallm import GPT2CausalLM
-    from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
-    from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
-    from models.marian.marian import MarianMTModel
-    from models.qwen2.qwen2_causallm import Qwen2CausalLM
-    from models.qwen2.qwen2_embedding import Qwen2Embedding
-    from models.qwen3.qwen3_causallm import Qwen3CausalLM
-    from models.qwen3.qwen3_embedding import Qwen3Embedding
-    from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import (
-        Qwen3CachedSlimMoECausalLM,
-    )
-    from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
-    from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
-    from models.t5.t5 import T5ForConditionalGeneration
-    from models.t5gemma2.t5gemma2 import T5Gemma2ForConditionalGeneration
+    """main.cpp's ``Factory::Instance().registerModel(...)`` calls. Each family's module is
+    imported when a model of it is created, so a run loads only its own family."""
+    for key, (module, cls) in _BUILT_IN.items():
+        factory.registerModel(key, _creator(module, cls))
 
-    factory.registerModel("LlamaForCausalLM", lambda cfg, gen, nntr: CausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen3MoeForCausalLM",
-                          lambda cfg, gen, nntr: Qwen3MoECausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen3SlimMoeForCausalLM",
-                          lambda cfg, gen, nntr: Qwen3SlimMoECausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen3CachedSlimMoeForCausalLM",
-                          lambda cfg, gen, nntr: Qwen3CachedSlimMoECausalLM(cfg, gen, nntr))
-    factory.registerModel("Gemma3ForCausalLM",
-                          lambda cfg, gen, nntr: Gemma3CausalLM(cfg, gen, nntr))
-    factory.registerModel("Gemma3ForConditionalGeneration",
-                          lambda cfg, gen, nntr: Gemma3ForConditionalGeneration(cfg, gen, nntr))
-    factory.registerModel("GptOssForCausalLM",
-                          lambda cfg, gen, nntr: GptOssForCausalLM(cfg, gen, nntr))
-    factory.registerModel("GptOssCachedSlimCausalLM",
-                          lambda cfg, gen, nntr: GptOssCachedSlimCausalLM(cfg, gen, nntr))
-    factory.registerModel("GPT2LMHeadModel", lambda cfg, gen, nntr: GPT2CausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen2ForCausalLM", lambda cfg, gen, nntr: Qwen2CausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen3ForCausalLM", lambda cfg, gen, nntr: Qwen3CausalLM(cfg, gen, nntr))
-    factory.registerModel("Qwen3Embedding", lambda cfg, gen, nntr: Qwen3Embedding(cfg, gen, nntr))
-    factory.registerModel("Qwen2Embedding", lambda cfg, gen, nntr: Qwen2Embedding(cfg, gen, nntr))
-    factory.registerModel("EmbeddingGemma", lambda cfg, gen, nntr: EmbeddingGemma(cfg, gen, nntr))
-    factory.registerModel("BertEmbedding", lambda cfg, gen, nntr: BertEmbedding(cfg, gen, nntr))
-    factory.registerModel("T5ForConditionalGeneration",
-                          lambda cfg, gen, nntr: T5ForConditionalGeneration(cfg, gen, nntr))
-    factory.registerModel("BartForConditionalGeneration",
-                          lambda cfg, gen, nntr: BartForConditionalGeneration(cfg, gen, nntr))
-    factory.registerModel("MarianMTModel", lambda cfg, gen, nntr: MarianMTModel(cfg, gen, nntr))
-    factory.registerModel("T5Gemma2ForConditionalGeneration",
-                          lambda cfg, gen, nntr: T5Gemma2ForConditionalGeneration(cfg, gen, nntr))
+
+def _creator(module: str, cls: str) -> Callable:
+    def create(cfg, gen, nntr):
+        return getattr(importlib.import_module(module), cls)(cfg, gen, nntr)
+    return create
+
+
+_BUILT_IN = {
+    "LlamaForCausalLM": ("models.causal_lm", "CausalLM"),
+    "Qwen3MoeForCausalLM": ("models.qwen3_moe.qwen3_moe_causallm", "Qwen3MoECausalLM"),
+    "Qwen3SlimMoeForCausalLM": ("models.qwen3_slim_moe.qwen3_slim_moe_causallm",
+                                "Qwen3SlimMoECausalLM"),
+    "Qwen3CachedSlimMoeForCausalLM": ("models.qwen3_cached_slim_moe."
+                                      "qwen3_cached_slim_moe_causallm",
+                                      "Qwen3CachedSlimMoECausalLM"),
+    "Gemma3ForCausalLM": ("models.gemma3.gemma3_causallm", "Gemma3CausalLM"),
+    "Gemma3ForConditionalGeneration": ("models.gemma3.gemma3_vision",
+                                       "Gemma3ForConditionalGeneration"),
+    "GptOssForCausalLM": ("models.gpt_oss.gptoss_causallm", "GptOssForCausalLM"),
+    "GptOssCachedSlimCausalLM": ("models.gpt_oss_cached_slim.gptoss_cached_slim_causallm",
+                                 "GptOssCachedSlimCausalLM"),
+    "GPT2LMHeadModel": ("models.gpt2.gpt2_causallm", "GPT2CausalLM"),
+    "Qwen2ForCausalLM": ("models.qwen2.qwen2_causallm", "Qwen2CausalLM"),
+    "Qwen3ForCausalLM": ("models.qwen3.qwen3_causallm", "Qwen3CausalLM"),
+    "Qwen3Embedding": ("models.qwen3.qwen3_embedding", "Qwen3Embedding"),
+    "Qwen2Embedding": ("models.qwen2.qwen2_embedding", "Qwen2Embedding"),
+    "EmbeddingGemma": ("models.gemma3.embedding_gemma", "EmbeddingGemma"),
+    "BertEmbedding": ("models.bert.bert_model", "BertEmbedding"),
+    "T5ForConditionalGeneration": ("models.t5.t5", "T5ForConditionalGeneration"),
+    "BartForConditionalGeneration": ("models.bart.bart", "BartForConditionalGeneration"),
+    "MarianMTModel": ("models.marian.marian", "MarianMTModel"),
+    "T5Gemma2ForConditionalGeneration": ("models.t5gemma2.t5gemma2",
+                                         "T5Gemma2ForConditionalGeneration"),
+}
+"""Architecture key -> (module, class) of every built-in model."""
 
 
 EMBEDDING_ARCHITECTURES = {

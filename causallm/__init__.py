@@ -7,7 +7,13 @@ import os as _os
 # cores from the other; short spins measured about twice the prefill speed and removed a slow
 # first decode step (bench/README.md). They must be set before numpy and numba load, so this
 # module is imported first by main.py; settings already in the environment win.
-for _key, _value in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "10000")):
+#
+# numba's LLVM optimization level: at 3 (numba's default) LLVM spends about 1.2 s more on the
+# first compile of the parallel packed-weight kernels alone, and the kernels measured no faster
+# than at 2 (Qwen3-0.6B shape decode, BF16 / Q8_0 / Q4_0 / FP32; docs/performance.md). Level 1
+# loses up to 15 %.
+for _key, _value in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "10000"),
+                     ("NUMBA_OPT", "2")):
     _os.environ.setdefault(_key, _value)
 
 

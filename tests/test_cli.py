@@ -130,6 +130,22 @@ def test_no_arguments_runs_the_embedded_model():
     assert_metrics(p.stderr)
 
 
+def test_a_first_compile_is_announced_and_a_cached_run_is_quiet(tmp_path):
+    """An empty numba cache (a fresh machine): stderr says kernels are being compiled, where
+    they are kept, then how many and how long; the next run loads them and says nothing."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [subprocess.run([sys.executable, "main.py", GQA3, "hi", "-n", "2"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    first = runs[0].stderr.splitlines()
+    assert first[0].startswith("[numba] compiling kernels for this CPU (once: they are cached "
+                               f"in {tmp_path / 'numba'}"), first
+    assert re.fullmatch(r"\[numba\] compiled \d+ kernel\(s\) in \d+\.\d s", first[1]), first
+    assert "[numba]" not in runs[1].stderr
+    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba") for f in fs)
+
+
 # ------------------------------------------------------------------------- generation options
 
 def test_text_streams_to_stdout_and_metrics_to_stderr(capsys):

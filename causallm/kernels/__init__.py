@@ -12,7 +12,11 @@ moe and gpt_oss_moe (routing and experts). The families' own kernels are importe
 modules; this package re-exports the common ones.
 """
 
+import sys
+import time
+
 import numba
+import numba.core.event
 
 from causallm.kernels.attention import attention, kv_cache_write
 from causallm.kernels.elementwise import (
@@ -37,6 +41,52 @@ from causallm.kernels.norm import rms_norm
 from causallm.kernels.rope import rope_inv_freq, rope_tables
 
 
+class _CompileNotice(numba.core.event.Listener):
+    """Says on stderr when numba compiles a kernel (a cache miss: the first run on a machine,
+    or after an edit), once, with where the compiled code is kept; ``compile_report`` then
+    says how long it took. A cache hit triggers no compile event and prints nothing."""
+
+    def __init__(self):
+        self.depth = 0
+        self.kernels = 0
+        self.seconds = 0.0
+        self.announced = False
+        self._t0 = 0.0
+
+    def on_start(self, event):
+        self.depth += 1
+        if self.depth > 1:  # a callee compiled for its caller
+            return
+        self._t0 = time.perf_counter()
+        if not self.announced:
+            self.announced = True
+            cache = getattr(getattr(event.data["dispatcher"], "_cache", None), "_cache_path", "")
+            where = f" in {cache}" if cache else ""
+            sys.stderr.write(f"[numba] compiling kernels for this CPU (once: they are "
+                             f"cached{where}) ...\n")
+            sys.stderr.flush()
+
+    def on_end(self, event):
+        self.depth -= 1
+        if self.depth == 0:
+            self.kernels += 1
+            self.seconds += time.perf_counter() - self._t0
+
+
+_notice = _CompileNotice()
+numba.core.event.register("numba:compile", _notice)
+
+
+def compile_report() -> None:
+    """One stderr line with the kernels compiled since the last report and their time, if any
+    (Model.warmup calls it)."""
+    if _notice.kernels:
+        sys.stderr.write(f"[numba] compiled {_notice.kernels} kernel(s) in "
+                         f"{_notice.seconds:.1f} s\n")
+        sys.stderr.flush()
+        _notice.kernels, _notice.seconds = 0, 0.0
+
+
 def set_num_threads(n):
     """Use n threads in the parallel kernels, clamped to [1, NUMBA_NUM_THREADS]; returns it."""
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
@@ -51,7 +101,8 @@ def get_num_threads():
 
 __all__ = [
     "ACT_GELU", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_SILU", "ACT_TANH", "ACT_TANH_GELU",
-    "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "add_row", "attention", "embedding",
+    "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "add_row", "attention", "compile_report",
+    "embedding",
     "get_num_threads", "kv_cache_write", "linear", "linear_io", "linear_oi", "multiply",
     "rms_norm", "rope_inv_freq", "rope_tables", "set_num_threads", "softmax_rows", "swiglu",
 ]

@@ -153,10 +153,13 @@ PARALLEL_MIN_WORK = 1 << 18
 @njit(cache=True, fastmath=_FASTMATH)
 def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
             pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window, window_right,
-            causal, softcap, scale, parts, task):
-    """Rows i < nrows of the query heads [h0, h1) of kv head g of batch b: task = (b, g, part),
-    the group's heads split into ``parts``. Each key and value row is read once for them all;
-    head h keeps its scores and rotated query in scratch row b * n_heads + h."""
+            causal, softcap, scale, parts, task0, task1):
+    """Tasks [task0, task1), each rows i < nrows of the query heads [h0, h1) of kv head g of
+    batch b: task = (b, g, part), the group's heads split into ``parts``. Each key and value row
+    is read once for them all; head h keeps its scores and rotated query in scratch row
+    b * n_heads + h. Called with every task on one thread, or one task per prange iteration
+    (a serial wrapper would have LLVM optimize this body a second time, inlined: 0.4 s of a
+    first compile)."""
     d = head_dim
     qcol = scratch.shape[1] - d  # the rotated query's columns in a scratch row
     half = d // 2
@@ -168,83 +171,84 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
     center = (bias.shape[2] - 1) // 2
     scale32 = np.float32(scale)
     cap = np.float32(softcap)
-    b = task // (n_kv * parts)
-    g = (task // parts) % n_kv
-    h0 = g * group + (task % parts) * per
-    kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
-    xb = b * cross_k.shape[0] // q.shape[0] if cross_len > 0 else 0
-    for i in range(nrows):
-        p = pos0 + i
-        c = cos[p]
-        s = sin[p]
-        for h in range(h0, h0 + per):
-            qh = q[b, i, h * d:(h + 1) * d]
-            qr = scratch[b * n_heads + h, qcol:]
-            for j in range(half):
-                a = qh[j]
-                bb = qh[j + half]
-                qr[j] = a * c[j] - bb * s[j]
-                qr[j + half] = bb * c[j] + a * s[j]
-        lo = max(0, p - window + 1)
-        if causal:
-            hi = p + 1
-            if use_end and key_end[b, i] > hi:
-                hi = key_end[b, i]
-        else:
-            hi = min(kv_len, p + window_right)
-        n = hi - lo
-        # scores, a tile of key rows at a time: each tile read from memory once for all the
-        # heads of the task (it stays in cache for the next head)
-        total = n + cross_len
-        for t0 in range(0, total, _TILE):
-            t1 = min(t0 + _TILE, total)
+    for task in range(task0, task1):
+        b = task // (n_kv * parts)
+        g = (task // parts) % n_kv
+        h0 = g * group + (task % parts) * per
+        kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
+        xb = b * cross_k.shape[0] // q.shape[0] if cross_len > 0 else 0
+        for i in range(nrows):
+            p = pos0 + i
+            c = cos[p]
+            s = sin[p]
             for h in range(h0, h0 + per):
-                row = scratch[b * n_heads + h]
-                qr = row[qcol:]
-                for t in range(t0, min(t1, n)):
-                    sc = _dot(qr, key_row(k_cache, kb, g, lo + t, d), d) * scale32
-                    if use_bias:
-                        sc += bias[b, h, center + lo + t - p]
-                    if cap > 0:
-                        sc = np.tanh(sc / cap) * cap
-                    row[t] = sc
-                for t in range(max(t0, n), t1):
-                    sc = _dot(qr, cross_k[xb, t - n, g * d:(g + 1) * d], d) * scale32
-                    if cap > 0:
-                        sc = np.tanh(sc / cap) * cap
-                    row[t] = sc
-        # softmax per head
-        for h in range(h0, h0 + per):
-            score = scratch[b * n_heads + h, :total]
-            m = score[0]
-            for t in range(1, total):
-                if score[t] > m:
-                    m = score[t]
-            if use_sink and sinks[h] > m:
-                m = sinks[h]
-            denom = np.float32(0.0)
-            for t in range(total):
-                e = np.exp(score[t] - m)
-                score[t] = e
-                denom += e
-            if use_sink:
-                denom += np.exp(sinks[h] - m)
-            inv = np.float32(1.0) / denom
-            for t in range(total):
-                score[t] *= inv
-            o = out[b, i, h * d:(h + 1) * d]
-            for j in range(d):
-                o[j] = 0
-        # weighted sum, a tile of value rows at a time
-        for t0 in range(0, total, _TILE):
-            t1 = min(t0 + _TILE, total)
+                qh = q[b, i, h * d:(h + 1) * d]
+                qr = scratch[b * n_heads + h, qcol:]
+                for j in range(half):
+                    a = qh[j]
+                    bb = qh[j + half]
+                    qr[j] = a * c[j] - bb * s[j]
+                    qr[j + half] = bb * c[j] + a * s[j]
+            lo = max(0, p - window + 1)
+            if causal:
+                hi = p + 1
+                if use_end and key_end[b, i] > hi:
+                    hi = key_end[b, i]
+            else:
+                hi = min(kv_len, p + window_right)
+            n = hi - lo
+            # scores, a tile of key rows at a time: each tile read from memory once for all the
+            # heads of the task (it stays in cache for the next head)
+            total = n + cross_len
+            for t0 in range(0, total, _TILE):
+                t1 = min(t0 + _TILE, total)
+                for h in range(h0, h0 + per):
+                    row = scratch[b * n_heads + h]
+                    qr = row[qcol:]
+                    for t in range(t0, min(t1, n)):
+                        sc = _dot(qr, key_row(k_cache, kb, g, lo + t, d), d) * scale32
+                        if use_bias:
+                            sc += bias[b, h, center + lo + t - p]
+                        if cap > 0:
+                            sc = np.tanh(sc / cap) * cap
+                        row[t] = sc
+                    for t in range(max(t0, n), t1):
+                        sc = _dot(qr, cross_k[xb, t - n, g * d:(g + 1) * d], d) * scale32
+                        if cap > 0:
+                            sc = np.tanh(sc / cap) * cap
+                        row[t] = sc
+            # softmax per head
             for h in range(h0, h0 + per):
-                score = scratch[b * n_heads + h]
+                score = scratch[b * n_heads + h, :total]
+                m = score[0]
+                for t in range(1, total):
+                    if score[t] > m:
+                        m = score[t]
+                if use_sink and sinks[h] > m:
+                    m = sinks[h]
+                denom = np.float32(0.0)
+                for t in range(total):
+                    e = np.exp(score[t] - m)
+                    score[t] = e
+                    denom += e
+                if use_sink:
+                    denom += np.exp(sinks[h] - m)
+                inv = np.float32(1.0) / denom
+                for t in range(total):
+                    score[t] *= inv
                 o = out[b, i, h * d:(h + 1) * d]
-                for t in range(t0, min(t1, n)):
-                    _axpy(o, score[t], key_row(v_cache, kb, g, lo + t, d), d)
-                for t in range(max(t0, n), t1):
-                    _axpy(o, score[t], cross_v[xb, t - n, g * d:(g + 1) * d], d)
+                for j in range(d):
+                    o[j] = 0
+            # weighted sum, a tile of value rows at a time
+            for t0 in range(0, total, _TILE):
+                t1 = min(t0 + _TILE, total)
+                for h in range(h0, h0 + per):
+                    score = scratch[b * n_heads + h]
+                    o = out[b, i, h * d:(h + 1) * d]
+                    for t in range(t0, min(t1, n)):
+                        _axpy(o, score[t], key_row(v_cache, kb, g, lo + t, d), d)
+                    for t in range(max(t0, n), t1):
+                        _axpy(o, score[t], cross_v[xb, t - n, g * d:(g + 1) * d], d)
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
@@ -255,18 +259,7 @@ def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k,
     for task in prange(q.shape[0] * n_kv * parts):
         _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
                 scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-                window_right, causal, softcap, scale, parts, task)
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def attention_serial(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
-                     key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-                     window, window_right, causal, softcap, scale, parts):
-    """attention() on one thread (little work)."""
-    for task in range(q.shape[0] * n_kv * parts):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
-                scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-                window_right, causal, softcap, scale, parts, task)
+                window_right, causal, softcap, scale, parts, task, task + 1)
 
 
 NO_WINDOW = 1 << 40
@@ -298,10 +291,13 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     parts = 1
     if parallel and q.shape[0] * n_kv < get_num_threads():
         parts = group  # too few groups for the threads: a task per head
-    kernel = attention_parallel if parallel else attention_serial
-    kernel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
-           pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
-           min(window_right, NO_WINDOW), causal, softcap, scale, parts)
+    args = (q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
+            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
+            min(window_right, NO_WINDOW), causal, softcap, scale, parts)
+    if parallel:
+        attention_parallel(*args)
+    else:
+        _attend(*args, 0, q.shape[0] * n_kv * parts)
 
 
 DENSE_BLOCK_ROWS = 512

@@ -26,6 +26,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io import nntr_bin
+from causallm.kernels import compile_report
 from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.compiler import StageSpec, compile_graph
 from causallm.runtime.kv_cache import CROSS, SELF, KVCache
@@ -281,13 +282,15 @@ class Model:
     def warmup(self) -> None:
         """Run a 1-row and a 2-row step of zeros at position 0 in every stage, in order, so
         the kernels are compiled or loaded from numba's cache before the first real step is
-        timed. It writes KV-cache rows 0 and 1, which the next run overwrites."""
+        timed (a first compile is announced on stderr). It writes KV-cache rows 0 and 1,
+        which the next run overwrites."""
         self._require(_INITIALIZED, "warmup()")
         for name, runner in self._stages.items():
             for step in sorted({1, min(2, runner.input_rows())}):
                 zeros = [np.zeros((runner.batch, step), dtype=np.float32)
                          for _ in runner.input_names]
                 self.incremental_inference(runner.batch, zeros, None, step, 0, step, stage=name)
+        compile_report()
 
     def getStageBatch(self, stage: str | None = None) -> int:
         """Rows of ``stage`` (the only one when None)."""
