@@ -524,12 +524,16 @@ class Transformer:
 
     def weightPrecision(self) -> str:
         """The precision the fully connected weights are held in: the ``setWeightFormat``
-        one; else nntr_config's ``fc_layer_dtype`` when not FP32 or when the weights are a .bin
-        file; else the one the folder's safetensors hold most of (FP32 when none)."""
+        one; else nntr_config's ``fc_layer_dtype`` or ``model_tensor_type``'s weight part when
+        not FP32, or FP32 when the weights are a .bin file; else the one the folder's
+        safetensors hold most of (FP32 when none)."""
         if getattr(self, "WEIGHT_FORMAT", None) is not None:
             return self.WEIGHT_FORMAT
-        if self.FC_LAYER_DTYPE.upper() != "FP32" or self.nntr_cfg.contains("model_file_name"):
-            return self.FC_LAYER_DTYPE.upper()
+        for dtype in (self.FC_LAYER_DTYPE, self.MODEL_TENSOR_TYPE.split("-")[0]):
+            if dtype.upper() != "FP32":
+                return dtype.upper()
+        if self.nntr_cfg.contains("model_file_name"):
+            return "FP32"
         if getattr(self.cfg, "gguf", None) is not None:
             return self.cfg.gguf.weightPrecision()
         if getattr(self, "_saved_precision", None) is None:

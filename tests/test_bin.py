@@ -183,6 +183,60 @@ def test_fp16_bin_layout_is_fc_fp16_rest_fp32(tmp_path):
     assert greedy(load(name, r.path, model_tensor_type="FP16-FP32"), ref) == ref["tokens"].tolist()
 
 
+@pytest.mark.parametrize("fc,embd,head", [("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "FP32"),
+                                          ("Q4_0", "FP16", "FP16")])
+def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head, tmp_path):
+    """hf_to_bin --dtype Q8_0 / Q4_0 (nntr_quantize's keys in nntr_config.json): the FC weights
+    take 34 / 18 bytes per 32 values, the embedding and head their own dtypes, the rest FP32;
+    the folder then runs on the .bin with the logits and tokens of the same checkpoint
+    quantized at load, and within quantization error of transformers' logits."""
+    name = "llama-gqa3"
+    folder = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, name), folder)
+    r = hf_to_bin.convert(str(folder), None, fc, True, embd, head)
+    assert os.path.basename(r.path) == f"nntr_llama_gqa3_{fc.lower().replace('_', '')}_embd" \
+        f"{embd.lower().replace('_', '')}.bin"
+    per32 = {"Q8_0": 34, "Q4_0": 18, "FP16": 64, "FP32": 128}
+    params = read_hf(str(folder))
+    size = 0
+    for k, a in params.items():
+        kind = fc if any(p in k for p in FC) else embd if "embed" in k else \
+            head if "lm_head" in k else "FP32"
+        size += a.size // 32 * per32[kind] if kind != "FP32" else 4 * a.size
+    assert r.nbytes == size and r.model_tensor_type == f"{fc}-FP32"
+    config = json.loads((folder / "nntr_config.json").read_text())
+    dtypes = {"fc_layer_dtype": fc, "embedding_dtype": embd, "lmhead_dtype": head}
+    defaults = {"fc_layer_dtype": "FP32", "embedding_dtype": "FP32", "lmhead_dtype": embd}
+    assert config == {"model_file_name": os.path.basename(r.path),
+                      "model_tensor_type": f"{fc}-FP32",
+                      **{k: v for k, v in dtypes.items() if v != defaults[k]}}
+
+    ref = expected(name)
+    from_bin = load(str(folder), r.path)  # with the folder's nntr_config.json
+    at_load = parity.load(CausalLM, name, model_tensor_type=f"{fc}-FP32",
+                          embedding_dtype=embd, lmhead_dtype=head)
+    for spec in from_bin.model.getWeightSpecs():
+        scope = spec.full_name.split(":")[0]
+        want = embd if scope == "embedding0" else head if scope == "output_of_causallm" else \
+            fc if spec.packable else "FP32"
+        assert spec.dtype == want, spec.full_name
+    logits = prefill(from_bin, ref["prompt_ids"])
+    np.testing.assert_allclose(logits, prefill(at_load, ref["prompt_ids"]), rtol=0, atol=1e-5)
+    # against transformers' float32: this tiny random model (hidden 96) loses much to Q4_0
+    # (KL 0.22-0.28, cosine 0.78-0.83); unrelated logits of the same values give KL 1.3
+    p, q = (np.exp(a - a.max()) / np.exp(a - a.max()).sum() for a in (ref["prefill_logits"],
+                                                                      logits))
+    kl = float(np.sum(p * np.log(p / q)))
+    assert kl < (0.01 if fc == "Q8_0" else 0.4), kl
+    if fc == "Q8_0":
+        assert int(np.argmax(logits)) == ref["tokens"][0]
+    n = len(ref["tokens"])
+    generate = [m.generate_tokens([ref["prompt_ids"].tolist()], max_new_tokens=n,
+                                  do_sample=False).generated_ids[0]
+                for m in (load(str(folder), r.path), at_load)]
+    assert generate[0] == generate[1]
+
+
 # ----------------------------------------------------------------------------- save and load
 
 @pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])
@@ -238,10 +292,19 @@ def test_bad_dtypes_are_one_line_errors(tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(os.path.join(FIXTURES, "llama-gqa3"), folder)
     (folder / "nntr_config.json").write_text('{"embedding_dtype": "Q6_K"}')
-    with pytest.raises(CausalLMError, match=r"embedding0:Embedding.*Q6_K.*FP32 or FP16"):
+    with pytest.raises(CausalLMError, match=r"embedding0:Embedding.*Q6_K.*FP32, FP16, Q8_0, Q4_0"):
         hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"))
     with pytest.raises(CausalLMError, match="--dtype"):
-        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q4_0")
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q6_K")
+    with pytest.raises(CausalLMError, match="--embd-dtype"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q8_0", embd_dtype="int4")
+    # a vocabulary of 4003 outputs cannot be repacked in Q4_0's groups of 8 rows
+    with pytest.raises(CausalLMError, match=r"^weight 'output_of_causallm:weight' \(96, 4003\) "
+                                            r"cannot be Q4_0: .*multiple of 8 outputs$"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q4_0", embd_dtype="Q4_0")
+    with pytest.raises(CausalLMError, match=r"^weight 'layer0_wq:weight' \(48, 48\) cannot be "
+                                            r"Q8_0: .*multiple of 32 values along its input$"):
+        hf_to_bin.convert(os.path.join(FIXTURES, "qwen2-gqa4"), str(tmp_path / "m.bin"), "Q8_0")
     assert not (tmp_path / "m.bin").exists()
 
 
@@ -262,8 +325,9 @@ def test_write_nntr_config_then_the_cli_runs_the_bin(tmp_path, capsys):
     assert line == (f"wrote {folder / bin_name}: 35 tensors, {os.path.getsize(folder / bin_name)} "
                     f"bytes, model_tensor_type FP16-FP32")
     after = json.loads((folder / "nntr_config.json").read_text())
-    assert list(after) == list(before) + ["model_file_name"]
-    assert after == {**before, "model_tensor_type": "FP16-FP32", "model_file_name": bin_name}
+    assert list(after) == list(before) + ["model_file_name", "fc_layer_dtype"]
+    assert after == {**before, "model_tensor_type": "FP16-FP32", "model_file_name": bin_name,
+                     "fc_layer_dtype": "FP16"}
     assert no_temp_files(folder) == []
 
     os.remove(folder / "model.safetensors")  # the CLI must take the .bin

@@ -1,17 +1,30 @@
 """Convert a Hugging Face safetensors model folder into an NNTrainer .bin (no torch).
 
-    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16] [--write-nntr-config]
+    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16|Q8_0|Q4_0]
+        [--embd-dtype FP32|FP16|Q8_0|Q4_0] [--lmhead-dtype ...] [--write-nntr-config]
 
 The model is built from MODEL_DIR's config.json (and generation_config.json / nntr_config.json)
-through the Factory, as main.py builds it, but with ``model_tensor_type = "<dtype>-FP32"``. Its
-weights are read from the folder's safetensors (F32, F16 or BF16; one file or shards) through
-the family's weight table (``getHFWeightTable``), and ``Model.save`` writes every weight once, in graph order, each in the dtype
-its layer requested (porting spec 7.1, 2.2):
+through the Factory, as main.py builds it, but with ``model_tensor_type = "<dtype>-FP32"`` and
+``fc_layer_dtype = <dtype>`` (and ``embedding_dtype`` / ``lmhead_dtype`` when given), as
+nntrainer's ``nntr_quantize`` sets them. Its weights are read from the folder's safetensors
+(F32, F16 or BF16; one file or shards) through the family's weight table
+(``getHFWeightTable``), and ``Model.save`` writes every weight once, in graph order, each in the
+dtype its layer requested (porting spec 7.1, 2.2, 7.5):
 
     FP32-FP32   every weight FP32 (4 bytes an element).
     FP16-FP32   FC weights (q, k, v, o, up, gate, down) FP16; RMSNorm gammas (packed=false)
                 and FC biases (activation dtype) FP32; the embedding and the LM head in
-                embedding_dtype / lmhead_dtype (FP32 unless nntr_config.json says FP16).
+                embedding_dtype / lmhead_dtype (FP32 unless nntr_config.json or --embd-dtype
+                says otherwise).
+    Q4_0-FP32   FC weights as ggml Q4_0 blocks along K in nntrainer's x86 ``block_q4_0x8``
+                repack (18 bytes per 32 values); the rest as above. An embedding or head in
+                Q4_0 is plain ``block_q4_0`` rows, as nntrainer writes tables.
+    Q8_0-FP32   FC weights as plain ggml ``block_q8_0`` rows (34 bytes per 32 values). Our
+                extension: nntrainer has no Q8_0 type, so only this project reads these files.
+
+Quantizing needs rows of a multiple of 32 values (and, for a Q4_0 FC weight, a multiple of 8
+outputs); a weight that is not gets a one-line error naming it. No torch is needed: the
+quantizers are numba's, byte-identical to ggml's.
 
 FC weights are stored [in, out] (the PyTorch [out, in] transposed), the embedding [vocab, hidden];
 a tied LM head shares the embedding and adds no bytes. The .bin is written atomically.
@@ -38,7 +51,7 @@ from causallm.io.config import load_json  # noqa: E402
 from causallm.io.files import write_json_atomic  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes  # noqa: E402
 
-BIN_DTYPES = ("FP32", "FP16")
+BIN_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0")
 
 # nntr_config keys that do not change the .bin layout; kept small so building the graph for a
 # conversion allocates no large KV cache or activation buffers.
@@ -53,13 +66,14 @@ class ConvertResult(NamedTuple):
     model_tensor_type: str    # what nntr_config.json must say to load it
 
 
-def build_model(model_dir: str, model_tensor_type: str | None = None):
+def build_model(model_dir: str, model_tensor_type: str | None = None, **nntr):
     """The initialized model for MODEL_DIR's configs, as main.py makes it (Factory keyed by
-    ``architectures[0]``), with ``model_tensor_type`` overridden when given and the runtime
-    sizes made small (they do not change the weights or their order). Weights are still zero."""
+    ``architectures[0]``), with ``model_tensor_type`` and the ``nntr`` keys overridden when
+    given and the runtime sizes made small (they do not change the weights or their order).
+    Weights are still zero."""
     from factory import Factory
 
-    overrides = dict(_SMALL_RUNTIME)
+    overrides = {**_SMALL_RUNTIME, **nntr}
     if model_tensor_type is not None:
         overrides["model_tensor_type"] = model_tensor_type
     model = Factory.Instance().createFromFolder(model_dir, **overrides)
@@ -67,28 +81,53 @@ def build_model(model_dir: str, model_tensor_type: str | None = None):
     return model
 
 
-def default_output(model_dir: str, dtype: str) -> str:
-    """MODEL_DIR/nntr_<folder name>_<fp32|fp16>.bin, as the C++ converters name their output."""
+def _tag(dtype: str) -> str:
+    return dtype.lower().replace("_", "")
+
+
+def default_output(model_dir: str, dtype: str, embd_dtype: str = "FP32") -> str:
+    """MODEL_DIR/nntr_<folder name>_<fp32|fp16|q80|q40>[_embd<dtype>].bin, as the C++
+    converters and ``nntr_quantize`` name their output."""
     base = re.sub(r"[^0-9a-z]+", "_", os.path.basename(os.path.abspath(model_dir)).lower())
-    return os.path.join(model_dir, f"nntr_{base.strip('_') or 'model'}_{dtype.lower()}.bin")
+    embd = "" if embd_dtype == "FP32" else f"_embd{_tag(embd_dtype)}"
+    return os.path.join(model_dir, f"nntr_{base.strip('_') or 'model'}_{_tag(dtype)}{embd}.bin")
+
+
+def _dtype(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    if value.upper() not in BIN_DTYPES:
+        raise CausalLMError(f"{flag} must be one of {', '.join(BIN_DTYPES)}, not {value!r}")
+    return value.upper()
 
 
 def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
-            write_nntr_config: bool = False) -> ConvertResult:
-    """Write MODEL_DIR's safetensors as an NNTrainer .bin of FC dtype ``dtype`` (see the module
-    docstring); optionally point MODEL_DIR/nntr_config.json at it."""
-    dtype = dtype.upper()
-    if dtype not in BIN_DTYPES:
-        raise CausalLMError(f"--dtype must be one of {', '.join(BIN_DTYPES)}, not {dtype!r}")
+            write_nntr_config: bool = False, embd_dtype: str | None = None,
+            lmhead_dtype: str | None = None) -> ConvertResult:
+    """Write MODEL_DIR's safetensors as an NNTrainer .bin of FC dtype ``dtype``, the embedding
+    in ``embd_dtype`` and an untied head in ``lmhead_dtype`` (by default nntr_config.json's,
+    else FP32 and the embedding's; see the module docstring); optionally point
+    MODEL_DIR/nntr_config.json at it."""
+    dtype = _dtype(dtype, "--dtype")
+    embd_dtype, lmhead_dtype = _dtype(embd_dtype, "--embd-dtype"), \
+        _dtype(lmhead_dtype, "--lmhead-dtype")
     tensor_type = f"{dtype}-FP32"
-    out = out or default_output(model_dir, dtype)
-    model = build_model(model_dir, tensor_type)
+    overrides = {"fc_layer_dtype": dtype}
+    if embd_dtype is not None:
+        overrides["embedding_dtype"] = embd_dtype
+    if lmhead_dtype is not None or embd_dtype is not None:
+        overrides["lmhead_dtype"] = lmhead_dtype or embd_dtype
+    model = build_model(model_dir, tensor_type, **overrides)
+    out = out or default_output(model_dir, dtype, model.EMBEDDING_DTYPE.upper())
     specs = model.model.getWeightSpecs()
     for spec in specs:
         if spec.dtype not in BIN_DTYPES:
             raise CausalLMError(
                 f"{model.nntr_cfg.path}: weight '{spec.full_name}' would be stored as "
-                f"{spec.dtype}; this tool writes FP32 or FP16 only (check embedding_dtype / lmhead_dtype)")
+                f"{spec.dtype}; this tool writes {', '.join(BIN_DTYPES)} (check "
+                f"embedding_dtype / lmhead_dtype)")
+    for spec in specs:  # refuse before reading any weight
+        check_quantizable(spec)
     model.load_weight(model_dir)
     model.save_weight(out)  # dtype None: each weight in its requested dtype
     expected = sum(bin_nbytes(s.shape, s.dtype) for s in specs)
@@ -96,19 +135,44 @@ def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
     if found != expected:  # Model.save and the spec disagree: a bug, not a user error
         raise RuntimeError(f"{out}: wrote {found} bytes, expected {expected}")
     if write_nntr_config:
-        update_nntr_config(model_dir, out, tensor_type)
+        update_nntr_config(model_dir, out, tensor_type, {
+            "fc_layer_dtype": dtype, "embedding_dtype": model.EMBEDDING_DTYPE.upper(),
+            "lmhead_dtype": getattr(model, "LMHEAD_DTYPE", model.EMBEDDING_DTYPE).upper()})
     return ConvertResult(out, len(specs), found, tensor_type)
 
 
-def update_nntr_config(model_dir: str, bin_path: str, tensor_type: str) -> str:
-    """Set ``model_file_name`` and ``model_tensor_type`` in MODEL_DIR/nntr_config.json (created
-    if missing), keeping every other key and the key order; written atomically."""
+def check_quantizable(spec) -> None:
+    """A one-line error when ``spec``'s Q8_0 / Q4_0 blocks cannot hold its shape."""
+    if spec.dtype not in ("Q8_0", "Q4_0"):
+        return
+    table = spec.full_name.endswith(":Embedding")
+    k = spec.shape[-1] if table else spec.shape[0]      # the length each block runs along
+    n = spec.shape[0] if table else spec.shape[-1]
+    if len(spec.shape) != 2 or k % 32 or (spec.dtype == "Q4_0" and not table and n % 8):
+        raise CausalLMError(
+            f"weight '{spec.full_name}' {tuple(spec.shape)} cannot be {spec.dtype}: it needs "
+            f"rows of a multiple of 32 values{'' if table else ' along its input'}"
+            f"{', and a multiple of 8 outputs' if spec.dtype == 'Q4_0' and not table else ''}")
+
+
+def update_nntr_config(model_dir: str, bin_path: str, tensor_type: str,
+                       dtypes: dict[str, str] | None = None) -> str:
+    """Set ``model_file_name``, ``model_tensor_type`` and the ``dtypes`` keys
+    (fc_layer_dtype, embedding_dtype, lmhead_dtype; one at its default, FP32 or for the head
+    the embedding's, only when the file has the key)
+    in MODEL_DIR/nntr_config.json (created if missing), keeping every other key and the key
+    order; written atomically."""
     path = os.path.join(model_dir, "nntr_config.json")
     data = dict(load_json(path, required=False))
     folder, target = os.path.realpath(model_dir), os.path.realpath(bin_path)
     rel = os.path.relpath(target, folder)
     data["model_file_name"] = target if rel.startswith(os.pardir) else rel
     data["model_tensor_type"] = tensor_type
+    dtypes = dtypes or {}
+    for key, value in dtypes.items():  # a default only to replace another value
+        default = dtypes.get("embedding_dtype", "FP32") if key == "lmhead_dtype" else "FP32"
+        if value != default or key in data:
+            data[key] = value
     write_json_atomic(path, data)
     return path
 
@@ -125,12 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None,
                    help="the .bin to write (default: MODEL_DIR/nntr_<name>_<dtype>.bin)")
     p.add_argument("--dtype", default="FP32", type=str.upper, choices=BIN_DTYPES,
-                   help="dtype of the FC weights (FP16 gives model_tensor_type FP16-FP32)")
+                   help="dtype of the FC weights (FP16 gives model_tensor_type FP16-FP32, "
+                        "Q4_0 Q4_0-FP32, ...)")
+    p.add_argument("--embd-dtype", default=None, type=str.upper, choices=BIN_DTYPES,
+                   help="dtype of the embedding (default: nntr_config.json's, else FP32)")
+    p.add_argument("--lmhead-dtype", default=None, type=str.upper, choices=BIN_DTYPES,
+                   help="dtype of an untied LM head (default: the embedding's)")
     p.add_argument("--write-nntr-config", action="store_true",
                    help="set model_file_name and model_tensor_type in MODEL_DIR/nntr_config.json")
     args = p.parse_args(argv)
     try:
-        r = convert(args.model_dir, args.output, args.dtype, args.write_nntr_config)
+        r = convert(args.model_dir, args.output, args.dtype, args.write_nntr_config,
+                    args.embd_dtype, args.lmhead_dtype)
         configured = configured_tensor_type(args.model_dir)
     except CausalLMError as e:
         sys.stderr.write(f"error: {e}\n")

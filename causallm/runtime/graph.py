@@ -40,7 +40,8 @@ MODEL_TENSOR_TYPES = (
     "BCQ-FP32", "QINT4-FP16", "QINT4-FP32", "QINT8-FP16", "QINT8-FP32", "FP16-FP16",
     "FP16-FP32", "FP32-FP16", "FP32-FP32", "QINT16-QINT16", "UINT16-UINT16", "QINT8-UINT16",
     "UINT4-UINT8", "UINT4-UINT16", "UINT8-UINT8", "UINT8-UINT16", "Q4_K-FP32", "Q4_0-FP32",
-    "Q4_0-FP16")
+    "Q4_0-FP16", "Q8_0-FP32")
+"""nntrainer's ``model_tensor_type`` values (porting spec 7.6), and our Q8_0-FP32."""
 
 MODEL_PROPERTIES: dict[str, Prop] = {
     "batch_size": uint(1),
