@@ -37,6 +37,7 @@ from causallm.runtime.planner import plan_buffers
 from causallm.runtime.properties import Prop, bool_, parse_into, split_properties, str_, uint
 from causallm.runtime.runner import StageRunner, StageState
 
+
 def _pages_on_demand(shape, dtype) -> np.ndarray:
     """Zeros in an anonymous mapping of 4 KiB pages, each made resident when first touched: a
     KV cache fills from the front, and numpy's own large arrays are marked for 2 MiB pages,
