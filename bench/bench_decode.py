@@ -34,13 +34,12 @@ import argparse
 import json
 import os
 import random
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-from children import SEED, peak_rss_mb, report, spawn
+from children import SEED, new_folder, peak_rss_mb, report, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER_VERSION = "v1"     # bump when the way a model folder is made changes
@@ -111,18 +110,11 @@ def child_make(name: str, folder: str) -> None:
                       pad_token_id=None)
     t0 = time.perf_counter()
     model = LlamaForCausalLM(cfg).to(torch.float32).eval()
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=parent)
-    try:
+    with new_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         # the engine wants a tokenizer.json in the folder; the benchmark passes ids, never text
         Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")).save(
             os.path.join(tmp, "tokenizer.json"))
-        os.replace(tmp, folder)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
     n = sum(p.numel() for p in model.parameters())
     print(f"[make] {name}: {n / 1e6:.1f} M parameters in {time.perf_counter() - t0:.1f} s "
           f"-> {folder}", file=sys.stderr, flush=True)

@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 
-from children import SEED, peak_rss_mb, report, spawn
+from children import SEED, new_folder, peak_rss_mb, report, spawn
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -109,10 +109,7 @@ def child_make(folder: str) -> None:
     torch.manual_seed(SEED)
     cfg = Qwen3Config(**SHAPE, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=parent)
-    try:
+    with new_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         # a small real byte-level BPE (the qwen3-hd80 fixture's), its vocabulary padded with
         # tokens no merge makes, so ids cover the embedding
@@ -125,10 +122,6 @@ def child_make(folder: str) -> None:
                 vocab[f"<pad{i}>"] = i
         with open(os.path.join(tmp, "tokenizer.json"), "w") as f:
             json.dump(tok, f)
-        os.replace(tmp, folder)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
     report({"params": sum(p.numel() for p in model.parameters())})
 
 

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from children import SEED, peak_rss_mb, report, spawn
+from children import SEED, new_folder, peak_rss_mb, report, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,11 +85,11 @@ def child_make(name: str, folder: str) -> None:
         model = T5ForConditionalGeneration(T5Config(**MODELS[name], decoder_start_token_id=0,
                                                     pad_token_id=0, eos_token_id=1))
     model = model.to(torch.float32).eval()
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=os.path.dirname(folder))
-    model.save_pretrained(tmp)
-    # the engine wants a tokenizer.json; the benchmark passes ids, never text
-    Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")).save(os.path.join(tmp, "tokenizer.json"))
-    os.replace(tmp, folder)
+    with new_folder(folder) as tmp:
+        model.save_pretrained(tmp)
+        # the engine wants a tokenizer.json; the benchmark passes ids, never text
+        Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")).save(
+            os.path.join(tmp, "tokenizer.json"))
     report({"folder": folder})
 
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 import numpy as np
-from children import SEED, peak_rss_mb, report, spawn
+from children import SEED, new_folder, peak_rss_mb, report, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,11 +74,10 @@ def child_make(name: str, folder: str) -> None:
     model = Gemma3ForConditionalGeneration(cfg).to(torch.float32).eval()
     with torch.no_grad():  # the projector starts at zero: give it values
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.02)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=os.path.dirname(folder))
-    model.save_pretrained(tmp)
-    vocab = {f"t{i}": i for i in range(1004)}
-    Tokenizer(WordLevel(vocab, unk_token="t0")).save(os.path.join(tmp, "tokenizer.json"))
-    os.replace(tmp, folder)
+    with new_folder(folder) as tmp:
+        model.save_pretrained(tmp)
+        vocab = {f"t{i}": i for i in range(1004)}
+        Tokenizer(WordLevel(vocab, unk_token="t0")).save(os.path.join(tmp, "tokenizer.json"))
     report({"folder": folder})
 
 

@@ -3,15 +3,34 @@ thread pool (OpenMP, OpenBLAS, MKL, numba) sized before import, and reports one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 MARK = "@@BENCH_JSON@@ "
 """Prefix of the one stdout line a child reports on."""
 SEED = 1234
 """Seed of every random model and input."""
+
+
+@contextlib.contextmanager
+def new_folder(folder: str):
+    """A temporary folder beside ``folder`` to write a model into, renamed to ``folder`` when
+    the block ends without an error and removed otherwise: a half-written model is never
+    taken for a made one."""
+    parent = os.path.dirname(folder)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".tmp", dir=parent)
+    try:
+        yield tmp
+        os.replace(tmp, folder)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
 
 
 def report(result: dict) -> None:
