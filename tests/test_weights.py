@@ -296,7 +296,8 @@ def test_bin_short_and_long(tmp_path):
 def test_bin_dtype_errors(tmp_path):
     path = tmp_path / "q.bin"
     path.write_bytes(bytes(18 * 2))
-    with pytest.raises(CausalLMError, match=r"weight 'fc' \(32, 2\) cannot be Q4_0"):
+    with pytest.raises(CausalLMError, match=r"weight 'fc' \(32, 2\) cannot be Q4_0: .* a "
+                                            r"multiple of 8 outputs$"):
         read_bin(path, [("fc", (32, 2), "Q4_0")])  # the size check passes first; N % 8 != 0
     with pytest.raises(CausalLMError, match="expected 210 bytes .* found 36"):
         read_bin(path, [("emb", (256,), "Q6_K")])
@@ -304,7 +305,8 @@ def test_bin_dtype_errors(tmp_path):
         read_bin(path, [("x", (2,), "INT8")])
     with pytest.raises(CausalLMError, match=r"weight #0: dtype 'Q6_K' is not supported"):
         write_bin(path, [np.zeros(256)], ["Q6_K"])
-    with pytest.raises(CausalLMError, match=r"weight 'fc:weight' \(3, 20\) cannot be Q8_0"):
+    with pytest.raises(CausalLMError, match=r"weight 'fc:weight' \(20, 3\) cannot be Q8_0: it "
+                                            r"needs rows of a multiple of 32 values along its"):
         write_bin(path, [np.zeros((20, 3))], ["Q8_0"], ["fc:weight"])
     with pytest.raises(CausalLMError, match=r"weight #1 \(2,\): values beyond the FP16 range"):
         write_bin(path, [np.zeros(1), np.array([1.0, 7e4])], ["FP16", "FP16"])

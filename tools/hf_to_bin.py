@@ -49,7 +49,7 @@ if ROOT not in sys.path:
 from causallm.errors import CausalLMError  # noqa: E402
 from causallm.io.config import load_json  # noqa: E402
 from causallm.io.files import write_json_atomic  # noqa: E402
-from causallm.io.nntr_bin import bin_nbytes  # noqa: E402
+from causallm.io.nntr_bin import bin_nbytes, block_shape_error  # noqa: E402
 
 BIN_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0")
 
@@ -127,7 +127,9 @@ def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
                 f"{spec.dtype}; this tool writes {', '.join(BIN_DTYPES)} (check "
                 f"embedding_dtype / lmhead_dtype)")
     for spec in specs:  # refuse before reading any weight
-        check_quantizable(spec)
+        problem = block_shape_error(spec.full_name, spec.shape, spec.dtype)
+        if problem:
+            raise CausalLMError(problem)
     model.load_weight(model_dir)
     model.save_weight(out)  # dtype None: each weight in its requested dtype
     expected = sum(bin_nbytes(s.shape, s.dtype) for s in specs)
@@ -139,20 +141,6 @@ def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
             "fc_layer_dtype": dtype, "embedding_dtype": model.EMBEDDING_DTYPE.upper(),
             "lmhead_dtype": getattr(model, "LMHEAD_DTYPE", model.EMBEDDING_DTYPE).upper()})
     return ConvertResult(out, len(specs), found, tensor_type)
-
-
-def check_quantizable(spec) -> None:
-    """A one-line error when ``spec``'s Q8_0 / Q4_0 blocks cannot hold its shape."""
-    if spec.dtype not in ("Q8_0", "Q4_0"):
-        return
-    table = spec.full_name.endswith(":Embedding")
-    k = spec.shape[-1] if table else spec.shape[0]      # the length each block runs along
-    n = spec.shape[0] if table else spec.shape[-1]
-    if len(spec.shape) != 2 or k % 32 or (spec.dtype == "Q4_0" and not table and n % 8):
-        raise CausalLMError(
-            f"weight '{spec.full_name}' {tuple(spec.shape)} cannot be {spec.dtype}: it needs "
-            f"rows of a multiple of 32 values{'' if table else ' along its input'}"
-            f"{', and a multiple of 8 outputs' if spec.dtype == 'Q4_0' and not table else ''}")
 
 
 def update_nntr_config(model_dir: str, bin_path: str, tensor_type: str,

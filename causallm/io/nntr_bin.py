@@ -125,10 +125,9 @@ def read_bin(path, specs, allow_extra=False):
         if dtype == "Q6_K":
             raise CausalLMError(f"{path}: weight '{name}' has dtype Q6_K, which is not supported "
                                 "(FP32, FP16, Q4_0, Q8_0)")
-        if dtype in BLOCK_BYTES and (len(shape) != 2 or shape[-1 if is_table(name) else 0] % 32
-                                      or (dtype == "Q4_0" and not is_table(name)
-                                          and shape[1] % 8)):
-            raise CausalLMError(f"{path}: weight '{name}' {tuple(shape)} cannot be {dtype}")
+        problem = block_shape_error(name, shape, dtype)
+        if problem:
+            raise CausalLMError(f"{path}: {problem}")
     mm = np.memmap(path, dtype=np.uint8, mode="r") if found else None
     out, offset = [], 0
     for (name, shape, dtype, packable), nb in zip(specs, sizes):
@@ -197,19 +196,33 @@ def write_bin(path, arrays, dtypes, names=None):
     atomic_write(path, write)
 
 
+def block_shape_error(name, shape, dtype) -> str | None:
+    """Why weight ``name`` of logical ``shape`` cannot be stored as ``dtype``'s blocks, or None.
+    Blocks of 32 values run along a table's rows and a fully connected weight's input (K of
+    (K, N)); Q4_0's x86 repack also takes a fully connected weight's outputs 8 at a time."""
+    if dtype not in BLOCK_BYTES:
+        return None
+    table = is_table(name)
+    if len(shape) == 2 and shape[-1 if table else 0] % 32 == 0 and (
+            table or dtype != "Q4_0" or shape[1] % 8 == 0):
+        return None
+    need = "a matrix" if len(shape) != 2 else \
+        f"rows of a multiple of 32 values{'' if table else ' along its input'}" \
+        f"{', and a multiple of 8 outputs' if dtype == 'Q4_0' and not table else ''}"
+    return f"weight '{name}' {tuple(shape)} cannot be {dtype}: it needs {need}"
+
+
 def _blocks(name, a, dtype):
     """Weight ``a`` (float or packed) as the bytes of its quantized layout."""
     table = is_table(name)
+    problem = block_shape_error(name, a.shape, dtype)
+    if problem:
+        raise CausalLMError(f"write_bin: {problem}")
     if isinstance(a, PackedMatrix) and a.transposed != table:
-        rows, shape = a, a.rows_shape        # its rows are the ones to write
+        rows = a                             # its rows are the ones to write
     else:
         rows = a.toFloat() if isinstance(a, PackedMatrix) else np.asarray(a, dtype=np.float32)
         rows = rows if table else rows.T
-        shape = rows.shape
-    if len(shape) != 2 or shape[1] % 32 or (dtype == "Q4_0" and not table and shape[0] % 8):
-        raise CausalLMError(f"write_bin: weight '{name}' {tuple(shape)} cannot be "
-                            f"{dtype} (rows of a multiple of 32 values"
-                            f"{'' if table else ', a multiple of 8 rows for Q4_0'})")
     packed = rows.to(dtype) if isinstance(rows, PackedMatrix) else \
         PackedMatrix.fromFloat(dtype, rows)
     qs, d = packed.data, packed.scales
