@@ -33,8 +33,21 @@ ARCHITECTURES = {"gguf-llama-q8_0": "LlamaForCausalLM", "gguf-qwen3-q4_0": "Qwen
                  "gguf-llama-spm": "LlamaForCausalLM"}
 
 
-def load(name, **nntr):
-    return parity.load_folder(name, **{"init_seq_len": 64, "num_to_generate": 64, **nntr})
+QUANTIZED = ["gguf-llama-q8_0", "gguf-qwen3-q4_0", "gguf-qwen2-mixed"]
+"""Fixtures with Q8_0 / Q4_0 matrices, which multiply int8-rounded activations as held."""
+
+
+def load(name, widen=True, **nntr):
+    """The fixture's model; with ``widen`` its packed weights widened to float32 at load, their
+    exact values, as transformers' GGUF loader dequantizes them (the file's reading is then
+    checked to float32 rounding); else held as stored."""
+    model = parity.load_folder(name, initialize=False,
+                               **{"init_seq_len": 64, "num_to_generate": 64, **nntr})
+    if widen:
+        model.setWeightFormat("FP32")
+    model.initialize()
+    model.load_weight()
+    return model
 
 
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
@@ -58,6 +71,26 @@ def test_one_shot_forward_matches_no_cache_reference(name):
     parity.check_one_shot(load(name, init_seq_len=len(parity.full_sequence(ref))), ref)
 
 
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_as_held_stay_close_to_transformers(name):
+    """Held as stored, the Q8_0 / Q4_0 matrices see int8-rounded activations (as llama.cpp's):
+    every cached step's logits within INT8_ACTIVATIONS_RTOL of transformers' float32 ones, the
+    greedy token wherever transformers' top two are further apart, and a small mean KL
+    divergence of the next-token distributions."""
+    ref = parity.expected(name)
+    logits = parity.check_close(load(name, widen=False), ref, parity.INT8_ACTIVATIONS_RTOL,
+                                parity.INT8_ACTIVATIONS_MARGIN, "int8 activations")
+    logits = logits.astype(np.float64)
+    want = ref["step_logits"].astype(np.float64)
+
+    def log_softmax(x):
+        x = x - x.max(axis=1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+    kl = (np.exp(log_softmax(want)) * (log_softmax(want) - log_softmax(logits))).sum(axis=1)
+    assert kl.mean() < 2e-3, kl
+
+
 HELD = {
     "gguf-llama-q8_0": {"embedding0:Embedding": "Q8_0", "layer0_wq:weight": "Q8_0",
                         "layer1_ffn_down:weight": "Q8_0", "output_of_causallm:weight": "Q8_0"},
@@ -72,7 +105,7 @@ HELD = {
 
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_weights_are_held_in_the_files_types(name):
-    model = load(name)
+    model = load(name, widen=False)
     for target, kind in HELD[name].items():
         w = model.model.getWeight(target)
         assert (w.format if isinstance(w, PackedMatrix) else str(w.dtype)) == kind, target
@@ -85,8 +118,9 @@ def test_weights_are_held_in_the_files_types(name):
 
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_cli_runs_the_file_itself(name):
-    """``main.py tests/fixtures/<name>/model.gguf PROMPT --greedy``: transformers' tokens with
-    the default (FP16) KV cache of a model whose weights are not float32."""
+    """``main.py tests/fixtures/<name>/model.gguf PROMPT --greedy``: the weights as stored, the
+    default (FP16) KV cache: transformers' tokens, for a quantized file as far as each is
+    decided beyond the int8 activations' rounding."""
     ref = parity.expected(name)
     p = subprocess.run([sys.executable, "main.py",
                         os.path.join("tests", "fixtures", name, "model.gguf"), str(ref["prompt"]),
@@ -96,7 +130,10 @@ def test_cli_runs_the_file_itself(name):
     record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
     assert record["architecture"] == ARCHITECTURES[name]
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"][:12].tolist()
+    n = min(12, parity.decided_prefix(ref, parity.INT8_ACTIVATIONS_MARGIN)
+            if name in QUANTIZED else 12)
+    assert n >= 3, "too few decided tokens to check"
+    assert record["generated_ids"][:n] == ref["tokens"][:n].tolist()
 
 
 def test_sentencepiece_vocabulary_encodes_and_decodes_as_transformers():
@@ -141,7 +178,7 @@ def test_types_without_a_kernel_are_held_as_q8_0_of_their_exact_values(tmp_path)
     model = parity.load_folder(str(out), init_seq_len=8, num_to_generate=8)
     held = model.model.getWeight("layer1_wq:weight")
     assert held.format == "Q8_0"
-    np.testing.assert_array_equal(rows_to_ggml_blocks("Q8_0", held.data, held.scales), want)
+    np.testing.assert_array_equal(rows_to_ggml_blocks("Q8_0", *held.blocks()), want)
 
     exact_model = Factory.Instance().createFromFolder(str(out), init_seq_len=8,
                                                       num_to_generate=8)

@@ -440,8 +440,10 @@ class GGUFCheckpoint:
             packed = PackedMatrix(kind, np.asarray(t.data).view(np.uint16).reshape(R, C),
                                   transposed=False)
         elif kind in ("Q8_0", "Q4_0"):
-            packed = PackedMatrix(kind, *ggml_blocks_to_rows(kind, np.asarray(t.data), R, C),
-                                  transposed=False)
+            qs, d = ggml_blocks_to_rows(kind, np.asarray(t.data), R, C)
+            if perm is not None:
+                qs, d = qs[perm], d[perm]
+            return PackedMatrix.fromBlocks(kind, qs, d, transposed=False)
         elif kind != "F32" and self.requantize is not None and C % 32 == 0:
             packed = PackedMatrix.fromFloat(self.requantize, self.get(name), transposed=False)
             perm = None  # get() already put the rows in place
@@ -449,9 +451,7 @@ class GGUFCheckpoint:
         else:
             return self.get(name)
         if perm is not None:
-            packed = PackedMatrix(packed.format, packed.data[perm],
-                                  None if packed.scales is None else packed.scales[perm],
-                                  transposed=False)
+            packed = PackedMatrix(packed.format, packed.data[perm], transposed=False)
         return packed
 
 

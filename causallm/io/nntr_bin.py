@@ -153,7 +153,7 @@ def read_weight(name, shape, dtype, packable, raw, offset):
         qs, d = unpack_q4_0x8(raw, R, C)
     else:
         qs, d = ggml_blocks_to_rows(dtype, raw, R, C)
-    packed = PackedMatrix(dtype, qs, d, transposed=not table)
+    packed = PackedMatrix.fromBlocks(dtype, qs, d, transposed=not table)
     return packed if packable else _readonly(np.ascontiguousarray(packed.toFloat()))
 
 
@@ -225,7 +225,7 @@ def _blocks(name, a, dtype):
         rows = rows if table else rows.T
     packed = rows.to(dtype) if isinstance(rows, PackedMatrix) else \
         PackedMatrix.fromFloat(dtype, rows)
-    qs, d = packed.data, packed.scales
+    qs, d = packed.blocks()
     if dtype == "Q4_0" and not table:
         return repack_q4_0x8(qs, d)
     return rows_to_ggml_blocks(dtype, qs, d)

@@ -251,7 +251,7 @@ class WeightTable:
             array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ckpt.get(name)
             for part in parts:
                 try:
-                    value = (PackedMatrix(array.format, array.data, array.scales, part.transpose)
+                    value = (array.oriented(part.transpose)
                              if isinstance(array, PackedMatrix) else part.to_weight(array))
                     set_weight(part.target, value)
                 except (CausalLMError, IndexError) as e:

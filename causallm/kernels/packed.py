@@ -1,19 +1,18 @@
 """Weights kept in their own precision: BF16, F16, and ggml's Q8_0 and Q4_0 blocks, with the
 matrix-vector kernels that widen them on the fly.
 
-A packed matrix stores ``rows`` (R, C) along C, as ggml and PyTorch store a Linear weight
-[out, in] and an embedding table [vocab, hidden]::
+A packed matrix has R rows of C values along C, as ggml and PyTorch store a Linear weight
+[out, in] and an embedding table [vocab, hidden]. The values::
 
-    BF16   bits uint16 (R, C):                          w[r, c] = float32(bits << 16)
-    F16    bits uint16 (R, C):                          w[r, c] = IEEE half bits
-    Q8_0   qs int8 (R, C), d float32 (R, C/32):         w[r, c] = d[r, c // 32] * qs[r, c]
-    Q4_0   qs uint8 (R, C/2), d float32 (R, C/32):      byte qs[r, 16 b + j] holds the elements
-                                                        32 b + j (low nibble) and 32 b + 16 + j
-                                                        (high nibble) of block b;
-                                                        w = d[r, b] * (nibble - 8)
+    BF16   bits uint16 (R, C):       w[r, c] = float32(bits << 16)
+    F16    bits uint16 (R, C):       w[r, c] = IEEE half bits
+    Q8_0   blocks of 32 values:      w[r, 32b + k] = d[r, b] * qs[r, 32b + k]       (qs int8)
+    Q4_0   blocks of 32 values:      w[r, 32b + k] = d[r, b] * (nibble k - 8), nibbles k and
+                                     k + 16 in byte k of the block's 16 bytes
 
-(ggml's ``block_q8_0`` / ``block_q4_0`` values, the fp16 scale kept as the float32 it stands
-for.) ``quantize_q8_0`` and ``quantize_q4_0`` round as ggml's reference quantizers do
+(ggml's ``block_q8_0`` / ``block_q4_0``; d is fp16.) BF16 and F16 are held as their rows of
+bits; Q8_0 and Q4_0 as tiles of 16 rows that the int8 kernels read (quant.py).
+``quantize_q8_0`` and ``quantize_q4_0`` round as ggml's reference quantizers do
 (``quantize_row_q8_0_ref``, ``quantize_row_q4_0_ref``), so a model quantized here equals one
 quantized by llama.cpp.
 
@@ -24,41 +23,25 @@ transposed packed weight::
 
     y[b, y_row + i] = x[b, x_row + i] @ W + bias          W = the logical (K, N)
 
-For a few rows (decode, memory bound) a numba kernel per format streams the packed bytes and
-widens them in registers, parallel over blocks of output rows; for many rows (prefill, compute
-bound) the matrix is widened into a reused float32 buffer and numpy's BLAS multiplies, as for
-float32 weights (``linear.BLAS_MIN_ROWS``).
+Q8_0 and Q4_0 multiply int8-quantized activations, for any number of rows (quant.py). BF16 and
+F16, for a few rows (decode, memory bound), stream the bits and widen them in registers,
+parallel over blocks of output rows; for many rows (prefill, compute bound) the matrix is
+widened into a reused float32 buffer and numpy's BLAS multiplies, as for float32 weights
+(``linear.BLAS_MIN_ROWS``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from causallm.kernels import quant
 from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
+from causallm.kernels.simd import bf16_to_f32, f16_to_f32
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 BLOCK = 32  # values per Q8_0 / Q4_0 block
 FORMATS = ("BF16", "F16", "Q8_0", "Q4_0")
-
-
-@intrinsic
-def bf16_to_f32(typingctx, bits):
-    """float32 of bfloat16 bits (uint32 holding them in the low half)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.shl(args[0], ir.Constant(ir.IntType(32), 16)),
-                               ir.FloatType())
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def f16_to_f32(typingctx, bits):
-    """float32 of IEEE half bits (uint16)."""
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(types.uint16), codegen
 
 
 # -- decode kernels: columns [n0, n1) of y = x @ W + bias, W the packed (K, N) ------------------
@@ -93,61 +76,6 @@ def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
                 y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
 
 
-@njit(cache=True, fastmath=_FASTMATH)
-def _q8_cols(x, qs, d, bias, y, x_row, y_row, nrows, n0, n1):
-    K = qs.shape[1]
-    has_bias = bias.shape[0] > 0
-    for n in range(n0, n1):
-        q = qs[n]
-        s = d[n]
-        for b in range(x.shape[0]):
-            for i in range(nrows):
-                xr = x[b, x_row + i]
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += np.float32(q[k]) * xr[k] * s[k >> 5]
-                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def _q4_cols(xs, qs, d, bias, y, y_row, nrows, n0, n1):
-    """xs (B, nrows, K): each input row split per block into its first and second 16 values,
-    [x_lo | x_hi] (K/2 each), so the low and high nibbles of byte j meet x_lo[j], x_hi[j]."""
-    H = qs.shape[1]
-    has_bias = bias.shape[0] > 0
-    for n in range(n0, n1):
-        q = qs[n]
-        s = d[n]
-        for b in range(xs.shape[0]):
-            for i in range(nrows):
-                xlo = xs[b, i, :H]
-                xhi = xs[b, i, H:]
-                acc = np.float32(0.0)
-                for j in range(H):
-                    v = np.uint32(q[j])
-                    lo = np.float32(np.int32(v & np.uint32(15))) - np.float32(8.0)
-                    hi = np.float32(np.int32(v >> np.uint32(4))) - np.float32(8.0)
-                    acc += (lo * xlo[j] + hi * xhi[j]) * s[j >> 4]
-                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
-
-
-@njit(cache=True)
-def _q4_split(x, x_row, nrows):
-    """(B, nrows, K) with each row's blocks split as _q4_cols reads them."""
-    B, K = x.shape[0], x.shape[2]
-    H = K // 2
-    out = np.empty((B, nrows, K), dtype=np.float32)
-    for b in range(B):
-        for i in range(nrows):
-            src = x[b, x_row + i]
-            dst = out[b, i]
-            for blk in range(K // BLOCK):
-                for j in range(16):
-                    dst[blk * 16 + j] = src[blk * BLOCK + j]
-                    dst[H + blk * 16 + j] = src[blk * BLOCK + 16 + j]
-    return out
-
-
 _COLS = 64  # output rows per parallel task
 
 
@@ -167,47 +95,17 @@ def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows):
                   min(blk * _COLS + _COLS, N))
 
 
-@njit(cache=True, parallel=True)
-def _q8_parallel(x, qs, d, bias, y, x_row, y_row, nrows):
-    N = qs.shape[0]
-    for blk in prange((N + _COLS - 1) // _COLS):
-        _q8_cols(x, qs, d, bias, y, x_row, y_row, nrows, blk * _COLS,
-                 min(blk * _COLS + _COLS, N))
-
-
-@njit(cache=True, parallel=True)
-def _q4_parallel(xs, qs, d, bias, y, y_row, nrows):
-    N = qs.shape[0]
-    for blk in prange((N + _COLS - 1) // _COLS):
-        _q4_cols(xs, qs, d, bias, y, y_row, nrows, blk * _COLS, min(blk * _COLS + _COLS, N))
-
-
 # -- widening -----------------------------------------------------------------------------------
 
-def dequantize_rows(fmt: str, a: np.ndarray, d: np.ndarray | None, out: np.ndarray) -> None:
-    """The packed rows as float32 into ``out`` (R, C)."""
+def _widen_bits(fmt: str, a: np.ndarray, out: np.ndarray) -> None:
+    """BF16 / F16 bits (R, C) as float32 into ``out``."""
     if fmt == "BF16":
         out.view(np.uint32)[...] = a.astype(np.uint32) << 16
-    elif fmt == "F16":
+    else:
         out[...] = a.view(np.float16)
-    elif fmt == "Q8_0":
-        R, C = a.shape
-        np.multiply(a.reshape(R, -1, BLOCK), d[:, :, None], out=out.reshape(R, -1, BLOCK))
-    else:  # Q4_0
-        R, C = out.shape
-        q = a.reshape(R, -1, 16)
-        o = out.reshape(R, -1, BLOCK)
-        o[:, :, :16] = q & 15
-        o[:, :, 16:] = q >> 4
-        o -= 8
-        o *= d[:, :, None]
 
 
 # -- quantizing, as ggml's reference quantizers -------------------------------------------------
-
-def _f16_round(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
-
 
 @njit(cache=True, parallel=True)
 def _quantize_q8_0(rows, qs, d):
@@ -255,23 +153,37 @@ def _quantize_q4_0(rows, qs, d):
 
 
 _PACK_CHUNK = 1024
-"""Rows widened and packed at a time: a conversion's float32 copy stays one chunk (4 MiB at
-1024 values a row), not the matrix (a 150k-token embedding table is 600 MB in float32)."""
+"""Rows widened and packed at a time (a multiple of quant.ROWS): a conversion's float32 copy
+stays one chunk (4 MiB at 1024 values a row), not the matrix (a 150k-token embedding table is
+600 MB in float32)."""
+
+
+def _quantize(fmt: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 rows (R, C) as plain ggml blocks (qs, d): d rounded to fp16 as ggml stores it."""
+    R, C = x.shape
+    if fmt == "Q8_0":
+        qs = np.empty((R, C), dtype=np.int8)
+    else:
+        qs = np.empty((R, C // 2), dtype=np.uint8)
+    d = np.empty((R, C // BLOCK), dtype=np.float32)
+    (_quantize_q8_0 if fmt == "Q8_0" else _quantize_q4_0)(x, qs, d)
+    return qs, d.astype(np.float16).astype(np.float32)
 
 
 def pack_rows(fmt: str, R: int, C: int, rows_of) -> tuple[np.ndarray, np.ndarray | None]:
-    """(data, scales) of ``fmt`` for the rows (R, C) that ``rows_of(r0, r1)`` gives a chunk at
-    a time as float32; BF16 rounds to nearest even (as torch), F16 as numpy, Q8_0 / Q4_0 as
-    ggml's reference quantizers (C a multiple of 32)."""
-    scales = None
+    """(data, scales) as a PackedMatrix of ``fmt`` holds them for the rows (R, C) that
+    ``rows_of(r0, r1)`` gives a chunk at a time as float32; BF16 rounds to nearest even (as
+    torch), F16 as numpy, Q8_0 / Q4_0 as ggml's reference quantizers (C a multiple of 32), then
+    in tiles (quant.py)."""
     if fmt in ("BF16", "F16"):
         data = np.empty((R, C), dtype=np.uint16)
+        scales = None
     else:
         if C % BLOCK:
             raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got {C}")
-        data = np.empty((R, C if fmt == "Q8_0" else C // 2),
-                        dtype=np.int8 if fmt == "Q8_0" else np.uint8)
-        scales = np.empty((R, C // BLOCK), dtype=np.float32)
+        G = (R + quant.ROWS - 1) // quant.ROWS
+        data = np.empty((G, C // BLOCK, quant.TILE_BYTES[fmt]), dtype=np.uint8)
+        scales = np.empty((G, C // BLOCK, quant.ROWS), dtype=np.uint16)
     for r0 in range(0, R, _PACK_CHUNK):
         r1 = min(R, r0 + _PACK_CHUNK)
         x = np.ascontiguousarray(rows_of(r0, r1), dtype=np.float32)
@@ -281,24 +193,21 @@ def pack_rows(fmt: str, R: int, C: int, rows_of) -> tuple[np.ndarray, np.ndarray
         elif fmt == "F16":
             data[r0:r1] = x.astype(np.float16).view(np.uint16)
         else:
-            quantize = _quantize_q8_0 if fmt == "Q8_0" else _quantize_q4_0
-            quantize(x, data[r0:r1], scales[r0:r1])
-            scales[r0:r1] = _f16_round(scales[r0:r1])  # ggml stores d as fp16
+            g0, g1 = r0 // quant.ROWS, (r1 + quant.ROWS - 1) // quant.ROWS
+            data[g0:g1], scales[g0:g1] = quant.tile_blocks(fmt, *_quantize(fmt, x))
     return data, scales
 
 
 def quantize_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(qs int8 (R, C), d float32 (R, C/32)) of float rows (R, C): per block d = amax / 127
     (stored as fp16), q = roundf(x / d) (half away from zero)."""
-    R, C = rows.shape
-    return pack_rows("Q8_0", R, C, lambda r0, r1: rows[r0:r1])
+    return _quantize("Q8_0", np.ascontiguousarray(rows, dtype=np.float32))
 
 
 def quantize_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(qs uint8 (R, C/2), d float32 (R, C/32)) of float rows (R, C): per block the value of
     largest magnitude m gives d = m / -8 (stored as fp16), q = min(15, int8(x / d + 8.5))."""
-    R, C = rows.shape
-    return pack_rows("Q4_0", R, C, lambda r0, r1: rows[r0:r1])
+    return _quantize("Q4_0", np.ascontiguousarray(rows, dtype=np.float32))
 
 
 # -- ggml's block bytes ------------------------------------------------------------------------
@@ -331,59 +240,85 @@ _scratch = np.zeros(0, dtype=np.float32)
 
 
 def _widened(w: "PackedMatrix") -> np.ndarray:
-    """The rows as float32 in a buffer reused between calls (the prefill's BLAS operand)."""
+    """BF16 / F16 rows as float32 in a buffer reused between calls (the prefill's BLAS
+    operand)."""
     global _scratch
     R, C = w.rows_shape
     if _scratch.size < R * C:
         _scratch = np.empty(R * C, dtype=np.float32)
     out = _scratch[:R * C].reshape(R, C)
-    dequantize_rows(w.format, w.data, w.scales, out)
+    _widen_bits(w.format, w.data, out)
     return out
 
 
 class PackedMatrix:
-    """A matrix in one of FORMATS (module docstring): ``data`` and ``scales`` hold its rows
-    (R, C); its logical shape is (C, R) when ``transposed`` (a Linear weight [in, out]), else
-    (R, C) (an embedding table)."""
+    """A matrix of R rows of C values in one of FORMATS (module docstring), its logical shape
+    (C, R) when ``transposed`` (a Linear weight [in, out]), else (R, C) (an embedding table).
+
+    ``data`` holds BF16 / F16 rows as their bits (R, C), Q8_0 / Q4_0 rows as tiles with their
+    ``scales`` (quant.py); ``fromBlocks`` makes one of plain ggml block rows and ``blocks`` gives
+    them back."""
 
     def __init__(self, fmt: str, data: np.ndarray, scales: np.ndarray | None = None,
-                 transposed: bool = True) -> None:
+                 transposed: bool = True, rows: int | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown packed format {fmt!r}")
         self.format, self.data, self.scales, self.transposed = fmt, data, scales, transposed
-        R = data.shape[0]
-        C = data.shape[1] * (2 if fmt == "Q4_0" else 1)
+        if fmt in quant.TILE_BYTES:
+            R = data.shape[0] * quant.ROWS if rows is None else rows
+            C = data.shape[1] * BLOCK
+        else:
+            R, C = data.shape
         self.rows_shape = (R, C)
         self.shape = (C, R) if transposed else (R, C)
         self.dtype = fmt
 
     @classmethod
+    def fromBlocks(cls, fmt: str, qs: np.ndarray, d: np.ndarray,
+                   transposed: bool = True) -> "PackedMatrix":
+        """A Q8_0 / Q4_0 matrix of plain ggml block rows: qs (R, C) int8 or (R, C/2) uint8
+        (nibbles j and j + 16 of a block in byte j), d (R, C/32) the fp16 scales' values."""
+        return cls(fmt, *quant.tile_blocks(fmt, qs, d), transposed, rows=d.shape[0])
+
+    @classmethod
     def fromFloat(cls, fmt: str, rows: np.ndarray, transposed: bool = True) -> "PackedMatrix":
         """Float rows (R, C) (any strides) packed as ``fmt`` (pack_rows)."""
         R, C = rows.shape
-        return cls(fmt, *pack_rows(fmt, R, C, lambda r0, r1: rows[r0:r1]), transposed)
+        return cls(fmt, *pack_rows(fmt, R, C, lambda r0, r1: rows[r0:r1]), transposed, R)
 
     def to(self, fmt: str) -> "PackedMatrix":
         """The same matrix packed as ``fmt``: its rows widened a chunk at a time."""
         if fmt == self.format:
             return self
         R, C = self.rows_shape
-        return PackedMatrix(fmt, *pack_rows(fmt, R, C, self.rowsFloat), self.transposed)
+        return PackedMatrix(fmt, *pack_rows(fmt, R, C, self.rowsFloat), self.transposed, R)
+
+    def oriented(self, transposed: bool) -> "PackedMatrix":
+        """The same rows read as a Linear weight (``transposed``) or as a table."""
+        if transposed == self.transposed:
+            return self
+        return PackedMatrix(self.format, self.data, self.scales, transposed, self.rows_shape[0])
 
     @property
     def T(self) -> "PackedMatrix":
-        return PackedMatrix(self.format, self.data, self.scales, not self.transposed)
+        return self.oriented(not self.transposed)
 
     @property
     def nbytes(self) -> int:
         return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
 
+    def blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """A Q8_0 / Q4_0 matrix's rows as plain ggml blocks (qs, d), as ``fromBlocks`` takes."""
+        return quant.untile_blocks(self.format, self.data, self.scales, 0, self.rows_shape[0])
+
     def rowsFloat(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """The rows [r0, r1) (all by default) as a new float32 array."""
         r1 = self.rows_shape[0] if r1 is None else r1
         out = np.empty((r1 - r0, self.rows_shape[1]), dtype=np.float32)
-        dequantize_rows(self.format, self.data[r0:r1],
-                        None if self.scales is None else self.scales[r0:r1], out)
+        if self.scales is None:
+            _widen_bits(self.format, self.data[r0:r1], out)
+        else:
+            quant.gather_rows(self.format, self.data, self.scales, np.arange(r0, r1), out)
         return out
 
     def toFloat(self) -> np.ndarray:
@@ -400,14 +335,19 @@ class PackedMatrix:
 
     def gather(self, index: np.ndarray, out: np.ndarray) -> None:
         """Rows ``index`` (int array) as float32 into ``out`` (len(index), C)."""
-        sel = self.data[index]
-        dequantize_rows(self.format, sel, None if self.scales is None else self.scales[index],
-                        out)
+        if self.scales is None:
+            _widen_bits(self.format, self.data[index], out)
+        else:
+            quant.gather_rows(self.format, self.data, self.scales, index, out)
 
 
 def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     """``linear`` for a transposed packed weight (module docstring)."""
     N = w.rows_shape[0]
+    fmt, a = w.format, w.data
+    if w.scales is not None:
+        quant.tiles_linear(fmt, a, w.scales, N, x, bias, y, x_row, y_row, nrows)
+        return
     if nrows >= BLAS_MIN_ROWS:
         W = _widened(w).T
         for b in range(x.shape[0]):
@@ -417,26 +357,8 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
                 out += bias
         return
     big = w.rows_shape[0] * w.rows_shape[1] >= PARALLEL_MIN_WEIGHTS
-    fmt, a, d = w.format, w.data, w.scales
-    if fmt == "BF16":
-        if big:
-            _bf16_parallel(x, a, bias, y, x_row, y_row, nrows)
-        else:
-            _bf16_cols(x, a, bias, y, x_row, y_row, nrows, 0, N)
-    elif fmt == "F16":
-        if big:
-            _f16_parallel(x, a, bias, y, x_row, y_row, nrows)
-        else:
-            _f16_cols(x, a, bias, y, x_row, y_row, nrows, 0, N)
-    elif fmt == "Q8_0":
-        if big:
-            _q8_parallel(x, a, d, bias, y, x_row, y_row, nrows)
-        else:
-            _q8_cols(x, a, d, bias, y, x_row, y_row, nrows, 0, N)
+    kernel = {"BF16": (_bf16_parallel, _bf16_cols), "F16": (_f16_parallel, _f16_cols)}[fmt]
+    if big:
+        kernel[0](x, a, bias, y, x_row, y_row, nrows)
     else:
-        xs = _q4_split(x, x_row, nrows)
-        if big:
-            _q4_parallel(xs, a, d, bias, y, y_row, nrows)
-        else:
-            _q4_cols(xs, a, d, bias, y, y_row, nrows, 0, N)
-
+        kernel[1](x, a, bias, y, x_row, y_row, nrows, 0, N)
