@@ -3,6 +3,10 @@ quantizers against gguf-py's (ggml's reference quantizers in numpy, byte for byt
 format's matrix-vector kernel and prefill path against widen-then-multiply, the row gather
 of an embedding table, and NNTrainer's x86 Q4_0 .bin layout against the spec's recipe."""
 
+import os
+import subprocess
+import sys
+
 import gguf
 import numpy as np
 import pytest
@@ -184,3 +188,20 @@ def test_q4_0_bin_layout_is_nntrainers_x86_repack(tmp_path):
                                        ("emb:Embedding", (10, 32), "Q8_0", False),
                                        ("norm:gamma", (3,), "FP32", False)])
     np.testing.assert_array_equal(widened[0], w.toFloat())  # a float weight gets it widened
+
+
+def test_int8_kernels_without_vnni(tmp_path):
+    """On a CPU without AVX-512 VNNI (numba told to compile for Haswell), dpbusd is generic
+    vector IR: the Q8_0 / Q4_0 products still equal their twins."""
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CACHE_DIR": str(tmp_path),
+           "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"{__file__}::test_linear_is_widen_then_multiply", "-k", "Q8_0 or Q4_0",
+                        "--override-ini=addopts="], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "12 passed" in p.stdout, p.stdout
+    check = subprocess.run([sys.executable, "-c", "from causallm.kernels import simd; "
+                            "print(simd.VNNI)"], env=env, capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert check.stdout.strip() == "False", check.stderr
