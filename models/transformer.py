@@ -25,6 +25,7 @@ from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
+from causallm.io.files import release_pages
 from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
@@ -561,7 +562,11 @@ class Transformer:
         if spec.packable:
             fmt = self.weightFormat(spec)
             if fmt is not None:
-                value = convertWeight(value, fmt, transposed=not target.endswith(":Embedding"))
+                held = convertWeight(value, fmt, transposed=not target.endswith(":Embedding"))
+                if held is not value:  # only the conversion is kept: give the file's pages back
+                    release_pages(*(value.data, value.scales)
+                                  if isinstance(value, PackedMatrix) else (value,))
+                value = held
         self.model.setWeight(target, value)
 
     def save_weight(self, weight_path: str, dtype: str | None = None,

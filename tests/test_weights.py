@@ -335,3 +335,29 @@ def test_agrees_with_safetensors_package(tmp_path):
     for name, want in tensors.items():
         assert back[name].dtype == want.dtype
         np.testing.assert_array_equal(back[name], want)
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_release_pages_gives_back_a_read_mapping_and_keeps_its_values(tmp_path):
+    """A converted weight's source pages leave the process (RSS drops by the mapping) and read
+    back the same; memory that is not a read-only file mapping is not touched."""
+    from causallm.io.files import release_pages
+
+    values = np.arange(16 << 20, dtype=np.float32)            # 64 MiB
+    path = tmp_path / "w.bin"
+    values.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r")
+    view = mapped[1000:].reshape(-1, 4).T                       # a strided view of it
+    assert float(view.sum(dtype=np.float64)) > 0                # every page read in
+    before = _resident_mb()
+    release_pages(view)
+    assert before - _resident_mb() > 48, (before, _resident_mb())
+    np.testing.assert_array_equal(mapped, values)
+    anonymous = values.copy()
+    release_pages(anonymous, np.zeros(0, np.float32))
+    np.testing.assert_array_equal(anonymous, values)

@@ -3,13 +3,19 @@
 ``atomic_write(path, write)`` calls ``write(f)`` on a fresh temporary file beside ``path``,
 flushes it to disk and renames it over ``path``; on any failure the temporary file is removed
 and ``path`` is left as it was. ``write_json_atomic`` writes indented JSON that way.
+
+``release_pages(array)`` gives back the memory a memory-mapped weight file's pages take once a
+weight read from them has been converted and only the conversion is kept.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 from typing import Any, Callable
 
+import numpy as np
 import orjson
 
 
@@ -35,3 +41,41 @@ def write_json_atomic(path: str, data: Any) -> None:
     """Write ``data`` as indented JSON (and a final newline) to ``path``, atomically."""
     blob = orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"
     atomic_write(path, lambda f: f.write(blob))
+
+
+def _libc_madvise():
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+_madvise = _libc_madvise()
+_byte_bounds = getattr(np.lib, "array_utils", np).byte_bounds  # numpy 2 moved it
+
+
+def release_pages(*arrays) -> None:
+    """Drop from this process's resident memory the pages under each array that a read-only
+    file mapping (an ``np.memmap`` opened "r") holds, e.g. a BF16 weight once converted to Q4_0.
+    The file's pages stay in the OS page cache and a later read maps them again, so the array
+    stays valid; an array of other memory is left alone. Whole pages inside the array's bytes
+    only (a neighbour sharing an edge page keeps it)."""
+    if _madvise is None:
+        return
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.size == 0:
+            continue
+        base = a
+        while base is not None and not isinstance(base, np.memmap):
+            base = getattr(base, "base", None)
+        if base is None or base.mode != "r":
+            continue
+        lo, hi = _byte_bounds(a)
+        page = mmap.PAGESIZE
+        start, end = -(-lo // page) * page, hi // page * page
+        if end > start:
+            _madvise(start, end - start, mmap.MADV_DONTNEED)

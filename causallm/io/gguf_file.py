@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.io.files import release_pages
 from causallm.kernels.packed import PackedMatrix, ggml_blocks_to_rows
 
 ARCHITECTURES = {
@@ -443,7 +444,9 @@ class GGUFCheckpoint:
             qs, d = ggml_blocks_to_rows(kind, np.asarray(t.data), R, C)
             if perm is not None:
                 qs, d = qs[perm], d[perm]
-            return PackedMatrix.fromBlocks(kind, qs, d, transposed=False)
+            packed = PackedMatrix.fromBlocks(kind, qs, d, transposed=False)
+            release_pages(t.data)  # the tiles are a copy
+            return packed
         elif kind != "F32" and self.requantize is not None and C % 32 == 0:
             packed = PackedMatrix.fromFloat(self.requantize, self.get(name), transposed=False)
             perm = None  # get() already put the rows in place

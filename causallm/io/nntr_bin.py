@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.io.files import atomic_write
+from causallm.io.files import atomic_write, release_pages
 from causallm.kernels.packed import (
     BLOCK_BYTES,
     PackedMatrix,
@@ -154,6 +154,7 @@ def read_weight(name, shape, dtype, packable, raw, offset):
     else:
         qs, d = ggml_blocks_to_rows(dtype, raw, R, C)
     packed = PackedMatrix.fromBlocks(dtype, qs, d, transposed=not table)
+    release_pages(raw)  # the tiles are a copy
     return packed if packable else _readonly(np.ascontiguousarray(packed.toFloat()))
 
 
