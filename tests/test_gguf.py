@@ -150,11 +150,13 @@ def test_sentencepiece_vocabulary_encodes_and_decodes_as_transformers():
 
 # ---------------------------------------------------------------- hf_to_gguf, both directions
 @pytest.mark.parametrize("name,kind", [("llama-gqa3", "F32"), ("qwen3-hd80", "BF16"),
-                                       ("llama-f16-yarn-bias", "F16")])
+                                       ("llama-f16-yarn-bias", "F16"),
+                                       ("llama-hd80-bf16-sharded", "BF16")])
 def test_a_lossless_gguf_runs_as_its_source_folder(tmp_path, name, kind):
     """hf_to_gguf at the checkpoint's own precision, then the GGUF run against transformers'
-    numbers for the source folder: names, Llama's q/k permutation, biases, yarn RoPE and the
-    tokenizer all make the round trip."""
+    numbers for the source folder: names, Llama's q/k permutation, biases, yarn RoPE, Llama 3's
+    RoPE factors (rope_freqs.weight, with an original context of 32, not Llama 3.x's 8192) and
+    the tokenizer all make the round trip."""
     out = tmp_path / "model.gguf"
     convert(os.path.join(parity.FIXTURES, name), str(out), kind)
     model = parity.load_folder(str(out), init_seq_len=64, num_to_generate=64)
@@ -224,12 +226,12 @@ def test_missing_metadata_names_the_key(tmp_path):
         Factory.Instance().createFromFolder(str(path))
 
 
-def test_llama3_frequency_factors_are_refused_not_ignored(tmp_path):
+def test_rope_factors_of_the_wrong_length_are_refused(tmp_path):
     path = tmp_path / "m.gguf"
-    _write(path, "llama", [("rope_freqs.weight", np.ones(8, np.float32))],
+    _write(path, "llama", [("rope_freqs.weight", np.ones(5, np.float32))],
            **{"llama.block_count": 1, "llama.embedding_length": 32, "llama.feed_forward_length": 64,
               "llama.attention.head_count": 2, "llama.vocab_size": 16})
-    with pytest.raises(CausalLMError, match="rope_freqs.weight"):
+    with pytest.raises(CausalLMError, match="'rope_freqs.weight' holds 5 factors; expected 8"):
         GGUFFile(str(path)).config()
 
 
@@ -289,3 +291,32 @@ def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
     assert record["generated_ids"] == ref["tokens"].tolist()
     assert str(ref["text"]) in out
+
+
+def _llama3_gguf(tmp_path, rope):
+    """The llama3-RoPE fixture's folder with ``rope`` as its RoPE parameters, as a GGUF."""
+    import shutil
+    src = os.path.join(parity.FIXTURES, "llama-hd80-bf16-sharded")
+    folder = tmp_path / "src"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = rope
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return convert(str(folder), str(tmp_path / "m.gguf"), "F32")
+
+
+def test_llama_3_1_rope_factors_give_its_parameters_back(tmp_path):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    scaling = GGUFFile(_llama3_gguf(tmp_path, rope)).config()["rope_scaling"]
+    assert scaling == {k: v for k, v in rope.items() if k != "rope_theta"}
+
+
+def test_rope_factors_that_are_not_llama_3s_are_refused(tmp_path, monkeypatch):
+    import hf_to_gguf
+    monkeypatch.setattr(hf_to_gguf, "llama3_rope_factors",
+                        lambda cfg, d: np.linspace(1, 3, d // 2).astype(np.float32) ** 2)
+    path = _llama3_gguf(tmp_path, {"rope_type": "llama3", "factor": 9.0,
+                                   "original_max_position_embeddings": 32, "rope_theta": 1e4})
+    with pytest.raises(CausalLMError, match="does not follow Llama 3's RoPE scaling"):
+        GGUFFile(path).config()

@@ -8,7 +8,8 @@ file is what llama.cpp's own converter writes for them:
 
 - metadata ``{arch}.*`` from config.json (block_count, embedding_length, feed_forward_length,
   head counts, key_length, rms epsilon, RoPE base and linear / yarn scaling, Gemma 3's sliding
-  window and softcaps), ``general.*``;
+  window and softcaps), ``general.*``; Llama 3's RoPE scaling as llama.cpp writes it, the
+  ``rope_freqs.weight`` tensor of per-frequency factors;
 - the tokenizer from tokenizer.json: a byte-level BPE as ``tokenizer.ggml.model = "gpt2"``
   (tokens, token types, merges, ``pre`` named after the pre-tokenizer's split: llama-bpe,
   qwen2 or gpt-2), a SentencePiece-style BPE (Metaspace + byte fallback) as "llama" with scores
@@ -109,15 +110,14 @@ def _metadata(w, gguf, cfg, gen, arch, model_dir, type_) -> None:
     rope = cfg.get("rope_parameters") or {}
     local = rope.get("sliding_attention", {})
     rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' (scaled) RoPE
-    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
-                                          else None)
+    scaling = _rope_scaling(cfg)
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     w.add_rope_freq_base(float(theta))
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in (None, "default", "llama3"):  # llama3: the rope_freqs.weight tensor instead
         if kind not in ("linear", "yarn"):
             raise CausalLMError(f"{cfg.path}: RoPE scaling {kind!r} has no GGUF form here "
-                                f"(linear, yarn)")
+                                f"(linear, yarn, llama3)")
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear"
                                 else gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(float(scaling["factor"]))
@@ -219,8 +219,45 @@ def _tokenizer(w, cfg, gen, model_dir) -> None:
         w.add_chat_template(config["chat_template"])
 
 
+def _rope_scaling(cfg) -> dict:
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    if cfg.get("rope_scaling"):
+        return cfg["rope_scaling"]
+    return rope if rope.get("rope_type", "default") != "default" else {}
+
+
+def llama3_rope_factors(cfg, head_dim: int) -> np.ndarray:
+    """llama.cpp's ``rope_freqs.weight`` for Llama 3's RoPE scaling: per inverse frequency
+    1 / theta^(2j / d), with wavelen = 2 pi / it, L = original_max_position_embeddings: 1 where
+    wavelen < L / high_freq_factor, ``factor`` where wavelen > L / low_freq_factor, else
+    1 / ((1 - s) / factor + s), s = (L / wavelen - low_freq_factor) / (high - low)."""
+    s = _rope_scaling(cfg)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    factor, low, high = float(s["factor"]), float(s.get("low_freq_factor", 1.0)), \
+        float(s.get("high_freq_factor", 4.0))
+    L = float(s["original_max_position_embeddings"])
+    out = []
+    for j in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * theta ** (j / head_dim)
+        if wavelen < L / high:
+            out.append(1.0)
+        elif wavelen > L / low:
+            out.append(factor)
+        else:
+            smooth = (L / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def _tensors(w, gguf, cfg, arch, model_dir, type_, embd_type, tensor_types) -> None:
     ckpt = Checkpoint(model_dir)
+    scaling = _rope_scaling(cfg)
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        heads = cfg.get_int("num_attention_heads")
+        w.add_tensor("rope_freqs.weight",
+                     llama3_rope_factors(cfg, cfg.get_int("head_dim",
+                                                          cfg.get_int("hidden_size") // heads)))
     layers = cfg.get_int("num_hidden_layers")
     names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch],
                                      layers)

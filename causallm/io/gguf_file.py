@@ -42,6 +42,8 @@ ARCHITECTURES = {
 """GGUF ``general.architecture`` -> the Hugging Face architecture it is run as."""
 
 PACKED_TYPES = ("F16", "BF16", "Q8_0", "Q4_0")
+CONFIG_TENSORS = ("rope_freqs.weight",)
+"""Tensors that hold configuration, read into config() rather than into a weight."""
 """ggml types held as they are (a kernel reads them directly)."""
 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -176,10 +178,8 @@ class GGUFFile:
         if arch == "llama":
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self.tensors
-            if "rope_freqs.weight" in self.tensors:
-                raise CausalLMError(f"{self.path}: 'rope_freqs.weight' (Llama 3's RoPE frequency "
-                                    f"factors) is not supported yet; convert the Hugging Face "
-                                    f"folder instead")
+            if CONFIG_TENSORS[0] in self.tensors:
+                cfg["rope_scaling"] = self._llama3_scaling(head_dim, cfg["rope_theta"])
         if arch == "gemma3":
             cfg["model_type"] = "gemma3_text"
             # llama.cpp's Gemma 3: sliding-window layers 5 of every 6, their RoPE base 10000,
@@ -208,6 +208,42 @@ class GGUFFile:
                         self._int(".rope.scaling.original_context_length", required=True)}
         raise CausalLMError(f"{self.path}: '{self.architecture}.rope.scaling.type' {kind!r} is "
                             f"not supported (none, linear, yarn)")
+
+    def _llama3_scaling(self, head_dim: int, theta: float) -> dict:
+        """Llama 3's rope_scaling from ``rope_freqs.weight``, the factors f[j] that llama.cpp
+        divides inverse frequency j by (its converter writes them instead of the parameters):
+        f = 1 where wavelen < L / high_freq_factor, ``factor`` where wavelen > L /
+        low_freq_factor, else 1 / ((1 - s) / factor + s), s = (L / wavelen - low_freq_factor) /
+        (high_freq_factor - low_freq_factor). Llama 3.x's own values (1, 4, L = 8192) are tried
+        first, else the line s(L / wavelen) fitted through the blended factors (only the ratios
+        of L and the two factors matter); either must give the file's factors back."""
+        f = np.asarray(self.tensors[CONFIG_TENSORS[0]].data, dtype=np.float64).reshape(-1)
+        if 2 * f.size != head_dim or not (np.isfinite(f).all() and (f > 0).all()):
+            raise CausalLMError(f"{self.path}: '{CONFIG_TENSORS[0]}' holds {f.size} factors; "
+                                f"expected {head_dim // 2} positive ones (head_dim / 2)")
+        inv = theta ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        wavelen = 2 * np.pi / inv
+        factor = float(f.max())
+        L = float(self._int(".rope.scaling.original_context_length", 8192))
+
+        def factors(low, high):
+            s = np.clip((L / wavelen - low) / (high - low), 0.0, 1.0)
+            return 1 / ((1 - s) / factor + s)
+
+        candidates = [(1.0, 4.0)]
+        blended = (f > 1 + 1e-6) & (f < factor * (1 - 1e-6))
+        if factor > 1 and blended.sum() >= 2:
+            s = (1 / f[blended] - 1 / factor) / (1 - 1 / factor)
+            slope, intercept = np.polyfit(L / wavelen[blended], s, 1)
+            if slope > 0:
+                candidates.append((-intercept / slope, -intercept / slope + 1 / slope))
+        for low, high in candidates:
+            if high > low and np.allclose(factors(low, high), f, rtol=1e-5, atol=0):
+                return {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
+                        "high_freq_factor": float(high),
+                        "original_max_position_embeddings": int(L)}
+        raise CausalLMError(f"{self.path}: '{CONFIG_TENSORS[0]}' does not follow Llama 3's RoPE "
+                            f"scaling (factors between 1 and {factor:g} blended by wavelength)")
 
     def generation(self) -> dict:
         """generation_config.json: BOS, and every end-of-generation token as EOS (llama.cpp
@@ -355,7 +391,8 @@ class GGUFCheckpoint:
             if name in file.tensors and name not in taken:
                 self._gguf_of[hf] = name
                 taken.add(name)
-        self._names = list(self._gguf_of) + [n for n in file.tensors if n not in taken]
+        self._names = list(self._gguf_of) + [n for n in file.tensors
+                                             if n not in taken and n not in CONFIG_TENSORS]
         cfg = file.config()
         self._heads = {"attn_q": cfg["num_attention_heads"],
                        "attn_k": cfg["num_key_value_heads"]} if file.architecture == "llama" \
