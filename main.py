@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
     from causallm.errors import CausalLMError
     from causallm.io.gguf_file import is_gguf
-    from factory import Factory
-    from models.transformer import set_threads
+    from causallm.factory import Factory
+    from causallm.models.transformer import set_threads
 
     t_start = time.perf_counter()
     _check_args(args)
