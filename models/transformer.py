@@ -121,7 +121,11 @@ class Transformer:
         self.BATCH_SIZE = nntr_cfg.get_int("batch_size", d["batch_size"], minimum=1)
         self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
         self.INIT_SEQ_LEN = nntr_cfg.get_int("init_seq_len", d["init_seq_len"], minimum=1)
-        self.NUM_TO_GENERATE = nntr_cfg.get_int("num_to_generate", d["num_to_generate"], minimum=1)
+        # new tokens: nntr_config's num_to_generate, else generation_config's max_new_tokens
+        # (transformers' own default for the folder), else NNTrainer's default
+        self.NUM_TO_GENERATE = nntr_cfg.get_int(
+            "num_to_generate",
+            generation_cfg.get_int("max_new_tokens", d["num_to_generate"], minimum=1), minimum=1)
         self.MAX_SEQ_LEN = nntr_cfg.get_int("max_seq_len", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
                                             minimum=1)
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
