@@ -68,6 +68,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--system", default=None, help="system prompt placed before the prompt")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="import a Python file that registers model classes (repeatable)")
+    p.add_argument("--graph", default=None, metavar="FILE",
+                   help="write the compiled layer graph (FILE.dot, or FILE.svg with Graphviz) "
+                        "and exit without loading weights or generating")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with ids, text and metrics as the last line")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -105,13 +110,24 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _write_graph(model, path: str) -> int:
+    """--graph: initialize the model (its layers compiled, nothing loaded) and write its graph
+    (causallm/runtime/graphviz.py)."""
+    from causallm.runtime.graphviz import write_graph
+
+    model.initialize()
+    write_graph(model.model, path, model.architecture)
+    sys.stderr.write(f"graph written to {path}\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """main.cpp: the model folder -> Factory -> initialize -> load_weight -> run, then the
     metrics; with --json one last stdout line with the run's record. The same for every
     architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
     from causallm.errors import CausalLMError
     from causallm.io.gguf_file import is_gguf
-    from factory import Factory
+    from factory import Factory, loadPlugin
     from models.transformer import set_threads
 
     t_start = time.perf_counter()
@@ -130,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
+    for path in args.plugin:
+        loadPlugin(path)
     model = Factory.Instance().createFromFolder(args.model_dir, **overrides)
+    if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
+        return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
     if args.image:  # read before the weights load, so a bad image fails fast
         model.setImages(args.image)
