@@ -191,7 +191,9 @@ def write_bin(path, arrays, dtypes, names=None):
             a = h
         return a
 
-    size = sum(bin_nbytes(a.shape, dtype) for a, dtype in zip(arrays, dtypes))
+    # the size that decides on a progress bar (a weight read on demand has no shape: not counted)
+    size = sum(bin_nbytes(a.shape, dtype) for a, dtype in zip(arrays, dtypes)
+               if hasattr(a, "shape"))
 
     def write(f):  # one weight converted at a time, so no second copy of the model is held
         with progress(len(arrays), f"writing {os.path.basename(path)} ({size / 1e9:.1f} GB)",
