@@ -19,6 +19,11 @@ TINY_LLAMA = os.path.join(ROOT, "res", "tiny-llama")
 T5 = os.path.join(ROOT, "tests", "fixtures", "t5-relu-tied")
 
 
+def config(folder):
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
+
+
 def parse_dot(text):
     """-> ({cluster: [node names]}, [(from, to)], {node: params}) of our DOT."""
     clusters, edges, params, current = {}, [], {}, None
@@ -43,7 +48,7 @@ def write_dot(capsys, model_dir, path):
 
 
 def test_the_embedded_model_draws_every_layer_and_input(capsys, tmp_path):
-    cfg = json.load(open(os.path.join(TINY_LLAMA, "config.json")))
+    cfg = config(TINY_LLAMA)
     L, D, V, I = (cfg[k] for k in ("num_hidden_layers", "hidden_size", "vocab_size",
                                    "intermediate_size"))
     q, kv = cfg["num_attention_heads"] * cfg["head_dim"], \
@@ -67,7 +72,7 @@ def test_the_embedded_model_draws_every_layer_and_input(capsys, tmp_path):
 
 
 def test_an_encoder_decoder_draws_one_cluster_per_stage(capsys, tmp_path):
-    cfg = json.load(open(os.path.join(T5, "config.json")))
+    cfg = config(T5)
     enc, dec = cfg["num_layers"], cfg["num_decoder_layers"]
     clusters, edges, _ = write_dot(capsys, T5, tmp_path / "t5.dot")
 

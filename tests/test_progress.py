@@ -27,21 +27,21 @@ def run_on_terminal(args, env):
     """``python main.py *args`` with stderr on a pseudo-terminal -> (status, stdout, stderr)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    p = subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    err = []
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the terminal's last writer is gone
-            break
-        if not chunk:
-            break
-        err.append(chunk)
-    os.close(master)
-    out = p.stdout.read()
-    p.wait(timeout=300)
+    with subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=slave) as p:
+        os.close(slave)
+        err = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            err.append(chunk)
+        os.close(master)
+        out = p.stdout.read()
+        p.wait(timeout=300)
     return p.returncode, out.decode(), b"".join(err).decode()
 
 
