@@ -46,7 +46,9 @@ class _CompileNotice(numba.core.event.Listener):
     """Says on stderr when numba compiles a kernel (a cache miss: the first run on a machine,
     or after an edit), once, with where the compiled code is kept; on a terminal a counter of
     the kernels compiled follows (causallm/progress.py); ``compile_report`` then erases it and
-    says how many and how long. A cache hit triggers no compile event and prints nothing."""
+    says how many and how long (kernels compiled after that report, e.g. during generation,
+    are counted for the next report without a counter). A cache hit triggers no compile event
+    and prints nothing."""
 
     def __init__(self):
         self.depth = 0
@@ -54,6 +56,7 @@ class _CompileNotice(numba.core.event.Listener):
         self.seconds = 0.0
         self.announced = False
         self.bar = None
+        self.reported = False
         self._t0 = 0.0
 
     def on_start(self, event):
@@ -68,7 +71,7 @@ class _CompileNotice(numba.core.event.Listener):
             sys.stderr.write(f"[numba] compiling kernels for this CPU (once: they are "
                              f"cached{where}) ...\n")
             sys.stderr.flush()
-        if self.bar is None:
+        if self.bar is None and not self.reported:  # later compiles: no bar amid the output
             self.bar = progress(None, "[numba] compiling", "kernel(s)")
 
     def on_end(self, event):
@@ -76,7 +79,8 @@ class _CompileNotice(numba.core.event.Listener):
         if self.depth == 0:
             self.kernels += 1
             self.seconds += time.perf_counter() - self._t0
-            self.bar.update()
+            if self.bar is not None:
+                self.bar.update()
 
 
 _notice = _CompileNotice()
@@ -90,6 +94,7 @@ def compile_report() -> None:
         _notice.bar.close()
         _notice.bar = None
     if _notice.kernels:
+        _notice.reported = True
         sys.stderr.write(f"[numba] compiled {_notice.kernels} kernel(s) in "
                          f"{_notice.seconds:.1f} s\n")
         sys.stderr.flush()
