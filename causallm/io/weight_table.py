@@ -245,7 +245,8 @@ class WeightTable:
              if missing else [])
         if problems:
             raise CausalLMError(f"{getattr(ckpt, 'folder', 'checkpoint')}: {'; '.join(problems)}")
-        size = files_size(ckpt.file_of(name) for name in found.values())
+        file_of = getattr(ckpt, "file_of", None)  # a checkpoint not on disk: no size, no bar
+        size = files_size(file_of(name) for name in found.values()) if file_of else 0
         with progress(len(weight_map), f"loading weights ({size / 1e9:.1f} GB)", "tensor",
                       size) as bar:
             for hf, parts in weight_map.items():
