@@ -90,6 +90,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="render the prompt as a user message through the model's chat template")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in the terminal, turn by turn, keeping the KV cache")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="import a Python file that registers model classes (repeatable)")
+    p.add_argument("--graph", default=None, metavar="FILE",
+                   help="write the compiled layer graph (FILE.dot, or FILE.svg with Graphviz) "
+                        "and exit without loading weights or generating")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with ids, text and metrics as the last line")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -143,13 +148,24 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _write_graph(model, path: str) -> int:
+    """--graph: initialize the model (its layers compiled, nothing loaded) and write its graph
+    (causallm/runtime/graphviz.py)."""
+    from causallm.runtime.graphviz import write_graph
+
+    model.initialize()
+    write_graph(model.model, path, model.architecture)
+    sys.stderr.write(f"graph written to {path}\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """main.cpp: the model folder -> Factory -> initialize -> load_weight -> run, then the
     metrics; with --json one last stdout line with the run's record. The same for every
     architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
     from causallm.errors import CausalLMError
     from causallm.io.gguf_file import is_gguf
-    from causallm.factory import Factory
+    from causallm.factory import Factory, loadPlugin
     from causallm.models.transformer import set_threads
 
     t_start = time.perf_counter()
@@ -168,7 +184,11 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
+    for path in args.plugin:
+        loadPlugin(path)
     model = Factory.Instance().createFromFolder(args.model_dir, **overrides)
+    if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
+        return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
     if args.image:  # read before the weights load, so a bad image fails fast
         model.setImages(args.image)

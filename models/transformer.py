@@ -30,6 +30,7 @@ from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.kernels.packed import PackedMatrix
+from causallm.progress import files_size, progress
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
@@ -458,10 +459,14 @@ class Transformer:
             self.load_hf_weight(weight_path)
         else:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
-            if getattr(self, "WEIGHT_FORMAT", None) is not None:
-                for spec in self.model.getWeightSpecs():
-                    if spec.packable:
-                        self.storeWeight(spec.full_name, self.model.getWeight(spec.full_name))
+            fmt = getattr(self, "WEIGHT_FORMAT", None)
+            if fmt is not None:
+                packable = [s.full_name for s in self.model.getWeightSpecs() if s.packable]
+                with progress(len(packable), f"converting weights to {fmt}", "tensor",
+                              files_size([weight_path])) as bar:
+                    for name in packable:
+                        self.storeWeight(name, self.model.getWeight(name))
+                        bar.update()
         self.model.warmup()
 
     def openHFCheckpoint(self, folder: str) -> Checkpoint:
