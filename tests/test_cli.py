@@ -260,6 +260,14 @@ def test_cache_full_is_said_on_stderr_with_the_setting_to_raise(capsys, tmp_path
     assert f"num_to_generate 30 from -n); raise init_seq_len" in err
     rc, out, err = run_main(capsys, GQA3, prompt, "--greedy", "-n", 8)
     assert rc == 0 and "[cache full]" not in err  # the prompt fits init_seq_len: all 8 come
+    gpt2 = os.path.join(FIXTURES, "gpt2-tied")  # GPT-2: its learned positions end first
+    rc, out, err = run_main(capsys, gpt2, "hello there", "--greedy", "-n", 200, "--json")
+    record = split_json(out)[1]
+    n = len(record["generated_ids"])
+    assert record["finish_reason"] == "cache_full" and n == 128 - len(record["prompt_ids"]) + 1
+    assert f"[cache full] stopped after {n} of 200 new tokens: the model has n_positions = 128 " \
+        f"learned positions ({os.path.join(gpt2, 'config.json')}), prompt and new tokens " \
+        f"together" in err.splitlines()
 
 
 def test_system_prompt_is_prepended(capsys):
@@ -404,6 +412,19 @@ def test_error_through_subprocess_and_debug_traceback(tmp_path):
     p = run_cli(folder, "hi", "--debug")
     assert p.returncode != 0
     assert "Traceback (most recent call last)" in p.stderr and "config.json" in p.stderr
+
+
+def test_out_of_memory_names_the_flag_that_set_num_to_generate(capsys, monkeypatch):
+    from causallm.runtime.graph import Model
+
+    def no_memory(self, mode=None):
+        raise MemoryError("Unable to allocate 59.6 GiB")
+    monkeypatch.setattr(Model, "initialize", no_memory)
+    rc, out, err = run_main(capsys, GQA3, "hi", "-n", 1000000000)
+    assert rc == 2 and out == ""
+    assert err.startswith("error: -n: not enough memory for the KV cache and buffers of "
+                          "batch_size 1, init_seq_len ") and "num_to_generate 1000000000" in err
+    assert len(err.splitlines()) == 1
 
 
 def test_options_may_come_before_between_and_after_the_arguments():
