@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -49,9 +50,11 @@ def run_cli(*args, input=None, timeout=300):
 
 
 def run_main(capsys, *args):
-    """``main.main(args)`` in this process -> (exit status, stdout, stderr)."""
+    """``main.main(args)`` in this process -> (exit status, stdout, stderr); stdin is /dev/null
+    (whatever pytest's is, a run without PROMPT takes the folder's sample_input)."""
     capsys.readouterr()
-    rc = main.main([str(a) for a in args])
+    with open(os.devnull) as devnull, mock.patch.object(sys, "stdin", devnull):
+        rc = main.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return rc, out, err
 
