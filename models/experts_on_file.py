@@ -123,6 +123,7 @@ class ExpertsOnFileMixin:
                 or not self.expertCacheOn()):
             super().load_weight(weight_path)
             return
+        self.weight_path = os.path.abspath(weight_path)
         specs = self.model.getWeightSpecs()
         slices = {}
         mm = np.memmap(weight_path, dtype=np.uint8, mode="r")
