@@ -135,7 +135,7 @@ class ExpertsOnFileMixin:
                 nb = bin_nbytes(spec.shape, spec.dtype)
                 self.model.setWeight(spec.full_name, read_weight(
                     spec.full_name, spec.shape, spec.dtype, spec.packable,
-                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset))
+                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset, weight_path))
         self.attachExpertSources(slices)
         self.model.warmup()
 
