@@ -16,11 +16,11 @@ Writable means numba's own test: the folder can be made and a file created in it
 (3 or 4) goes to ``NUMBA_CACHE_DIR``, so numba and any child process use it, and one stderr
 line says where the cache lives when it is not the default (2) or the user's (1).
 
-``CheckedCache`` is numba's ``FunctionCache`` with two differences: an index (``.nbi``) or
-data (``.nbc``) file it cannot read back (truncated by a crash or a full disk: numba raises
-``EOFError`` or ``UnpicklingError`` from pickle) is a cache miss, after which the function's
-index is emptied (``Cache.flush``) so the kernel is compiled and saved again; and a cache that
-cannot be written any more costs the cache, not the run. ``install()`` makes every cached
+``CheckedCache`` is numba's ``FunctionCache`` with two differences: a file it cannot read
+back (truncated by a crash or a full disk: numba raises ``EOFError`` or ``UnpicklingError``
+from pickle) is a cache miss, and the kernel is compiled and saved again (an index, ``.nbi``,
+reads as empty and is written anew; a data file, ``.nbc``, is overwritten by the save of its
+entry); and a cache that cannot be written any more costs the cache, not the run. ``install()`` makes every cached
 dispatcher use it (numba's ``Dispatcher.enable_caching`` creates the function's cache), or
 numba's ``NullCache`` when no folder is writable.
 """
@@ -98,6 +98,14 @@ def choose(environ=os.environ, in_tree: str = os.path.join(KERNELS, "__pycache__
 CACHED = True
 """False when no cache folder is writable (``install`` found none)."""
 
+_said: set = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        sys.stderr.write(line + "\n")
+
 
 def install() -> None:
     """Choose the cache folder, tell numba, and make cached dispatchers use CheckedCache (or
@@ -117,29 +125,41 @@ def install() -> None:
 
     config.reload_config()  # numba read the environment when it loaded
 
+    class CheckedIndex(caching.IndexDataCacheFile):
+        """An index that cannot be read back is an empty one: the next save writes it anew."""
+
+        def _load_index(self):
+            try:
+                return super()._load_index()
+            except Exception as e:  # noqa: BLE001: whatever pickle makes of a damaged file
+                _say_once(f"[numba] cache index {self._index_path} is unreadable "
+                          f"({type(e).__name__}); rebuilding it")
+                return {}
+
     class CheckedCache(caching.FunctionCache):
-        """numba's function cache; an entry that cannot be read back is a miss and is
-        rebuilt, and a failed save leaves the kernel compiled but not cached."""
+        """numba's function cache with CheckedIndex; an entry that cannot be loaded is a miss
+        (the save after the compile overwrites it), and a failed save leaves the kernel
+        compiled but not cached."""
+
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._cache_file = CheckedIndex(self._cache_path, self._impl.filename_base,
+                                            self._impl.locator.get_source_stamp())
 
         def load_overload(self, sig, target_context):
             try:
                 return super().load_overload(sig, target_context)
             except Exception as e:  # noqa: BLE001: any unreadable entry is a miss
-                sys.stderr.write(f"[numba] cache of {self._py_func.__qualname__} in "
-                                 f"{self._cache_path} is unreadable ({type(e).__name__}); "
-                                 f"compiling it again\n")
-                try:
-                    self.flush()  # an empty index: the next save starts afresh
-                except OSError:
-                    pass
+                _say_once(f"[numba] cache of {self._py_func.__qualname__} in {self._cache_path} "
+                          f"is unreadable ({type(e).__name__}); compiling it again")
                 return None
 
         def save_overload(self, sig, data):
             try:
                 super().save_overload(sig, data)
             except OSError as e:
-                sys.stderr.write(f"[numba] cannot save {self._py_func.__qualname__} to "
-                                 f"{self._cache_path} ({e.strerror or e}); not cached\n")
+                _say_once(f"[numba] cannot save {self._py_func.__qualname__} to "
+                          f"{self._cache_path} ({e.strerror or e}); not cached")
                 self.disable()
 
     def enable_caching(self):
