@@ -14,6 +14,7 @@ and stop fixes (G6, G7, G8, G16, G30) are the generator's.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 
@@ -126,22 +127,28 @@ class CausalLM(LanguageModel):
     def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = "",
                  add_special_tokens: bool = True) -> tuple[list[int], int, list[int]]:
         """As LanguageModel.tokenize; with ``system_prompt.kvcache`` in nntr_config the system
-        prompt's KV cache is read from ``pre_computed_cache_path`` (or computed and saved there
-        first) and the prompt continues from its last position."""
+        prompt's KV cache is read from ``pre_computed_cache_path`` when its header vouches for
+        it (``read_kvcache``), else computed and saved there (a cache that cannot be saved costs
+        the cache, not the run; one stderr line says why it was not used or not saved), and the
+        prompt continues from its last position."""
         if not (self.USE_KVCACHE and system_prompt):
             return super().tokenize(prompt, system_prompt, tail_prompt, add_special_tokens)
         path = self.PRE_COMPUTED_CACHE_PATH
         sys_ids = self.tokenizer.Encode(system_prompt)
-        saved_ids = self.cached_prompt_ids(path)
-        if os.path.exists(path) and saved_ids in (None, sys_ids):
-            start_pos = self.SYS_PROMP_LEN or len(sys_ids)
-            self.load_kvcache(path, start_pos)
+        data, problem = self.read_kvcache(path, sys_ids)
+        if data is not None:
+            start_pos = len(sys_ids)
+            self.load_kvcache(path, start_pos, data)
         else:
             start_pos = self.prefill_only(sys_ids)
-            self.save_kvcache(path, start_pos, sys_ids)
-            why = "the system prompt changed; " if saved_ids is not None else ""
-            print(f"[kv cache] {why}saved {start_pos} system-prompt tokens to {path}",
-                  file=sys.stderr)
+            why = f"warning: {path}: {problem}; recomputed, " if problem else ""
+            try:
+                self.save_kvcache(path, start_pos, sys_ids)
+                line = f"{why}saved {start_pos} system-prompt tokens to {path}"
+            except OSError as e:
+                line = (f"{why or 'warning: '}cannot save the system prompt's cache to {path} "
+                        f"({e.strerror or e}); going on without it")
+            print(f"[kv cache] {line}", file=sys.stderr)
         self.SYS_PROMP_LEN = start_pos
         ids = self.tokenizer.Encode(prompt + tail_prompt, add_special_tokens=False)
         return ids, start_pos, sys_ids[:start_pos]
@@ -179,42 +186,107 @@ class CausalLM(LanguageModel):
         return [ids]
 
     # -- system prompt KV cache -------------------------------------------------------------
+    KVCACHE_FORMAT = "causallm system-prompt KV cache 1"
+
     def save_kvcache(self, path: str, to: int, token_ids: list[int] | None = None) -> None:
         """Write positions [0, to) of every mha_core's K then V cache, in graph order, as FP16
-        rows (B, to, nKV * d) (the layout of CausalLM::save_kvcache: no header). Written
-        atomically. With ``token_ids``, a sidecar ``<path>.ids.json`` records the tokens the
-        cache holds, so a changed system prompt is noticed (the C++ file alone cannot tell)."""
+        rows (B, to, nKV * d) (the layout of CausalLM::save_kvcache: no header, so NNTrainer
+        reads the file). Written atomically. With ``token_ids``, the header ``<path>.header.json``
+        (also atomic) records what the file holds: its size and sha256, the token ids and
+        ``kvcacheIdentity()``; ``read_kvcache`` trusts the file only when all of them match."""
+        digest, size = hashlib.sha256(), 0
+
         def write(f):
+            nonlocal size
             for cache in self.model.getKVCaches("self"):
                 for rows in cache.rows(to):
-                    f.write((rows.view(np.float16) if rows.dtype == np.uint16
-                             else rows.astype(np.float16)).tobytes())
+                    blob = (rows.view(np.float16) if rows.dtype == np.uint16
+                            else rows.astype(np.float16)).tobytes()
+                    digest.update(blob)
+                    size += len(blob)
+                    f.write(blob)
         atomic_write(path, write)
         if token_ids is not None:
-            write_json_atomic(f"{path}.ids.json", {"token_ids": list(token_ids)})
+            write_json_atomic(f"{path}.header.json", {
+                "format": self.KVCACHE_FORMAT, "bytes": size, "sha256": digest.hexdigest(),
+                "token_ids": [int(t) for t in token_ids], "model": self.kvcacheIdentity()})
 
-    @staticmethod
-    def cached_prompt_ids(path: str) -> list[int] | None:
-        """The token ids recorded beside a saved cache, or None (no sidecar, or unreadable)."""
+    def kvcacheIdentity(self) -> dict:
+        """What the cached keys and values depend on besides the tokens: the class, a sha256 of
+        config.json's values (sorted keys), the weight files read (name, size, mtime), the
+        formats the weights are held in (``weightFormat``; "as stored" keeps the file's), and the
+        self caches' dtype and (batch, kv heads, head_dim)."""
+        files = []
+        if self.weight_path:
+            if os.path.isdir(self.weight_path):
+                folder = self.weight_path
+                names = sorted(f for f in os.listdir(folder)
+                               if f.endswith((".safetensors", ".safetensors.index.json")))
+            else:
+                folder, name = os.path.split(self.weight_path)
+                names = [name]
+            for name in names:
+                st = os.stat(os.path.join(folder, name))
+                files.append({"file": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        caches = self.model.getKVCaches("self")
+        return {
+            "class": type(self).__name__,
+            "config_sha256": hashlib.sha256(orjson.dumps(
+                self.cfg, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest(),
+            "weights": files,
+            "weight_formats": sorted({self.weightFormat(s) or "as stored" for s in
+                                      self.model.getWeightSpecs() if s.packable}),
+            "cache_dtype": sorted({"FP16" if c.key.dtype == np.uint16 else "FP32"
+                                   for c in caches}),
+            "cache_shapes": [[c.key.shape[0], c.key.shape[1], c.key.shape[3]] for c in caches]}
+
+    def read_kvcache(self, path: str, token_ids: list[int]) -> tuple[bytes | None, str]:
+        """The bytes of the cache file at ``path`` when its header (``save_kvcache``) vouches
+        for them: its format, these ``token_ids``, this model's ``kvcacheIdentity()``, and the
+        file's size and sha256. Else None and why not ("" when there is no file)."""
+        if not os.path.exists(path):
+            return None, ""
+        header_path = f"{path}.header.json"
         try:
-            with open(f"{path}.ids.json", "rb") as f:
-                ids = orjson.loads(f.read()).get("token_ids")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return ids if isinstance(ids, list) else None
+            with open(header_path, "rb") as f:
+                header = orjson.loads(f.read())
+        except FileNotFoundError:
+            return None, f"no header {header_path}"
+        except (OSError, ValueError) as e:
+            return None, f"unreadable header {header_path} ({type(e).__name__})"
+        if not isinstance(header, dict) or header.get("format") != self.KVCACHE_FORMAT:
+            return None, f"unreadable header {header_path} (not a {self.KVCACHE_FORMAT})"
+        if header.get("token_ids") != list(token_ids):
+            return None, "the system prompt changed"
+        identity, made_for = self.kvcacheIdentity(), header.get("model")
+        if made_for != identity:
+            differ = [k for k in identity
+                      if not isinstance(made_for, dict) or made_for.get(k) != identity[k]]
+            return None, f"made for another model ({', '.join(differ or ['identity'])} differ)"
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            return None, f"unreadable ({e.strerror or e})"
+        if len(data) != header.get("bytes") or \
+                hashlib.sha256(data).hexdigest() != header.get("sha256"):
+            return None, "its contents do not match its header's size and sha256"
+        return data, ""
 
-    def load_kvcache(self, path: str, to: int) -> None:
-        """Read what ``save_kvcache(path, to)`` wrote back into rows [0, to) of the caches."""
+    def load_kvcache(self, path: str, to: int, data: bytes | None = None) -> None:
+        """Read what ``save_kvcache(path, to)`` wrote back into rows [0, to) of the caches
+        (``data``: the file's bytes, already read)."""
         if to > self.max_timestep:
             raise CausalLMError(f"{path}: sys_prompt_token_size {to} exceeds the KV cache's "
                                 f"{self.max_timestep} rows (init_seq_len + num_to_generate)")
         caches = self.model.getKVCaches("self")
         expected = sum(2 * c.key[:, :, :to].size for c in caches) * 2
-        found = os.path.getsize(path)
+        found = os.path.getsize(path) if data is None else len(data)
         if found != expected:
             raise CausalLMError(f"{path}: expected {expected} bytes for a {to}-token system "
                                 f"prompt cache, found {found} (remove the file to recompute it)")
-        data = np.fromfile(path, dtype=np.float16)
+        data = np.fromfile(path, dtype=np.float16) if data is None else \
+            np.frombuffer(data, dtype=np.float16)
         if not np.isfinite(data).all():
             raise CausalLMError(f"{path}: the system prompt cache holds non-finite values "
                                 f"(corrupt; remove the file to recompute it)")

@@ -123,6 +123,7 @@ class ExpertsOnFileMixin:
                 or not self.expertCacheOn()):
             super().load_weight(weight_path)
             return
+        self.weight_path = os.path.abspath(weight_path)
         specs = self.model.getWeightSpecs()
         slices = {}
         mm = np.memmap(weight_path, dtype=np.uint8, mode="r")
@@ -134,7 +135,7 @@ class ExpertsOnFileMixin:
                 nb = bin_nbytes(spec.shape, spec.dtype)
                 self.model.setWeight(spec.full_name, read_weight(
                     spec.full_name, spec.shape, spec.dtype, spec.packable,
-                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset))
+                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset, weight_path))
         self.attachExpertSources(slices)
         self.model.warmup()
 

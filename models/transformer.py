@@ -88,6 +88,7 @@ class Transformer:
         self.cfg, self.generation_cfg, self.nntr_cfg = cfg, generation_cfg, nntr_cfg
         self.is_initialized = False
         self.model = None
+        self.weight_path: str | None = None
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
         gguf = getattr(cfg, "gguf", None)
@@ -454,11 +455,12 @@ class Transformer:
 
     def load_weight(self, weight_path: str | None = None) -> None:
         """Load an NNTrainer .bin file, a Hugging Face safetensors file or folder, or a GGUF
-        file (by default ``defaultWeightPath()``)."""
+        file (by default ``defaultWeightPath()``; kept as ``weight_path``)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
         if weight_path is None:
             weight_path = self.defaultWeightPath()
+        self.weight_path = os.path.abspath(weight_path)
         if weight_path.lower().endswith(".gguf"):
             self.load_gguf_weight(weight_path)
         elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):

@@ -2,12 +2,16 @@
 
 With nntr_config ``"system_prompt": {"head_prompt": ..., "kvcache": {"pre_computed_cache_path":
 "sys.cache"}}`` the first run prefills Encode(system) at positions [0, n), saves rows [0, n) of
-every mha_core's K then V cache as FP16 (no header: layers * 2 * n * kv_width * 2 bytes for
-batch 1), and goes on; a later run loads the file instead and continues at position n with
-Encode(prompt, add_special_tokens=False). Both must equal one plain run over the concatenated
-ids, up to the FP16 rounding of the cached rows (the tokens exactly).
+every mha_core's K then V cache as FP16 (NNTrainer's layout, no header in the file: layers * 2 *
+n * kv_width * 2 bytes for batch 1) and its header ``sys.cache.header.json`` (size, sha256, token
+ids, the model's identity), and goes on; a later run loads the file instead and continues at
+position n with Encode(prompt, add_special_tokens=False). Both must equal one plain run over the
+concatenated ids, up to the FP16 rounding of the cached rows (the tokens exactly). A file its
+header does not vouch for is recomputed with one warning, and a cache that cannot be saved
+costs the cache, not the run.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -122,7 +126,18 @@ def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
     cache = folder / "sys.cache"
     assert os.path.getsize(cache) == LAYERS * 2 * n * KV_WIDTH * 2
     assert sorted(os.listdir(folder)) == sorted(os.listdir(FIXTURE) + [
-        "nntr_config.json", "sys.cache", "sys.cache.ids.json"])
+        "nntr_config.json", "sys.cache", "sys.cache.header.json"])
+    header = json.loads((folder / "sys.cache.header.json").read_text())
+    assert header == {"format": "causallm system-prompt KV cache 1",
+                      "bytes": os.path.getsize(cache),
+                      "sha256": hashlib.sha256(cache.read_bytes()).hexdigest(),
+                      "token_ids": first.tokenizer.Encode(SYSTEM),
+                      "model": first.kvcacheIdentity()}
+    st = os.stat(folder / "model.safetensors")
+    assert header["model"]["weights"] == [{"file": "model.safetensors", "size": st.st_size,
+                                           "mtime_ns": st.st_mtime_ns}]
+    assert header["model"]["cache_dtype"] == ["FP32"]
+    assert header["model"]["cache_shapes"] == [[1, 2, 16]] * LAYERS
     # the layout: per mha_core in graph order, K rows [0, n) then V rows [0, n), FP16
     data = np.fromfile(cache, dtype=np.float16).reshape(LAYERS, 2, n, KV_WIDTH)
     for i, kv in enumerate(first.model.getKVCaches("self")):
@@ -143,7 +158,7 @@ def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
     monkeypatch.undo()
     assert cache.read_bytes() == b"old"
     assert sorted(os.listdir(folder)) == sorted(os.listdir(FIXTURE) + [
-        "nntr_config.json", "sys.cache", "sys.cache.ids.json"])
+        "nntr_config.json", "sys.cache", "sys.cache.header.json"])
 
 
 def test_an_fp16_cache_is_saved_and_loaded_bit_for_bit(folder):
@@ -161,43 +176,96 @@ def test_an_fp16_cache_is_saved_and_loaded_bit_for_bit(folder):
         np.testing.assert_array_equal(a.key[:, :, :n], b.key[:, :, :n])
 
 
-@pytest.mark.parametrize("delta", [-2, 2, None])
-def test_wrong_size_cache_file_is_a_one_line_error(folder, delta):
+def plain_tokens(folder, system=SYSTEM):
+    """The tokens of one run over Encode(system) + Encode(prompt) with no cache file involved."""
+    model = make(folder)
+    ids = model.tokenizer.Encode(system) + model.tokenizer.Encode(PROMPT, add_special_tokens=False)
+    return model.generate_tokens([ids], max_new_tokens=N_NEW, do_sample=False).generated_ids[0]
+
+
+def edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, **changes}))
+
+
+def damage(folder, how):
+    """Make the saved cache wrong in one way; the reason the next run should give."""
+    cache, header = folder / "sys.cache", folder / "sys.cache.header.json"
+    data = cache.read_bytes()
+    if how == "zeros":
+        cache.write_bytes(bytes(len(data)))
+    elif how == "shorter":
+        cache.write_bytes(data[:-2])
+    elif how == "longer":
+        cache.write_bytes(data + b"\0\0")
+    elif how == "empty":
+        cache.write_bytes(b"")
+    elif how == "no header":           # e.g. a file NNTrainer wrote
+        os.unlink(header)
+    elif how == "header cut short":
+        header.write_bytes(header.read_bytes()[:40])
+    elif how == "header not ours":
+        header.write_text('{"token_ids": [1, 2, 3]}')
+    elif how == "token ids":
+        ids = json.loads(header.read_text())["token_ids"]
+        edit_json(header, token_ids=ids[:3] + [ids[3] + 1] + ids[4:])
+    elif how == "weights":             # the weight file was replaced since
+        st = os.stat(folder / "model.safetensors")
+        os.utime(folder / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    elif how == "config":              # another model in the same folder
+        config = json.loads((folder / "config.json").read_text())
+        edit_json(folder / "config.json", rope_theta=config.get("rope_theta", 10000.0) * 2)
+    elif how == "kv dtype":
+        edit_json(folder / "nntr_config.json", kv_cache_dtype="FP16")
+    return {"zeros": "its contents do not match its header's size and sha256",
+            "no header": f"no header {header}",
+            "header cut short": f"unreadable header {header} (JSONDecodeError)",
+            "header not ours": f"unreadable header {header} (not a causallm system-prompt KV "
+                               f"cache 1)",
+            "token ids": "the system prompt changed",
+            "weights": "made for another model (weights differ)",
+            "config": "made for another model (config_sha256 differ)",
+            "kv dtype": "made for another model (cache_dtype differ)",
+            }.get(how, "its contents do not match its header's size and sha256")
+
+
+@pytest.mark.parametrize("how", ["zeros", "shorter", "longer", "empty", "no header",
+                                 "header cut short", "header not ours", "token ids", "weights",
+                                 "config", "kv dtype"])
+def test_a_cache_its_header_does_not_vouch_for_is_recomputed(folder, how, capsys):
     first, _ = run(folder)
     n = first.SYS_PROMP_LEN
+    capsys.readouterr()
+    reason = damage(folder, how)
     cache = folder / "sys.cache"
-    size = os.path.getsize(cache)
-    if delta is None:
-        cache.write_bytes(b"")
-        found = 0
-    else:
-        data = cache.read_bytes()
-        cache.write_bytes(data[:size + delta] if delta < 0 else data + b"\0" * delta)
-        found = size + delta
-    with pytest.raises(CausalLMError) as e:
-        run(folder)
-    message = str(e.value)
-    assert "\n" not in message and str(cache) in message
-    assert f"expected {size} bytes for a {n}-token system prompt cache, found {found}" in message
+    second, tokens = run(folder)
+    assert capsys.readouterr().err.splitlines() == [
+        f"[kv cache] warning: {cache}: {reason}; recomputed, saved {n} system-prompt tokens "
+        f"to {cache}"]
+    assert second.calls[0][:2] == (0, n)  # the system prompt was prefilled, not loaded
+    assert tokens == plain_tokens(folder)
+    third, again = run(folder)            # and what was saved instead loads
+    assert third.calls[0][0] == n and again == tokens and capsys.readouterr().err == ""
 
 
-def test_sys_prompt_token_size_is_honoured(folder):
-    first, tokens1 = run(folder)
-    n = first.SYS_PROMP_LEN
-    # a cache file made elsewhere (NNTrainer writes no token sidecar): the configured size
-    # decides how much is loaded and where the prompt starts, whatever the system text says
-    os.unlink(folder / "sys.cache.ids.json")
-    write_config(folder, sys_prompt_token_size=n)
-    second, tokens2 = run(folder, system="another system prompt")
-    assert second.SYS_PROMP_LEN == n and second.calls[0][:2] == (n, n + len(
-        second.tokenizer.Encode(PROMPT, add_special_tokens=False)))
-    assert tokens2 == tokens1
-    # a size that does not fit the file is a one-line error naming both sizes
-    write_config(folder, sys_prompt_token_size=n - 1)
-    with pytest.raises(CausalLMError, match=rf"expected {LAYERS * 2 * (n - 1) * KV_WIDTH * 2} "
-                                            rf"bytes for a {n - 1}-token .* found "
-                                            rf"{LAYERS * 2 * n * KV_WIDTH * 2}"):
-        run(folder)
+@pytest.mark.parametrize("where", ["missing folder", "read-only folder"])
+def test_a_cache_that_cannot_be_saved_costs_the_cache_not_the_run(folder, where, capsys):
+    target = folder / "cache"
+    if where == "read-only folder":
+        target.mkdir()
+        os.chmod(target, 0o555)
+        if os.access(target, os.W_OK):
+            pytest.skip("root writes to a read-only folder")
+    write_config(folder, pre_computed_cache_path="cache/sys.cache")
+    for _ in range(2):                    # nothing saved: both runs compute it
+        model, tokens = run(folder)
+        err = capsys.readouterr().err
+        assert tokens == plain_tokens(folder) and model.calls[0][:2] == (0, model.SYS_PROMP_LEN)
+        assert err.splitlines() == [
+            f"[kv cache] warning: cannot save the system prompt's cache to {target / 'sys.cache'} "
+            f"({'No such file or directory' if where == 'missing folder' else 'Permission denied'}"
+            f"); going on without it"]
+    assert not os.path.exists(target) or os.listdir(target) == []
 
 
 def test_cli_uses_head_prompt_and_the_cache(folder, capsys):
@@ -225,7 +293,7 @@ def test_changed_system_prompt_recomputes_the_cache(folder):
     ids = fresh.tokenizer.Encode(other) + fresh.tokenizer.Encode(PROMPT, add_special_tokens=False)
     plain = fresh.generate_tokens([ids], max_new_tokens=N_NEW, do_sample=False)
     assert tokens2 == plain.generated_ids[0]
-    saved = json.load(open(folder / "sys.cache.ids.json"))["token_ids"]
+    saved = json.load(open(folder / "sys.cache.header.json"))["token_ids"]
     assert saved == fresh.tokenizer.Encode(other)
     assert os.path.getsize(folder / "sys.cache") == LAYERS * 2 * len(saved) * KV_WIDTH * 2
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io.files import release_pages
+from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import PackedMatrix, ggml_blocks_to_rows
 
 ARCHITECTURES = {
@@ -443,7 +444,16 @@ class GGUFCheckpoint:
         return a
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor as float32 of its Hugging Face shape (dequantized exactly)."""
+        """The tensor as float32 of its Hugging Face shape (dequantized exactly), checked for
+        NaN and infinities (``check_weight``)."""
+        return check_weight(self._get(name), f"{self.folder}: tensor '{self._tensor(name).name}'")
+
+    def raw(self, name: str):
+        """A 2-D tensor as held (class docstring); others as ``get``; checked likewise (a
+        quantized tensor's scales)."""
+        return check_weight(self._raw(name), f"{self.folder}: tensor '{self._tensor(name).name}'")
+
+    def _get(self, name: str) -> np.ndarray:
         gguf = _gguf()
         t = self._tensor(name)
         kind = t.tensor_type.name
@@ -465,13 +475,12 @@ class GGUFCheckpoint:
         a.flags.writeable = False
         return a
 
-    def raw(self, name: str):
-        """A 2-D tensor as held (class docstring); others as ``get``."""
+    def _raw(self, name: str):
         t = self._tensor(name)
         kind = t.tensor_type.name
         shape = self.shape(name)
         if len(shape) != 2:
-            return self.get(name)
+            return self._get(name)
         R, C = shape
         perm = self._rows(name)
         if kind in ("F16", "BF16"):
@@ -485,11 +494,11 @@ class GGUFCheckpoint:
             release_pages(t.data)  # the tiles are a copy
             return packed
         elif kind != "F32" and self.requantize is not None and C % 32 == 0:
-            packed = PackedMatrix.fromFloat(self.requantize, self.get(name), transposed=False)
+            packed = PackedMatrix.fromFloat(self.requantize, self._get(name), transposed=False)
             perm = None  # get() already put the rows in place
             self.requantized[kind] = self.requantized.get(kind, 0) + 1
         else:
-            return self.get(name)
+            return self._get(name)
         if perm is not None:
             packed = PackedMatrix(packed.format, packed.data[perm], transposed=False)
         return packed

@@ -18,7 +18,9 @@ theirs ``Embedding`` and save it their own way):
   ``block_q8_0``, no transpose, no repack.
 
 Read, a packable weight keeps its precision (FP16, Q4_0, Q8_0 as a ``PackedMatrix``); any
-other weight is widened to float32. Q6_K is listed for the sizes only.
+other weight is widened to float32. Q6_K is listed for the sizes only. Every weight read is
+checked (``io/weight_check.py``): a NaN or an infinity, or a fully connected, embedding or head
+weight of zeros (a zero-filled file has the right size), is an error naming the weight.
 """
 
 import math
@@ -28,6 +30,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io.files import atomic_write, release_pages
+from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import (
     BLOCK_BYTES,
     PackedMatrix,
@@ -133,13 +136,19 @@ def read_bin(path, specs, allow_extra=False):
     out, offset = [], 0
     for (name, shape, dtype, packable), nb in zip(specs, sizes):
         raw = mm[offset:offset + nb].view(np.ndarray) if nb else np.zeros(0, np.uint8)
-        out.append(read_weight(name, shape, dtype, packable, raw, offset))
+        out.append(read_weight(name, shape, dtype, packable, raw, offset, path))
         offset += nb
     return out
 
 
-def read_weight(name, shape, dtype, packable, raw, offset):
-    """One weight from its bytes ``raw`` (at file ``offset``): as read_bin returns it."""
+def read_weight(name, shape, dtype, packable, raw, offset, path):
+    """One weight from its bytes ``raw`` (at ``offset`` in file ``path``): as read_bin returns
+    it, after ``check_weight`` (no NaN or infinity; a packable one not all zero)."""
+    return check_weight(_read_weight(name, shape, dtype, packable, raw, offset),
+                        f"{path}: weight '{name}' at offset {offset}", zeros=packable)
+
+
+def _read_weight(name, shape, dtype, packable, raw, offset):
     table = is_table(name)
     if dtype == "FP32":
         return _readonly((raw if offset % 4 == 0 else raw.copy()).view("<f4").reshape(shape))

@@ -23,6 +23,7 @@ import orjson
 from causallm.errors import CausalLMError
 from causallm.io.files import atomic_write
 from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
+from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import PackedMatrix
 
 # safetensors dtype string -> (bytes per element, little-endian numpy dtype or None if unreadable)
@@ -325,18 +326,21 @@ class Checkpoint:
 
     def get(self, name):
         """The tensor as read-only float32 (see SafetensorsFile.get); an MXFP4 tensor is
-        dequantized whole, each expert an F-contiguous matrix (``dequantize_mxfp4``)."""
+        dequantized whole, each expert an F-contiguous matrix (``dequantize_mxfp4``). Checked
+        for NaN and infinities (``check_weight``)."""
         if name in self._mxfp4:
             blocks, scales = self._mxfp4[name]
-            return _readonly(dequantize_mxfp4(self._where[blocks].get(blocks),
-                                              self._where[scales].get(scales)))
-        return self._file(name).get(name)
+            value = _readonly(dequantize_mxfp4(self._where[blocks].get(blocks),
+                                               self._where[scales].get(scales)))
+        else:
+            value = self._file(name).get(name)
+        return check_weight(value, f"{self.file_of(name)}: tensor '{name}'")
 
     def raw(self, name):
-        """As SafetensorsFile.raw (an MXFP4 tensor: dequantized to float32)."""
+        """As SafetensorsFile.raw (an MXFP4 tensor: dequantized to float32), checked as get."""
         if name in self._mxfp4:
             return self.get(name)
-        return self._file(name).raw(name)
+        return check_weight(self._file(name).raw(name), f"{self.file_of(name)}: tensor '{name}'")
 
     def file_of(self, name):
         """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""

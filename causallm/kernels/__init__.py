@@ -8,18 +8,23 @@ layers or configs; each has a plain-numpy twin in tests/reference.py.
 Modules: linear (fully connected), norm (rms_norm), layer_norm, rope (tables), attention (KV
 cache write and attention), elementwise (swiglu, activations, add, multiply, softmax), softcap,
 embedding, embedding_sum (learned positions and token types), pooling (sentence embeddings),
-moe and gpt_oss_moe (routing and experts). The families' own kernels are imported from their
-modules; this package re-exports the common ones.
+moe and gpt_oss_moe (routing and experts), scan (the load-time weight check). The families' own kernels are imported from their
+modules; this package re-exports the common ones. jit_cache chooses where numba caches them
+(a writable folder, whatever the install) and reads a damaged cache file as a miss.
 """
 
 import sys
 import time
 
-import numba
-import numba.core.event
+from causallm.kernels import jit_cache
 
-from causallm.kernels.attention import attention, kv_cache_write
-from causallm.kernels.elementwise import (
+jit_cache.install()  # before any kernel is declared: where numba caches them, and how
+
+import numba  # noqa: E402
+import numba.core.event  # noqa: E402
+
+from causallm.kernels.attention import attention, kv_cache_write  # noqa: E402
+from causallm.kernels.elementwise import (  # noqa: E402
     ACT_GELU,
     ACT_NONE,
     ACT_RELU,
@@ -35,11 +40,11 @@ from causallm.kernels.elementwise import (
     softmax_rows,
     swiglu,
 )
-from causallm.kernels.embedding import embedding
-from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi
-from causallm.kernels.norm import rms_norm
-from causallm.kernels.rope import rope_inv_freq, rope_tables
-from causallm.progress import progress
+from causallm.kernels.embedding import embedding  # noqa: E402
+from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi  # noqa: E402
+from causallm.kernels.norm import rms_norm  # noqa: E402
+from causallm.kernels.rope import rope_inv_freq, rope_tables  # noqa: E402
+from causallm.progress import progress  # noqa: E402
 
 
 class _CompileNotice(numba.core.event.Listener):
@@ -67,9 +72,8 @@ class _CompileNotice(numba.core.event.Listener):
         if not self.announced:
             self.announced = True
             cache = getattr(getattr(event.data["dispatcher"], "_cache", None), "_cache_path", "")
-            where = f" in {cache}" if cache else ""
-            sys.stderr.write(f"[numba] compiling kernels for this CPU (once: they are "
-                             f"cached{where}) ...\n")
+            where = f"once: they are cached in {cache}" if cache else "not cached"
+            sys.stderr.write(f"[numba] compiling kernels for this CPU ({where}) ...\n")
             sys.stderr.flush()
         if self.bar is None and not self.reported:  # later compiles: no bar amid the output
             self.bar = progress(None, "[numba] compiling", "kernel(s)")

@@ -1,0 +1,64 @@
+"""Weights that cannot be right, found as they are read rather than as a sampler error at the
+first token.
+
+``check_weight(value, what, zeros=False)`` raises a one-line CausalLMError naming ``what`` when
+a float tensor holds a NaN or an infinity, and, with ``zeros``, when all of it is zero:
+
+- a float array: its values;
+- BF16 / F16 bits (a ``PackedMatrix``): an exponent of all ones is an infinity or a NaN; the bits
+  other than the sign are zero only for a zero;
+- Q8_0 / Q4_0 blocks: their fp16 scales (a block is zero when its scale is).
+
+The rule for zeros (an NNTrainer ``.bin`` has no header, so a zero-filled file or one whose end
+was never written has the right size): a fully connected, embedding or head weight, the
+matrices a ``.bin`` reader is told are packable, is never all zero in a model that was trained
+or even initialised, while a bias or a norm weight may be; such a matrix of zeros is an error.
+
+The readers call it: ``nntr_bin.read_weight`` (zeros checked for packable weights), and the
+safetensors and GGUF checkpoints' ``get`` / ``raw``. Experts left on file (``moe_expert_cache``)
+are read when routed, not at load, and are not checked.
+
+One pass over the bits finds both (``kernels/scan.py``: the largest magnitude; no temporary),
+about 14 GB/s on one core: a 600M-parameter BF16 checkpoint takes under a tenth of a second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from causallm.errors import CausalLMError
+from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.scan import max_magnitude_bits
+
+# (unsigned view, every bit but the sign, all exponent bits) of a float's bits
+_F16 = (np.uint16, 0x7FFF, 0x7C00)
+_PACKED = {"BF16": (np.uint16, 0x7FFF, 0x7F80), "F16": _F16}  # by PackedMatrix.format
+_FLOATS = {np.dtype(np.float16): _F16, np.dtype(np.float32): (np.uint32, 0x7FFFFFFF, 0x7F800000),
+           np.dtype(np.float64): (np.uint64, 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000)}
+
+
+def scan(value) -> tuple[bool, bool]:
+    """(every value finite, some value nonzero) of a float array or a PackedMatrix; (True,
+    True) for anything else (integer tensors)."""
+    if isinstance(value, PackedMatrix):  # BF16 / F16 bits, or Q8_0 / Q4_0 fp16 scales
+        bits, (unsigned, mask, exponent) = ((value.data, _PACKED[value.format])
+                                            if value.format in _PACKED else (value.scales, _F16))
+    elif isinstance(value, np.ndarray) and value.dtype in _FLOATS:
+        bits, (unsigned, mask, exponent) = value, _FLOATS[value.dtype]
+    else:
+        return True, True
+    flat = np.ascontiguousarray(bits.ravel(order="K")).view(unsigned)  # a view unless strided
+    m = int(max_magnitude_bits(flat, unsigned(mask)))
+    return m < exponent, m > 0
+
+
+def check_weight(value, what: str, zeros: bool = False):
+    """``value`` when it passes (the module docstring), else a CausalLMError naming ``what``."""
+    finite, nonzero = scan(value)
+    if not finite:
+        raise CausalLMError(f"{what} holds NaN or infinite values (the file is damaged or was "
+                            f"converted wrongly)")
+    if zeros and not nonzero:
+        raise CausalLMError(f"{what} is all zeros (the file is zero-filled or was not written "
+                            f"to the end)")
+    return value

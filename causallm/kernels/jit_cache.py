@@ -1,0 +1,168 @@
+"""Where numba keeps the compiled kernels, and a cache that a damaged file cannot break.
+
+numba caches each ``@njit(cache=True)`` function beside its source (``__pycache__``), else in
+``~/.cache/numba``, and raises ``cannot cache function ...: no locator available`` at import
+when neither is writable (a read-only install run by a service user without a home). Before
+any kernel is declared, ``install()`` picks the first writable folder of:
+
+1. ``NUMBA_CACHE_DIR``, when set;
+2. ``causallm/kernels/__pycache__`` (numba's default: nothing changes);
+3. ``$XDG_CACHE_HOME/causallm/numba``, else ``~/.cache/causallm/numba``;
+4. ``<temp dir>/causallm-numba-<uid>``, kept only if this user owns it and nobody else may
+   write to it (compiled code from a folder another user controls would run as ours);
+5. none: every run compiles its kernels again.
+
+Writable means numba's own test: the folder can be made and a file created in it. The choice
+(3 or 4) goes to ``NUMBA_CACHE_DIR``, so numba and any child process use it, and one stderr
+line says where the cache lives when it is not the default (2) or the user's (1).
+
+``CheckedCache`` is numba's ``FunctionCache`` with two differences: a file it cannot read
+back (truncated by a crash or a full disk: numba raises ``EOFError`` or ``UnpicklingError``
+from pickle) is a cache miss, and the kernel is compiled and saved again (an index, ``.nbi``,
+reads as empty and is written anew; a data file, ``.nbc``, is overwritten by the save of its
+entry); and a cache that cannot be written any more costs the cache, not the run. ``install()`` makes every cached
+dispatcher use it (numba's ``Dispatcher.enable_caching`` creates the function's cache), or
+numba's ``NullCache`` when no folder is writable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+
+KERNELS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _writable(folder: str) -> bool:
+    """numba's test (``_CacheLocator.ensure_cache_path``): make the folder, create a file."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError:
+        return False
+    return True
+
+
+def _private(folder: str) -> bool:
+    """``folder`` is a directory (not a link) of this user that no one else may write to."""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    own = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return stat.S_ISDIR(st.st_mode) and own and not st.st_mode & 0o022
+
+
+def user_cache_dir(environ=os.environ) -> str | None:
+    """``$XDG_CACHE_HOME/causallm/numba``, else ``~/.cache/causallm/numba`` (``~`` from HOME,
+    else the password database), or None when neither gives an absolute path."""
+    base = environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = environ.get("HOME") or os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "causallm", "numba")
+
+
+def temp_cache_dir() -> str:
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return os.path.join(tempfile.gettempdir(), f"causallm-numba-{user}")
+
+
+def choose(environ=os.environ, in_tree: str = os.path.join(KERNELS, "__pycache__")
+           ) -> tuple[str | None, str]:
+    """The cache folder (the module docstring's order) and the line to print about it, if
+    any: ``""`` is numba's default beside the sources, None no cache at all. Nothing is said
+    of the default or of a writable NUMBA_CACHE_DIR."""
+    given = environ.get("NUMBA_CACHE_DIR", "")
+    if given and _writable(given):
+        return given, ""
+    why = f"NUMBA_CACHE_DIR {given} is not writable" if given else ""
+    if _writable(in_tree):
+        return "", f"[numba] {why}: kernels are cached in {in_tree}" if why else ""
+    why = "; ".join(filter(None, [why, f"{os.path.dirname(in_tree)} is not writable"]))
+    user = user_cache_dir(environ)
+    if user and _writable(user):
+        return user, f"[numba] {why}: kernels are cached in {user} (NUMBA_CACHE_DIR moves them)"
+    temp = temp_cache_dir()
+    if _private(temp) and _writable(temp):
+        return temp, f"[numba] {why}: kernels are cached in {temp} (NUMBA_CACHE_DIR moves them)"
+    return None, (f"[numba] {why}, nor is a user or temporary cache folder: kernels are "
+                  f"compiled on every run (set NUMBA_CACHE_DIR to a writable folder)")
+
+
+CACHED = True
+"""False when no cache folder is writable (``install`` found none)."""
+
+_said: set = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        sys.stderr.write(line + "\n")
+
+
+def install() -> None:
+    """Choose the cache folder, tell numba, and make cached dispatchers use CheckedCache (or
+    NullCache). Call once, before any ``@njit(cache=True)`` function is declared."""
+    global CACHED
+    folder, note = choose()
+    if folder:
+        os.environ["NUMBA_CACHE_DIR"] = folder
+    else:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+    CACHED = folder is not None
+    if note:
+        sys.stderr.write(note + "\n")
+        sys.stderr.flush()
+
+    from numba.core import caching, config, dispatcher
+
+    config.reload_config()  # numba read the environment when it loaded
+
+    class CheckedIndex(caching.IndexDataCacheFile):
+        """An index that cannot be read back is an empty one: the next save writes it anew."""
+
+        def _load_index(self):
+            try:
+                return super()._load_index()
+            except Exception as e:  # noqa: BLE001: whatever pickle makes of a damaged file
+                _say_once(f"[numba] cache index {self._index_path} is unreadable "
+                          f"({type(e).__name__}); rebuilding it")
+                return {}
+
+    class CheckedCache(caching.FunctionCache):
+        """numba's function cache with CheckedIndex; an entry that cannot be loaded is a miss
+        (the save after the compile overwrites it), and a failed save leaves the kernel
+        compiled but not cached."""
+
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._cache_file = CheckedIndex(self._cache_path, self._impl.filename_base,
+                                            self._impl.locator.get_source_stamp())
+
+        def load_overload(self, sig, target_context):
+            try:
+                return super().load_overload(sig, target_context)
+            except Exception as e:  # noqa: BLE001: any unreadable entry is a miss
+                _say_once(f"[numba] cache of {self._py_func.__qualname__} in {self._cache_path} "
+                          f"is unreadable ({type(e).__name__}); compiling it again")
+                return None
+
+        def save_overload(self, sig, data):
+            try:
+                super().save_overload(sig, data)
+            except OSError as e:
+                _say_once(f"[numba] cannot save {self._py_func.__qualname__} to "
+                          f"{self._cache_path} ({e.strerror or e}); not cached")
+                self.disable()
+
+    def enable_caching(self):
+        self._cache = CheckedCache(self.py_func) if CACHED else caching.NullCache()
+
+    dispatcher.Dispatcher.enable_caching = enable_caching

@@ -1,0 +1,194 @@
+"""Where numba caches the kernels (causallm/kernels/jit_cache.py), and a damaged cache.
+
+A read-only install run without a home (a service user, a container) must still generate:
+the kernels are cached in the first writable folder of NUMBA_CACHE_DIR, the sources'
+__pycache__, the user's cache folder and a private temporary folder, or not at all. A cache
+file cut short (a crash, a full disk) is compiled again, not an UnpicklingError.
+
+The runs go through the CLI in a subprocess on one copy of the package made read-only; each
+first run compiles the embedded model's kernels (seconds), so the tree and its runs are shared.
+"""
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from causallm.kernels import jit_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "The for statement"
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def tree():
+    """The package (causallm, layers, models, factory.py, main.py, res/tiny-llama) copied to a
+    fresh folder others can read (for the unprivileged run), without caches, then chmod -R a-w;
+    ``tmp`` beside it is the runs' TMPDIR, writable by anyone."""
+    top = tempfile.mkdtemp(prefix="causallm-ro-")
+    os.chmod(top, 0o755)
+    base = os.path.join(top, "install")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("causallm", "layers", "models"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(base, name), ignore=skip)
+    for name in ("factory.py", "main.py"):
+        shutil.copy(os.path.join(ROOT, name), base)
+    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), os.path.join(base, "res", "tiny-llama"))
+    tmp = os.path.join(top, "tmp")
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o1777)
+    for folder, dirs, files in os.walk(base):
+        for name in files + dirs:
+            path = os.path.join(folder, name)
+            os.chmod(path, os.stat(path).st_mode & ~0o222)
+    os.chmod(base, 0o555)
+    yield base
+    for folder, dirs, _ in os.walk(top):
+        os.chmod(folder, 0o755)
+    shutil.rmtree(top)
+
+
+def run(base, *prefix):
+    """The CLI of the copy, greedy, 4 tokens, --json, with no HOME, XDG_CACHE_HOME or
+    NUMBA_CACHE_DIR; ``prefix`` runs it as another user."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HOME", "XDG_CACHE_HOME", "NUMBA_CACHE_DIR")}
+    env["TMPDIR"] = os.path.join(os.path.dirname(base), "tmp")
+    p = subprocess.run([*prefix, sys.executable, os.path.join(base, "main.py"),
+                        os.path.join(base, "res", "tiny-llama"), PROMPT, "--greedy", "-n", "4",
+                        "--json"], cwd=env["TMPDIR"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.splitlines()[-1]), p.stderr
+
+
+def cache_folder(stderr):
+    """The folder the compile notice names."""
+    m = re.search(r"\[numba\] compiling kernels for this CPU \(once: they are cached in (.+)\)",
+                  stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def first_run(tree):
+    record, stderr = run(tree)
+    return record, stderr, cache_folder(stderr)
+
+
+def test_read_only_install_without_home_generates(tree, first_run):
+    record, stderr, folder = first_run
+    assert len(record["generated_ids"]) == 4 and record["text"].strip(), record
+    # as root the "read-only" tree is writable and numba's default stays; as anyone else the
+    # kernels go to the private temporary folder and stderr says so
+    if os.access(os.path.join(tree, "causallm", "kernels"), os.W_OK):
+        assert folder.startswith(os.path.join(tree, "causallm", "kernels", "__pycache__"))
+    else:
+        temp = os.path.join(os.path.dirname(tree), "tmp", f"causallm-numba-{os.getuid()}")
+        assert folder.startswith(temp)
+        assert f"kernels are cached in {temp} (NUMBA_CACHE_DIR moves them)" in stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to run as an unprivileged user")
+def test_read_only_install_as_an_unprivileged_user(tree, first_run):
+    """As nobody (its home /nonexistent, none in the environment) nothing of the install is
+    writable: the kernels are cached in the private temporary folder, said once, and the next
+    run loads them from there."""
+    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    temp = os.path.join(os.path.dirname(tree), "tmp", f"causallm-numba-{NOBODY}")
+    note = (f"[numba] {tree}/causallm/kernels is not writable: kernels are cached in {temp} "
+            f"(NUMBA_CACHE_DIR moves them)")
+    (first, err1), (second, err2) = run(tree, *as_nobody), run(tree, *as_nobody)
+    assert first["generated_ids"] == second["generated_ids"] == first_run[0]["generated_ids"]
+    assert err1.splitlines()[0] == note and err1.count("[numba]") == 3  # the note, compiling
+    assert err2.splitlines()[0] == note and err2.count("[numba]") == 1  # the note alone
+    assert cache_folder(err1).startswith(temp)
+    st = os.stat(temp)
+    assert st.st_uid == NOBODY and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def test_a_truncated_cache_file_is_compiled_again(tree, first_run):
+    record, _, folder = first_run
+    # a data file, the last entry of its kernel (a second signature if there is one), and the
+    # index of another kernel
+    data = [f for f in os.listdir(folder) if f.endswith(".nbc")]
+    bad_data = max(data, key=lambda f: (int(f.rsplit(".", 2)[1]), f))
+    kernel = bad_data.split(".py")[0]
+    bad_index = min(f for f in os.listdir(folder)
+                    if f.endswith(".nbi") and f.split(".py")[0] != kernel)
+    for name in (bad_index, bad_data):
+        path = os.path.join(folder, name)
+        os.chmod(path, 0o644)
+        os.truncate(path, os.path.getsize(path) // 2)
+    again, stderr = run(tree)
+    assert again["generated_ids"] == record["generated_ids"]
+    assert f"[numba] cache index {os.path.join(folder, bad_index)} is unreadable" in stderr
+    assert re.search(rf"\[numba\] cache of \S+ in {re.escape(folder)} is unreadable "
+                     rf"\((UnpicklingError|EOFError)\); compiling it again", stderr), stderr
+    assert re.search(r"\[numba\] compiled \d+ kernel\(s\)", stderr), stderr
+    third, stderr = run(tree)  # the rebuilt entries load (the index may name new data files)
+    assert third["generated_ids"] == record["generated_ids"] and "[numba]" not in stderr
+
+
+# --------------------------------------------------------------------------- the choice itself
+
+def test_the_first_writable_folder_is_chosen(tmp_path, monkeypatch):
+    """NUMBA_CACHE_DIR, the sources' __pycache__, $XDG_CACHE_HOME or ~/.cache, a private temp
+    folder, none; a folder below a regular file stands for one that cannot be written (root
+    writes anywhere else)."""
+    (tmp_path / "file").write_text("")
+    bad = str(tmp_path / "file" / "x")
+    tree, given, xdg, home = (str(tmp_path / n) for n in ("tree", "given", "xdg", "home"))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    private = os.path.join(str(temp), f"causallm-numba-{os.getuid()}")
+
+    def choose(**env):
+        return jit_cache.choose(env, env.pop("in_tree", tree))
+
+    assert choose(NUMBA_CACHE_DIR=given) == (given, "")
+    assert choose() == ("", "")
+    assert choose(NUMBA_CACHE_DIR=bad) == (
+        "", f"[numba] NUMBA_CACHE_DIR {bad} is not writable: kernels are cached in {tree}")
+    assert choose(in_tree=bad, XDG_CACHE_HOME=xdg, HOME=home) == (
+        os.path.join(xdg, "causallm", "numba"),
+        f"[numba] {tmp_path}/file is not writable: kernels are cached in "
+        f"{xdg}/causallm/numba (NUMBA_CACHE_DIR moves them)")
+    assert choose(in_tree=bad, HOME=home)[0] == os.path.join(home, ".cache", "causallm", "numba")
+    assert choose(in_tree=bad, HOME=bad)[0] == private
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+    os.chmod(private, 0o777)  # a temporary folder others may write to is not used
+    folder, note = choose(in_tree=bad, HOME=bad, NUMBA_CACHE_DIR=bad)
+    assert folder is None and note == (
+        f"[numba] NUMBA_CACHE_DIR {bad} is not writable; {tmp_path}/file is not writable, nor "
+        f"is a user or temporary cache folder: kernels are compiled on every run (set "
+        f"NUMBA_CACHE_DIR to a writable folder)")
+
+
+def test_without_a_cache_folder_kernels_compile_uncached(monkeypatch):
+    from numba import njit
+    from numba.core.caching import NullCache
+
+    monkeypatch.setattr(jit_cache, "CACHED", False)
+
+    @njit(cache=True)
+    def twice(x):
+        return 2 * x
+
+    assert isinstance(twice._cache, NullCache) and twice(21) == 42
+    monkeypatch.setattr(jit_cache, "CACHED", True)
+
+    @njit(cache=True)
+    def thrice(x):
+        return 3 * x
+
+    assert type(thrice._cache).__name__ == "CheckedCache"
