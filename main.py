@@ -108,29 +108,26 @@ def _short(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """main.cpp: the model folder -> Factory -> initialize -> load_weight -> run, then the
     metrics; with --json one last stdout line with the run's record. The same for every
-    architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
+    architecture: a model's ``run`` returns a result whose ``record()`` holds its fields. The
+    model is made by causallm.loader.create, as the Python API's ``causallm.load``."""
     from causallm.errors import CausalLMError
-    from causallm.io.gguf_file import is_gguf
-    from factory import Factory
-    from models.transformer import set_threads
+    from causallm.loader import create, model_path_error
 
     t_start = time.perf_counter()
     _check_args(args)
-    if not (os.path.isdir(args.model_dir) or is_gguf(args.model_dir)):
-        what = "a file, neither a folder nor a .gguf" if os.path.exists(args.model_dir) \
-            else "no such directory"
+    error = model_path_error(args.model_dir)
+    if error:
         hint = (f"; to prompt the default model, pass its folder first: "
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
                 if args.prompt is None and not os.path.exists(args.model_dir) else "")
-        raise CausalLMError(f"{args.model_dir}: not a model folder ({what}){hint}")
-    overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
-    if args.threads is not None:
-        set_threads(args.threads)
+        raise CausalLMError(f"{error}{hint}")
     for path in args.image:
         if not os.path.isfile(path):
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
-    model = Factory.Instance().createFromFolder(args.model_dir, **overrides)
+    overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
+    model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                   threads=args.threads, num_beams=args.num_beams, **overrides)
     nntr_cfg = model.nntr_cfg
     if args.image:  # read before the weights load, so a bad image fails fast
         model.setImages(args.image)
@@ -160,8 +157,6 @@ def run(args: argparse.Namespace) -> int:
                                repetition_penalty=args.repeat_penalty, seed=args.seed,
                                greedy=args.greedy, num_beams=args.num_beams,
                                num_return_sequences=args.num_return_sequences)
-    model.setWeightFormat(args.dtype)
-    model.setKVCacheDtype(args.kv_dtype)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

@@ -225,7 +225,8 @@ class LanguageModel(Transformer):
             tail_prompt: str = "", log_output: bool = True, out=None,
             images=None) -> GenerationResult:
         """Encode ``system_prompt + prompt + tail_prompt``, generate and, with ``log_output``,
-        stream row 0's text to ``out`` (stdout) and print the metrics block to stderr.
+        stream row 0's text to ``out`` (stdout), end it with a newline and print the metrics
+        block to stderr.
         ``images`` (a vision model's; default: those setImages gave) go with the prompt (its
         image placeholders, or in front); they are used once."""
         if not self.is_initialized:
@@ -240,6 +241,8 @@ class LanguageModel(Transformer):
         finally:
             self.setImages([])
         if log_output:
+            (out or sys.stdout).write("\n")
+            (out or sys.stdout).flush()
             self.printMetrics(sys.stderr)
         return result
 

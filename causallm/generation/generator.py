@@ -243,7 +243,6 @@ class Generator:
             if b == 0 and tail and self.stream is not None:
                 self.stream.write(tail)
         if self.stream is not None:
-            self.stream.write("\n")
             self.stream.flush()
         result.texts = texts
         if n_new < max_new_tokens:
