@@ -82,8 +82,30 @@ def build_tokenizer(text: str):
     return tok
 
 
+CHAT_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message['role'] == 'system' %}\n"
+    "        {{- message['content'] | trim + '\\n\\n' }}\n"
+    "    {%- elif message['role'] == 'user' %}\n"
+    "        {{- 'Q: ' + message['content'] | trim + '\\n' }}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n"
+    "        {{- 'A: ' + message['content'] | trim + eos_token + '\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- raise_exception('roles are system, user and assistant, not ' + message['role']) }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- 'A:' }}\n"
+    "{%- endif %}\n")
+"""The embedded model's chat template. Its vocabulary has no turn tokens, so turns are plain
+text: the system prompt, then ``Q: ...`` per user turn and ``A: ...`` + EOS per reply; a reply
+ends with the EOS token, which generation already stops at."""
+
+
 def tokenizer_config() -> dict:
-    """The minimal tokenizer_config.json that lets transformers load tokenizer.json."""
+    """The minimal tokenizer_config.json that lets transformers load tokenizer.json, with the
+    chat template."""
     return {
         "bos_token": BOS,
         "eos_token": EOS,
@@ -91,6 +113,7 @@ def tokenizer_config() -> dict:
         "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": 512,
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
     }
 
 

