@@ -1,6 +1,7 @@
 """The CLI, mirroring Applications/CausalLM/main.cpp.
 
     python main.py [MODEL_DIR] [PROMPT] [options]
+    python main.py serve MODEL_DIR [--host 127.0.0.1] [--port 8080]   # docs/server.md
 
 MODEL_DIR holds config.json (required), generation_config.json and nntr_config.json (both
 optional) and the weights: nntr_config's ``model_file_name`` (an NNTrainer .bin, or a
@@ -174,13 +175,69 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="causallm serve",
+                description="Serve a model over an OpenAI-compatible HTTP API "
+                            "(docs/server.md); needs the 'serve' extra.")
+    p.add_argument("model_dir", help="model folder or .gguf file")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
+    p.add_argument("--model-name", default=None,
+                   help="the model id responses and /v1/models show (default: the folder name)")
+    p.add_argument("--dtype", type=str.upper, default=None,
+                   choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
+                   help="hold the packable weights in this format (converted at load)")
+    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
+                   help="precision of the KV cache")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=None,
+                   help="new tokens when a request gives no max_tokens; the KV cache holds "
+                        "init_seq_len + this (nntr_config num_to_generate)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p.parse_args(argv)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``causallm serve``: load the model once, then answer HTTP requests until interrupted."""
+    from causallm.errors import CausalLMError
+
+    if not 0 <= args.port <= 65535:
+        raise CausalLMError("--port must be in [0, 65535]")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise CausalLMError("-n must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise CausalLMError("-t must be at least 1")
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise CausalLMError(f"causallm serve needs Starlette and uvicorn ({e.name} is not "
+                            f"installed): pip install \"causallm[serve]\" (or: pip install "
+                            f"starlette uvicorn)") from None
+    from causallm.server import serve as run_server
+
+    overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
+    run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
+               log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
+               threads=args.threads, **overrides)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # `causallm serve MODEL_DIR`; a folder named serve: ./serve
+        args, command = parse_serve_args(argv[1:]), serve
+    else:
+        args, command = parse_args(argv), run
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:  # a non-UTF-8 terminal shows '?' rather than failing mid-stream
         reconfigure(errors="replace")
     try:
-        return run(args)
+        return command(args)
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         return 130

@@ -209,6 +209,11 @@ class LoadedModel:
             except TypeError as e:
                 raise CausalLMError(f"unknown generation option ({e})") from None
             ids = self.encode(prompt)
+            if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
+                # a chat reply also ends at the template's end-of-turn token (<|im_end|>, ...)
+                model.EOS_TOKEN_ID = list(model.EOS_TOKEN_ID) + [
+                    t for t in self.chat_template().endOfTurnIds(model.tokenizer)
+                    if t not in model.EOS_TOKEN_ID]
 
             def check(_row: int, _token: int) -> None:
                 if should_stop():
