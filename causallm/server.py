@@ -3,7 +3,8 @@
     POST /v1/chat/completions   messages -> the folder's chat template -> generation
     POST /v1/completions        a prompt string (or token ids) -> generation
     POST /v1/embeddings         texts -> embeddings (an embedding model only)
-    GET  /v1/models             the one model served;  GET /health  {"status": "ok"}
+    GET  /v1/models             the one model served
+    GET  /health                {"status": "ok", "model", "generations_stopped"}
 
 Starlette and uvicorn (the optional ``serve`` extra). Requests are checked here, before any
 work: a malformed body, a field of the wrong type or out of range, or what the model cannot do
@@ -17,7 +18,8 @@ and never share the model's caches; each goes through ``LoadedModel.complete``, 
 own loop. A streamed answer is sent as server-sent events (``data: {chunk}``, then
 ``data: [DONE]``) as the text is decoded; a client that goes away (its stream closed, or a
 non-streamed request's connection dropped) stops its generation at the next token, and a
-request still waiting its turn is skipped.
+request still waiting its turn is skipped (``GET /health`` counts these as
+``generations_stopped``).
 """
 
 from __future__ import annotations
@@ -212,6 +214,9 @@ class _Job:
     """One generation handed to the worker; its events (("text", piece), ("done",
     Completion), ("error", exception)) come back on an asyncio queue."""
 
+    stopped = 0
+    """Generations stopped because their client went away (GET /health shows it)."""
+
     def __init__(self, loaded: LoadedModel, executor, prompt, options: dict) -> None:
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -227,6 +232,7 @@ class _Job:
                                    should_stop=lambda: self.cancelled, **options)
             self._put("done", done)
         except Stopped:
+            _Job.stopped += 1
             log.info("generation stopped: the client went away")
         except BaseException as e:
             self._put("error", e)
@@ -424,7 +430,8 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
         return _json(model_card())
 
     async def health(request: Request) -> Response:
-        return _json({"status": "ok"})
+        return _json({"status": "ok", "model": model_id,
+                      "generations_stopped": _Job.stopped})
 
     async def bad_request(request: Request, exc: BadRequest) -> Response:
         return exc.response()
