@@ -8,11 +8,13 @@ BOS). One model is loaded per fixture and reused by every test: that reuse is it
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
 
 import causallm
+import causallm.loader
 from causallm.errors import CausalLMError
 from causallm.loader import Stopped
 from causallm.tokenizer import Tokenizer
@@ -136,3 +138,13 @@ def test_embed_gives_sentence_transformers_embeddings():
     np.testing.assert_allclose(model.embed(sentences[1]), ref["embeddings"][1:2], atol=1e-5)
     with pytest.raises(CausalLMError, match="does not generate"):
         model.generate("hi")
+
+
+def test_readme_example_runs(monkeypatch, capsys):
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    example = re.search(r"## Python API\n+```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(ROOT)  # it names res/tiny-llama
+    scope = {}
+    exec(example.replace('"EMBEDDING_DIR"', repr(BERT)), scope)
+    assert isinstance(scope["model"], causallm.loader.LoadedModel)
+    assert capsys.readouterr().out  # the streamed pieces
