@@ -211,34 +211,45 @@ def completion_prompt(body: dict):
 
 # -- the app ---------------------------------------------------------------------------------
 class _Job:
-    """One generation handed to the worker; its events (("text", piece), ("done",
-    Completion), ("error", exception)) come back on an asyncio queue."""
+    """One generation handed to the worker; its events (("text", piece) when streamed,
+    ("done", Completion), ("error", exception)) come back on an asyncio queue. ``stats``
+    counts the generations stopped because their client went away."""
 
-    stopped = 0
-    """Generations stopped because their client went away (GET /health shows it)."""
-
-    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict) -> None:
+    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict, stream: bool,
+                 stats: dict) -> None:
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
-        self.future = self.loop.run_in_executor(executor, self._work, loaded, prompt, options)
+        self.stats = stats
+        on_text = (lambda t: self._put("text", t)) if stream else None
+        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
 
     def _put(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
-    def _work(self, loaded: LoadedModel, prompt, options: dict) -> None:
+    def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
         try:
-            done = loaded.complete(prompt, on_text=lambda t: self._put("text", t),
-                                   should_stop=lambda: self.cancelled, **options)
+            done = loaded.complete(prompt, on_text=on_text, should_stop=lambda: self.cancelled,
+                                   **options)
             self._put("done", done)
         except Stopped:
-            _Job.stopped += 1
+            self.stats["generations_stopped"] += 1
             log.info("generation stopped: the client went away")
         except BaseException as e:
             self._put("error", e)
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    async def next(self, request: Request):
+        """The next event; None when the client went away meanwhile (the job is cancelled)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.cancel()
+                    return None
 
 
 def _error_of(e: BaseException, param: str) -> BadRequest:
@@ -271,6 +282,7 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
     """The Starlette app serving ``loaded`` under the name ``model_id``."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="causallm-worker")
     created = int(time.time())
+    stats = {"generations_stopped": 0}
 
     async def read_body(request: Request) -> dict:
         try:
@@ -314,32 +326,20 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
             return {"index": 0, "delta": {} if text is None else {"content": text},
                     "logprobs": None, "finish_reason": finish}
 
-        job = _Job(loaded, executor, prompt, options)
-        if not stream:
-            pieces = []
-            while True:
-                try:
-                    kind_, value = await asyncio.wait_for(job.events.get(), 0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel()
-                        return Response(status_code=499)
-                    continue
-                if kind_ == "text":
-                    pieces.append(value)
-                elif kind_ == "error":
-                    raise _error_of(value, param)
-                else:
-                    return _json({**head, "choices": [choice(value.text, value.finish_reason)],
-                                  "usage": usage(value)})
-
-        try:  # the first event decides between a 400 and a stream
-            first = await job.events.get()
+        job = _Job(loaded, executor, prompt, options, stream, stats)
+        try:  # the first event (the whole answer when not streamed) decides on a 400
+            first = await job.next(request)
         except BaseException:
             job.cancel()
             raise
+        if first is None:
+            return Response(status_code=499)  # nobody is listening
         if first[0] == "error":
             raise _error_of(first[1], param)
+        if not stream:
+            done = first[1]
+            return _json({**head, "choices": [choice(done.text, done.finish_reason)],
+                          "usage": usage(done)})
 
         def chunk(data: dict) -> bytes:
             if include_usage and "usage" not in data:
@@ -430,8 +430,7 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
         return _json(model_card())
 
     async def health(request: Request) -> Response:
-        return _json({"status": "ok", "model": model_id,
-                      "generations_stopped": _Job.stopped})
+        return _json({"status": "ok", "model": model_id, **stats})
 
     async def bad_request(request: Request, exc: BadRequest) -> Response:
         return exc.response()

@@ -4,7 +4,8 @@ driven by the official ``openai`` client and by raw httpx.
 res/tiny-llama (whose tokenizer_config.json carries a chat template) answers chat and text
 completions; greedy answers must equal what the CLI and the Python API give for the same prompt,
 streamed or not, one request at a time or several at once. bert-st-mean answers embeddings,
-checked against sentence-transformers' (its expected.npz). A client that drops its stream stops
+checked against sentence-transformers' (its expected.npz). A client that drops its stream (or the
+connection of a request not streamed) stops
 its generation (``/health`` counts it) and the server answers the next request; every bad
 request is a 400 with OpenAI's error body, after which the server still serves.
 """
@@ -75,7 +76,8 @@ def stop_server(proc):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc, url = start_server(TINY, tmp_path_factory.mktemp("serve") / "server.log")
+    # a KV cache of 256 + 1500 positions: room for a generation long enough to drop mid-way
+    proc, url = start_server(TINY, tmp_path_factory.mktemp("serve") / "server.log", "-n", "1500")
     yield url
     stop_server(proc)
 
@@ -194,24 +196,43 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     assert answers == alone * 2
 
 
+LONG = {"model": "x", "prompt": PROMPTS[1], "max_tokens": 1500, "temperature": 0}
+"""Greedy, this prompt runs 1500 tokens without an EOS: a generation that is counted as
+stopped was cut short."""
+
+
+def wait_for_stopped(server, count):
+    for _ in range(600):  # the server notices at its next token
+        if httpx.get(server + "/health").json()["generations_stopped"] >= count:
+            break
+        time.sleep(0.2)
+    assert httpx.get(server + "/health").json()["generations_stopped"] == count
+
+
 def test_a_dropped_stream_stops_its_generation(server, local):
     before = httpx.get(server + "/health").json()["generations_stopped"]
-    body = {"model": "x", "prompt": PROMPTS[0], "max_tokens": 340, "temperature": 0,
-            "stream": True}
-    # run alone, this answer is 340 tokens long (greedy, no EOS): it cannot end by itself
-    assert local.complete(PROMPTS[0], greedy=True, max_new_tokens=340).finish_reason == "length"
     with httpx.Client(timeout=300) as c:
-        with c.stream("POST", server + "/v1/completions", json=body) as r:
+        with c.stream("POST", server + "/v1/completions", json={**LONG, "stream": True}) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
-    for _ in range(600):  # the server notices at its next token
-        if httpx.get(server + "/health").json()["generations_stopped"] > before:
-            break
-        time.sleep(0.2)
-    assert httpx.get(server + "/health").json()["generations_stopped"] == before + 1
+    wait_for_stopped(server, before + 1)
     want = local.generate(PROMPTS[3], greedy=True, max_new_tokens=16)
     assert complete(server, prompt=PROMPTS[3], max_tokens=16,
+                    temperature=0)["choices"][0]["text"] == want
+
+
+def test_a_dropped_request_stops_its_generation(server, local):
+    """A non-streamed request whose connection closes while its answer is being generated."""
+    before = httpx.get(server + "/health").json()["generations_stopped"]
+    body = json.dumps(LONG).encode()
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for_stopped(server, before + 1)
+    want = local.generate(PROMPTS[2], greedy=True, max_new_tokens=16)
+    assert complete(server, prompt=PROMPTS[2], max_tokens=16,
                     temperature=0)["choices"][0]["text"] == want
 
 
@@ -282,10 +303,11 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
     "tools": ("/v1/chat/completions",
               {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    "prompt longer than the cache": ("/v1/completions", {"prompt": "word " * 600}, "prompt"),
+    "prompt longer than the cache": ("/v1/completions", {"prompt": "word " * 2000}, "prompt"),
     "streamed prompt longer than the cache": (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "word " * 600}], "stream": True}, "messages"),
+        {"messages": [{"role": "user", "content": "word " * 2000}], "stream": True},
+        "messages"),
 }
 
 
