@@ -4,10 +4,10 @@ driven by the official ``openai`` client and by raw httpx.
 res/tiny-llama (whose tokenizer_config.json carries a chat template) answers chat and text
 completions; greedy answers must equal what the CLI and the Python API give for the same prompt,
 streamed or not, one request at a time or several at once. bert-st-mean answers embeddings,
-checked against sentence-transformers' (its expected.npz). A client that drops its stream (or the
-connection of a request not streamed) stops
-its generation (``/health`` counts it) and the server answers the next request; every bad
-request is a 400 with OpenAI's error body, after which the server still serves.
+checked against sentence-transformers' (its expected.npz). A client that drops its stream (or
+the connection of a request not streamed) stops its generation (``/health`` counts it) and the
+server answers the next request; every bad request is a 400 with OpenAI's error body, after
+which the server still serves.
 """
 
 import json
