@@ -38,8 +38,9 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(
         prog="causallm", description="Run an NNTrainer-style CausalLM on a model folder.",
-        epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p "
-               "switch sampling on (--temp 0 means greedy); --greedy forces greedy decoding.")
+        epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p/"
+               "--min-p/--typical-p switch sampling on (--temp 0 means greedy); --greedy forces "
+               "greedy decoding.")
     p.add_argument("model_dir", nargs="?", default=DEFAULT_MODEL_DIR,
                    help="model folder or .gguf file (default: the embedded res/tiny-llama)")
     p.add_argument("prompt", nargs="?", default=None,
@@ -66,6 +67,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     p.add_argument("--repeat-penalty", type=float, default=None,
                    help="repetition penalty (1.0: off)")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="keep tokens with probability >= P x the top one's (0: off)")
+    p.add_argument("--typical-p", type=float, default=None,
+                   help="locally typical sampling mass (1.0: off)")
+    p.add_argument("--presence-penalty", type=float, default=None,
+                   help="subtract from the logit of every token already generated (0: off)")
+    p.add_argument("--frequency-penalty", type=float, default=None,
+                   help="subtract this times its count from a generated token's logit (0: off)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                   help="never repeat an n-gram of this size (0: off)")
+    p.add_argument("--min-new-tokens", type=int, default=None,
+                   help="hold back EOS until this many new tokens")
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="end generation when the text contains STR, which is not printed "
+                        "(repeatable)")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--system", default=None, help="system prompt placed before the prompt")
@@ -87,6 +103,18 @@ def _check_args(args: argparse.Namespace) -> None:
         (args.repeat_penalty is not None
          and not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0),
          "--repeat-penalty must be a finite number > 0"),
+        (args.min_p is not None and not 0 <= args.min_p <= 1, "--min-p must be in [0, 1]"),
+        (args.typical_p is not None and not 0 < args.typical_p <= 1,
+         "--typical-p must be in (0, 1]"),
+        (args.presence_penalty is not None and not math.isfinite(args.presence_penalty),
+         "--presence-penalty must be a finite number"),
+        (args.frequency_penalty is not None and not math.isfinite(args.frequency_penalty),
+         "--frequency-penalty must be a finite number"),
+        (args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 0,
+         "--no-repeat-ngram-size must be >= 0"),
+        (args.min_new_tokens is not None and args.min_new_tokens < 0,
+         "--min-new-tokens must be >= 0"),
+        (args.stop is not None and "" in args.stop, "--stop needs a non-empty string"),
         (args.seed is not None and args.seed < 0, "--seed must be >= 0"),
         (args.threads is not None and args.threads < 1, "-t must be at least 1"),
         (args.num_beams is not None and args.num_beams < 1, "--num-beams must be at least 1"),
@@ -157,7 +185,12 @@ def run(args: argparse.Namespace) -> int:
     model.setGenerationOptions(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                repetition_penalty=args.repeat_penalty, seed=args.seed,
                                greedy=args.greedy, num_beams=args.num_beams,
-                               num_return_sequences=args.num_return_sequences)
+                               num_return_sequences=args.num_return_sequences,
+                               min_p=args.min_p, typical_p=args.typical_p,
+                               presence_penalty=args.presence_penalty,
+                               frequency_penalty=args.frequency_penalty,
+                               no_repeat_ngram_size=args.no_repeat_ngram_size,
+                               min_new_tokens=args.min_new_tokens, stop_strings=args.stop)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

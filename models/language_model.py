@@ -4,7 +4,9 @@ EncoderDecoder.
 It holds what ``CausalLM::setupParameters`` reads for generation (generation_config.json's
 ``eos_token_id``, ``bos_token_id``, ``do_sample``, ``top_k``, ``top_p``, ``temperature``,
 ``repetition_penalty``; nntr_config's ``bad_word_ids`` and ``lmhead_dtype``) under the C++ names,
-and the C++-named entry points, thin wrappers over the generator (causallm/generation/
+the search and sampling keys transformers reads beyond those (``readSearchParameters``; a
+generation_config.json key that is neither applied nor metadata gets one warning line on stderr
+after the first generation), and the C++-named entry points, thin wrappers over the generator (causallm/generation/
 generator.py), which owns token selection, stop rules, streaming and metrics:
 
 - ``run(prompt, do_sample, system_prompt, tail_prompt, log_output)``: encode the text, generate,
@@ -18,6 +20,7 @@ for the system-prompt KV cache) and ``chatPrompt`` are the other hooks.
 
 from __future__ import annotations
 
+import math
 import sys
 
 from causallm.errors import CausalLMError
@@ -35,6 +38,26 @@ GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pa
                    "renormalize_logits")
 """config.json keys a family's key converter (t5BaseConfig, bartBaseConfig, ...) passes on: what
 transformers reads for generation when a folder has no generation_config.json."""
+
+APPLIED_GENERATION_KEYS = frozenset((
+    "eos_token_id", "bos_token_id", "decoder_start_token_id", "do_sample", "temperature",
+    "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "num_beams",
+    "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
+    "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "bad_words_ids", "renormalize_logits", "stop_strings"))
+"""The generation_config.json keys generation applies (the one list: docs/cli.md shows it)."""
+
+METADATA_GENERATION_KEYS = frozenset((
+    "transformers_version", "_from_model_config", "pad_token_id", "use_cache",
+    "cache_implementation", "return_dict_in_generate", "output_scores", "output_logits",
+    "output_attentions", "output_hidden_states"))
+"""generation_config.json keys that do not change the tokens chosen: no warning."""
+
+
+def unappliedKeyWarnings(generation_cfg: JsonConfig) -> list[str]:
+    """One warning line per generation_config.json key that is neither applied nor metadata."""
+    return [f"warning: {generation_cfg.name}: '{key}' is not applied\n" for key in generation_cfg
+            if key not in APPLIED_GENERATION_KEYS and key not in METADATA_GENERATION_KEYS]
 
 
 class LanguageModel(Transformer):
@@ -69,7 +92,10 @@ class LanguageModel(Transformer):
         if not self.REPETITION_PENALTY > 0.0:
             raise generation_cfg.error("repetition_penalty", "a number > 0 (1.0 = off)")
         self.SEED = None
+        self.PRESENCE_PENALTY = 0.0   # OpenAI's / llama.cpp's, not generation_config keys
+        self.FREQUENCY_PENALTY = 0.0
         self.readSearchParameters(cfg, generation_cfg)
+        self.config_warnings = unappliedKeyWarnings(generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()
         self.result = GenerationResult()
@@ -104,6 +130,17 @@ class LanguageModel(Transformer):
                                              f"[0, {self.NUM_VOCAB})")
         self.BAD_WORDS_IDS = words
         self.RENORMALIZE_LOGITS = src.get_bool("renormalize_logits", False)
+        self.MIN_P = src.get_float("min_p", 0.0)
+        if not 0.0 <= self.MIN_P <= 1.0:
+            raise src.error("min_p", "a number in [0, 1] (0 = off)")
+        self.TYPICAL_P = src.get_float("typical_p", 1.0)
+        if not 0.0 < self.TYPICAL_P <= 1.0:
+            raise src.error("typical_p", "a number in (0, 1] (1.0 = off)")
+        stops = src.get("stop_strings") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        if not (isinstance(stops, list) and all(isinstance(t, str) and t for t in stops)):
+            raise src.error("stop_strings", "a non-empty string or a list of them")
+        self.STOP_STRINGS = stops
         for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
                            ("forced_eos_token_id", self.FORCED_EOS_TOKEN_ID)):
             if any(t >= self.NUM_VOCAB for t in value):
@@ -114,17 +151,51 @@ class LanguageModel(Transformer):
                              top_p: float | None = None, repetition_penalty: float | None = None,
                              seed: int | None = None, greedy: bool = False,
                              num_beams: int | None = None,
-                             num_return_sequences: int | None = None) -> None:
-        """The CLI's options over the configs' values: a temperature, top-k or top-p switches
-        sampling on; ``greedy`` means one beam, argmax; temperature 0 is greedy (``samples``).
-        The beams size the graph: set them before ``initialize()``."""
+                             num_return_sequences: int | None = None,
+                             min_p: float | None = None, typical_p: float | None = None,
+                             presence_penalty: float | None = None,
+                             frequency_penalty: float | None = None,
+                             no_repeat_ngram_size: int | None = None,
+                             min_new_tokens: int | None = None,
+                             bad_words_ids: list[list[int]] | None = None,
+                             stop_strings: list[str] | None = None) -> None:
+        """The CLI's options over the configs' values (None keeps the config's): a temperature,
+        top-k, top-p, min-p or typical-p switches sampling on; ``greedy`` means one beam,
+        argmax; temperature 0 is greedy (``samples``). ``bad_words_ids`` and ``stop_strings``
+        replace the generation_config ones. The beams size the graph: set them before
+        ``initialize()``."""
+        checks = [
+            (min_p is not None and not 0.0 <= min_p <= 1.0,
+             f"min_p must be in [0, 1], got {min_p}"),
+            (typical_p is not None and not 0.0 < typical_p <= 1.0,
+             f"typical_p must be in (0, 1], got {typical_p}"),
+            (any(v is not None and not math.isfinite(v)
+                 for v in (presence_penalty, frequency_penalty)),
+             "presence_penalty and frequency_penalty must be finite numbers"),
+            (any(v is not None and v < 0 for v in (no_repeat_ngram_size, min_new_tokens)),
+             "no_repeat_ngram_size and min_new_tokens must be >= 0"),
+            (bad_words_ids is not None and not all(
+                w and all(0 <= t < self.NUM_VOCAB for t in w) for w in bad_words_ids),
+             f"bad_words_ids must be non-empty lists of token ids in [0, {self.NUM_VOCAB})"),
+            (stop_strings is not None and not all(isinstance(t, str) and t for t in stop_strings),
+             "stop_strings must be non-empty strings"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise CausalLMError(message)
         for name, value in (("TEMPERATURE", temperature), ("TOP_K", top_k), ("TOP_P", top_p),
                             ("REPETITION_PENALTY", repetition_penalty), ("SEED", seed),
                             ("NUM_BEAMS", num_beams),
-                            ("NUM_RETURN_SEQUENCES", num_return_sequences)):
+                            ("NUM_RETURN_SEQUENCES", num_return_sequences),
+                            ("MIN_P", min_p), ("TYPICAL_P", typical_p),
+                            ("PRESENCE_PENALTY", presence_penalty),
+                            ("FREQUENCY_PENALTY", frequency_penalty),
+                            ("NO_REPEAT_NGRAM_SIZE", no_repeat_ngram_size),
+                            ("MIN_NEW_TOKENS", min_new_tokens),
+                            ("BAD_WORDS_IDS", bad_words_ids), ("STOP_STRINGS", stop_strings)):
             if value is not None:
                 setattr(self, name, value)
-        if temperature is not None or top_k is not None or top_p is not None:
+        if any(v is not None for v in (temperature, top_k, top_p, min_p, typical_p)):
             self.DO_SAMPLE = True
         if greedy:
             self.DO_SAMPLE = False
@@ -159,7 +230,10 @@ class LanguageModel(Transformer):
                                 f"num_beams {self.NUM_BEAMS}")
         return GenerationSettings(
             do_sample=do_sample, temperature=self.TEMPERATURE, top_k=self.TOP_K,
-            top_p=self.TOP_P, repetition_penalty=self.REPETITION_PENALTY,
+            top_p=self.TOP_P, min_p=self.MIN_P, typical_p=self.TYPICAL_P,
+            repetition_penalty=self.REPETITION_PENALTY,
+            presence_penalty=self.PRESENCE_PENALTY, frequency_penalty=self.FREQUENCY_PENALTY,
+            stop_strings=list(self.STOP_STRINGS),
             bad_words_ids=[[t] for t in self.BAD_WORD_IDS] + list(self.BAD_WORDS_IDS),
             no_repeat_ngram_size=self.NO_REPEAT_NGRAM_SIZE, min_length=self.MIN_LENGTH,
             min_new_tokens=self.MIN_NEW_TOKENS, forced_bos_token_id=self.FORCED_BOS_TOKEN_ID,
@@ -213,6 +287,9 @@ class LanguageModel(Transformer):
         self.performance_metrics = result.metrics
         self.result = result
         self.output_list = list(result.texts)
+        for line in self.config_warnings:  # once, after the first generation: a run that
+            sys.stderr.write(line)         # fails shows its error line alone
+        self.config_warnings = []
         return result
 
     def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = ""

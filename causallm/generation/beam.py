@@ -27,8 +27,10 @@ the ids so far, each step does, in float32 as transformers:
    K finished, or every candidate hit.
 
 The result per prompt is its ``num_return_sequences`` best finished hypotheses with their
-scores (the new tokens, an EOS that ended one included). Greedy decoding is one beam, argmax,
-and goes through causallm/generation/generator.py instead.
+scores (the new tokens, an EOS that ended one included). Stop strings do not steer the search:
+each returned hypothesis's text is cut before the first stop string in it (its ids and score
+stay those of the whole hypothesis), and the best one's finish_reason is then "stop". Greedy
+decoding is one beam, argmax, and goes through causallm/generation/generator.py instead.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from causallm.generation.generator import (
     GenerationResult,
     PerformanceMetrics,
     check_prompts,
+    cut_at_stop,
     peak_memory_kb,
 )
 from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
@@ -161,13 +164,18 @@ class BeamSearch:
         for b in range(B):
             hyps = [{"generated_ids": finished[b][k][P:], "score": float(finished_scores[b, k])}
                     for k in range(s.num_return_sequences)]
+            stopped = False
             if self.tokenizer is not None:
-                for h in hyps:
-                    h["text"] = self.decode(h["generated_ids"], eos)
+                cuts = [cut_at_stop(self.decode(h["generated_ids"], eos), s.stop_strings)
+                        for h in hyps]
+                for h, (text, _) in zip(hyps, cuts):
+                    h["text"] = text
+                stopped = cuts[0][1]
             result.sequences.append(hyps)
             best_ids = hyps[0]["generated_ids"]
             result.generated_ids.append(best_ids)
-            result.finish_reasons.append("eos" if best_ids and best_ids[-1] in eos
+            result.finish_reasons.append("stop" if stopped
+                                         else "eos" if best_ids and best_ids[-1] in eos
                                          else ("cache_full" if n_new < max_new_tokens
                                                else "length"))
             if on_token is not None:

@@ -10,10 +10,11 @@ A model only has to start and step (``Generative``):
 - ``step(tokens) -> logits``: feed one token per row at the next position.
 
 The generator owns the rest, the same for every model: token selection (``Sampler``: greedy or
-sampling, repetition penalty, bad words), stop rules (an EOS id ends its row; ``max_new_tokens``;
-the caches' capacity, reported as ``cache_full``), streaming text (a UTF-8-safe
-``StreamDecoder`` per row, EOS never printed, row 0 written to ``stream``) and the metrics
-(``PerformanceMetrics``: encode, prefill and generation phases, peak memory).
+sampling, the processors and warpers), stop rules (an EOS id ends its row, ``eos``; a stop
+string in its text, ``stop``; ``max_new_tokens``, ``length``; the caches' capacity,
+``cache_full``), streaming text (a UTF-8-safe ``StreamDecoder`` per row, EOS and stop strings
+never printed, row 0 written to ``stream``) and the metrics (``PerformanceMetrics``: encode,
+prefill and generation phases, peak memory).
 
 Fixed against the C++ loop (spec §10): every token, the first included, goes through the same
 selection (G6, G16); every token is streamed and recorded, EOS is neither printed nor followed
@@ -127,7 +128,8 @@ class GenerationResult:
     prompt_ids: list = field(default_factory=list)      # [B][P]
     generated_ids: list = field(default_factory=list)   # [B][n], new tokens only (EOS included)
     texts: list = field(default_factory=list)           # [B] decoded new text (no special tokens)
-    finish_reasons: list = field(default_factory=list)  # [B] "eos" | "length" | "cache_full"
+    finish_reasons: list = field(default_factory=list)  # [B] "eos" | "stop" | "length" |
+                                                        # "cache_full"
     do_sample: bool = False
     metrics: PerformanceMetrics = field(default_factory=PerformanceMetrics)
     num_beams: int = 1
@@ -150,6 +152,45 @@ class GenerationResult:
             out["batch"] = [{"generated_ids": g, "text": t, "finish_reason": r} for g, t, r in
                             zip(self.generated_ids, self.texts, self.finish_reasons)]
         return out
+
+
+class StopText:
+    """One row's text passed through its stop strings (llama.cpp's and OpenAI's ``stop``).
+
+    ``feed(chunk) -> (text, stopped)``: with ``held`` the text kept back so far and
+    t = held + chunk, if a stop string occurs in t, return the text before its first
+    occurrence (the earliest start; the longest string there) and True; else return t without
+    its longest suffix that is a proper prefix of a stop string (that suffix becomes ``held``)
+    and False. ``release()`` returns what is held (at the end, when it turned out not to be a
+    stop string). So the emitted text never contains a stop string nor anything after one,
+    even when one spans several tokens; no occurrence can start in text already emitted, since
+    a suffix that could begin one is always held back.
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self.stops = list(stop_strings)
+        self.held = ""
+
+    def feed(self, chunk: str) -> tuple[str, bool]:
+        text = self.held + chunk
+        found = [(i, -len(stop)) for stop in self.stops if (i := text.find(stop)) >= 0]
+        if found:
+            self.held = ""
+            return text[:min(found)[0]], True
+        keep = max((k for stop in self.stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
+                    if text.endswith(stop[:k])), default=0)
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep], False
+
+    def release(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first occurrence of any stop string, and whether one occurred."""
+    cut, stopped = StopText(stop_strings).feed(text)
+    return (cut, True) if stopped else (text, False)
 
 
 def check_prompts(prompt_ids: list[list[int]], batch: int, max_new_tokens: int) -> None:
@@ -195,9 +236,26 @@ class Generator:
                                   generated_ids=[[] for _ in range(B)],
                                   finish_reasons=["length"] * B, do_sample=s.do_sample,
                                   metrics=metrics)
+        if s.stop_strings and self.tokenizer is None:
+            raise CausalLMError("generate: stop strings need a tokenizer to decode the text")
         decoders = [StreamDecoder(self.tokenizer) for _ in range(B)] if self.tokenizer else []
+        stops = [StopText(s.stop_strings) for _ in range(B)]
         texts = [""] * B
         finished = [False] * B
+
+        def show(b: int, chunk: str, last: bool = False) -> None:
+            """Add decoded text to row b through its stop strings (``last``: and what they
+            held back, which is then no stop string); row 0's goes to the stream."""
+            text, stopped = stops[b].feed(chunk)
+            if stopped:
+                finished[b] = True
+                result.finish_reasons[b] = "stop"
+            elif last:
+                text += stops[b].release()
+            texts[b] += text
+            if b == 0 and text and self.stream is not None:
+                self.stream.write(text)
+                self.stream.flush()
 
         def emit(tokens: np.ndarray) -> None:
             for b in range(B):
@@ -212,11 +270,7 @@ class Generator:
                     finished[b] = True
                     result.finish_reasons[b] = "eos"
                 elif decoders:
-                    text = decoders[b].step(token)
-                    texts[b] += text
-                    if b == 0 and text and self.stream is not None:
-                        self.stream.write(text)
-                        self.stream.flush()
+                    show(b, decoders[b].step(token))
 
         t0 = time.perf_counter()
         start = self.model.start(np.asarray(prompt_ids, dtype=np.float32), start_pos,
@@ -225,7 +279,8 @@ class Generator:
         n_new = min(max_new_tokens, start.capacity)
         prompt_len = len(histories[0])
         sampler = Sampler(s.temperature, s.top_k, s.top_p, seed=s.seed, do_sample=s.do_sample,
-                          processors=build_processors(s, prompt_len, prompt_len + n_new))
+                          processors=build_processors(s, prompt_len, prompt_len + n_new),
+                          min_p=s.min_p, typical_p=s.typical_p)
         with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
             emit(sampler.select(start.logits, histories))
         steps = 0
@@ -238,15 +293,13 @@ class Generator:
                 emit(sampler.select(logits, histories))
         metrics.generation_tokens = steps
         for b, decoder in enumerate(decoders):
-            tail = decoder.flush()
-            texts[b] += tail
-            if b == 0 and tail and self.stream is not None:
-                self.stream.write(tail)
+            if result.finish_reasons[b] != "stop":
+                show(b, decoder.flush(), last=True)
         if self.stream is not None:
             self.stream.flush()
         result.texts = texts
         if n_new < max_new_tokens:
-            result.finish_reasons = [r if r == "eos" else "cache_full"
+            result.finish_reasons = ["cache_full" if r == "length" else r
                                      for r in result.finish_reasons]
         metrics.total_duration_ms = (time.perf_counter() - t0) * 1e3
         metrics.peak_memory_kb = peak_memory_kb()

@@ -7,9 +7,15 @@ scores, changed in place. ``cur_len`` below is ``len(ids)``, transformers' ``inp
 ``build_processors`` lists them in the order ``GenerationMixin._get_logits_processor`` does:
 
     RepetitionPenalty(p)         x[i] = x[i] * p if x[i] < 0 else x[i] / p, each distinct i in ids
+    PresenceFrequencyPenalty(P, a, f)
+                                 x[i] -= a * (c[i] > 0) + f * c[i], c[i] = count of i in the
+                                 generated ids ids[P:] (OpenAI's and llama.cpp's penalties; not
+                                 a transformers processor, so placed as llama.cpp does: right
+                                 after the repetition penalty)
     NoRepeatNGram(n)             a token that would repeat an n-gram of ids gets -inf
-    NoBadWords(words)            -inf for a single-token word; for a longer one, its last token
-                                 when ids end with the rest of it
+    NoBadWords(words, eos)       -inf for a single-token word; for a longer one, its last token
+                                 when ids end with the rest of it; a word that is one EOS id
+                                 alone is dropped (never banned), as transformers does
     MinLength(m, eos)            the EOS ids get -inf while cur_len < m
     MinNewTokens(p, m, eos)      the EOS ids get -inf while cur_len - p < m (p: the prompt's length)
     ForcedBOS(bos)               at cur_len == 1 every token but bos gets -inf, bos 0
@@ -18,7 +24,9 @@ scores, changed in place. ``cur_len`` below is ``len(ids)``, transformers' ``inp
     Renormalize()                x = log_softmax(x) after all the others (renormalize_logits:
                                  beam scores then count only the tokens left unmasked)
 
-Greedy and sampling apply them to the logits, beam search to the log-softmax (as transformers).
+Greedy and sampling apply them to the logits, beam search to the log-softmax (as transformers);
+sampling then applies the warpers (causallm/generation/sampler.py: temperature, top-k, top-p,
+min-p, typical-p) before its draw.
 """
 
 from __future__ import annotations
@@ -49,7 +57,12 @@ class GenerationSettings:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0                                   # 0 = off
+    typical_p: float = 1.0                               # 1 = off
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0                        # OpenAI / llama.cpp, 0 = off
+    frequency_penalty: float = 0.0                       # OpenAI / llama.cpp, 0 = off
+    stop_strings: list = field(default_factory=list)     # [str, ...]: the generator's stop
     bad_words_ids: list = field(default_factory=list)   # [[id, ...], ...]
     no_repeat_ngram_size: int = 0
     min_length: int = 0
@@ -73,6 +86,24 @@ class RepetitionPenalty:
         applyRepetitionPenalty(scores, ids, self.penalty)
 
 
+class PresenceFrequencyPenalty:
+    """OpenAI's presence and frequency penalties (llama.cpp's ``penalty_present`` and
+    ``penalty_freq``): ``x[i] -= presence * (c[i] > 0) + frequency * c[i]``, where c[i] counts
+    token i among the *generated* ids, ``ids[prompt_len:]`` (the prompt and a cached system
+    prompt are not counted; llama.cpp counts its last ``penalty_last_n`` sampled tokens, we
+    count every generated one)."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len = prompt_len
+        self.presence, self.frequency = np.float32(presence), np.float32(frequency)
+
+    def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
+        seen, counts = np.unique(np.asarray(ids[self.prompt_len:], dtype=np.int64),
+                                 return_counts=True)
+        if seen.size:
+            scores[seen] -= self.presence + self.frequency * counts.astype(np.float32)
+
+
 class NoRepeatNGram:
     def __init__(self, n: int) -> None:
         self.n = n
@@ -89,7 +120,8 @@ class NoRepeatNGram:
 
 
 class NoBadWords:
-    def __init__(self, words: Sequence[Sequence[int]]) -> None:
+    def __init__(self, words: Sequence[Sequence[int]], eos: Sequence[int] = ()) -> None:
+        words = [w for w in words if not (len(w) == 1 and w[0] in eos)]
         self.single = np.array([w[0] for w in words if len(w) == 1], dtype=np.int64)
         self.longer = [tuple(w) for w in words if len(w) > 1]
 
@@ -150,10 +182,12 @@ def build_processors(s: GenerationSettings, prompt_len: int, max_length: int) ->
     out = []
     if s.repetition_penalty != 1.0:
         out.append(RepetitionPenalty(s.repetition_penalty))
+    if s.presence_penalty != 0.0 or s.frequency_penalty != 0.0:
+        out.append(PresenceFrequencyPenalty(prompt_len, s.presence_penalty, s.frequency_penalty))
     if s.no_repeat_ngram_size > 0:
         out.append(NoRepeatNGram(s.no_repeat_ngram_size))
     if s.bad_words_ids:
-        out.append(NoBadWords(s.bad_words_ids))
+        out.append(NoBadWords(s.bad_words_ids, s.eos_token_id))
     if s.min_length > 0 and s.eos_token_id:
         out.append(MinLength(s.min_length, s.eos_token_id))
     if s.min_new_tokens > 0 and s.eos_token_id:

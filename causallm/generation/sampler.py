@@ -10,9 +10,10 @@ Order, as in ``transformers`` ``generate()``:
 
 1. repetition penalty (``RepetitionPenaltyLogitsProcessor``) over the ids seen so far;
 2. bad words (``NoBadWordsLogitsProcessor`` for single-token entries): logit = -inf;
-3. greedy: the first maximum. Sampling: temperature, then top-k, then top-p
-   (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``), then one draw from
-   softmax(logits) computed in float64.
+3. greedy: the first maximum. Sampling: temperature, then top-k, then top-p, then min-p, then
+   typical-p (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
+   ``MinPLogitsWarper``, ``TypicalLogitsWarper``, in the order ``_get_logits_processor`` adds
+   them), then one draw from softmax(logits) computed in float64.
 
 Removed tokens get logit -inf (``filter_value``), so their probability is exactly 0.
 """
@@ -43,13 +44,18 @@ def _check_penalty(penalty: float) -> None:
                             f"got {penalty!r}")
 
 
-def _check_warpers(temperature: float, top_k: int, top_p: float) -> None:
+def _check_warpers(temperature: float, top_k: int, top_p: float, min_p: float = 0.0,
+                   typical_p: float = 1.0) -> None:
     if not (math.isfinite(temperature) and temperature > 0):
         raise CausalLMError(f"temperature must be > 0 when sampling, got {temperature!r}")
     if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
         raise CausalLMError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
     if not 0.0 <= top_p <= 1.0:
         raise CausalLMError(f"top_p must be in [0, 1] (1.0 = off), got {top_p!r}")
+    if not 0.0 <= min_p <= 1.0:
+        raise CausalLMError(f"min_p must be in [0, 1] (0 = off), got {min_p!r}")
+    if not 0.0 < typical_p <= 1.0:
+        raise CausalLMError(f"typical_p must be in (0, 1] (1.0 = off), got {typical_p!r}")
 
 
 def applyRepetitionPenalty(logits: np.ndarray, input_ids: Iterable[int], penalty: float) -> None:
@@ -111,6 +117,47 @@ def applyTKP(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0,
     return logits
 
 
+def applyMinP(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Min-p, in place; logits (V,). Returns ``logits``.
+
+    With p = softmax(x): every token with ``p[i] < min_p * max(p)`` becomes -inf, i.e.
+    ``exp(x[i] - max(x)) < min_p`` (computed in float64); the most likely token always stays
+    (transformers' ``MinPLogitsWarper``, min_tokens_to_keep 1). ``min_p = 0`` changes nothing.
+    """
+    if min_p > 0.0:
+        ratio = np.exp(logits.astype(np.float64) - np.float64(logits.max()))
+        logits[ratio < min_p] = -np.inf
+    return logits
+
+
+def applyTypicalP(logits: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling (Meister et al., arXiv 2202.00666), in place; logits (V,).
+
+    With l = log_softmax(x), p = exp(l) and the entropy H = -sum(p * l) (tokens at -inf add
+    nothing): order the tokens by ``d[i] = |-l[i] - H|`` ascending, take the cumulative
+    probability c along that order, let j = the number of tokens with ``c < mass`` (at most
+    V - 1) and remove every token with ``d[i] > d[order[j]]``, never the first in the order
+    (transformers' ``TypicalLogitsWarper``, min_tokens_to_keep 1). Float64 throughout
+    (transformers: float32). ``mass = 1`` changes nothing. Returns ``logits``.
+    """
+    if mass >= 1.0:
+        return logits
+    x = logits.astype(np.float64)
+    log_p = x - x.max()
+    log_p -= np.log(np.exp(log_p).sum())
+    p = np.exp(log_p)
+    live = p > 0
+    entropy = -(log_p[live] * p[live]).sum()
+    distance = np.abs(-log_p - entropy)            # +inf for tokens already removed
+    order = np.argsort(distance, kind="stable")
+    cumulative = np.cumsum(p[order])
+    last = min(int((cumulative < mass).sum()), order.size - 1)
+    remove = distance > distance[order[last]]
+    remove[order[0]] = False
+    logits[remove] = -np.inf
+    return logits
+
+
 def generate_multi_tokens(logits: np.ndarray, n: int = 1, penalty: float = 1.0,
                           input_ids: Iterable[int] = (),
                           bad_word_ids: Iterable[int] = ()) -> np.ndarray:
@@ -142,22 +189,28 @@ class Sampler:
     causallm/generation/processors.py, which the generator builds), then
 
     - ``do_sample=False``: argmax, the first maximum (HF greedy search);
-    - ``do_sample=True``: :func:`applyTKP`, then one draw from softmax in float64 by inverse
-      CDF with ``u ~ U[0, 1)`` from ``np.random.Generator(PCG64(seed))``; rows draw in order
-      0..B-1, so a seed reproduces a run. ``seed=None`` takes fresh OS entropy.
+    - ``do_sample=True``: :func:`applyTKP`, :func:`applyMinP`, :func:`applyTypicalP`, then one
+      draw from softmax in float64 by inverse CDF with ``u ~ U[0, 1)`` from
+      ``np.random.Generator(PCG64(seed))``; rows draw in order 0..B-1, so a seed reproduces a
+      run. ``seed=None`` takes fresh OS entropy.
+
+    ``process(row, history)`` is that selection's scores without the choice.
 
     The temperature is checked only when sampling (greedy ignores it, as in HF).
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, bad_word_ids: Iterable[int] = (),
-                 seed: int | None = None, do_sample: bool = False, processors=None):
+                 seed: int | None = None, do_sample: bool = False, processors=None,
+                 min_p: float = 0.0, typical_p: float = 1.0):
         _check_penalty(repetition_penalty)
         self.processors = processors
-        _check_warpers(temperature if do_sample else 1.0, top_k, top_p)
+        _check_warpers(temperature if do_sample else 1.0, top_k, top_p, min_p, typical_p)
         self.temperature = float(temperature)
         self.top_k = int(top_k)
         self.top_p = float(top_p)
+        self.min_p = float(min_p)
+        self.typical_p = float(typical_p)
         self.repetition_penalty = float(repetition_penalty)
         self.bad_word_ids = np.asarray(bad_word_ids, dtype=np.int64).reshape(-1)
         self.seed = seed
@@ -181,16 +234,8 @@ class Sampler:
         chosen = np.empty(batch, dtype=np.int64)
         for b in range(batch):
             np.copyto(row, logits[b], casting="same_kind")
-            if self.processors is not None:
-                for process in self.processors:
-                    process(histories[b], row)
-            else:
-                if histories is not None:
-                    applyRepetitionPenalty(row, histories[b], self.repetition_penalty)
-                if self.bad_word_ids.size:
-                    applyBadWordsPenalty(row, self.bad_word_ids)
+            self.process(row, None if histories is None else histories[b])
             if self.do_sample:
-                applyTKP(row, self.temperature, self.top_k, self.top_p)
                 chosen[b] = self._draw(row, b)
             else:
                 chosen[b] = np.argmax(row)
@@ -198,6 +243,24 @@ class Sampler:
                     raise CausalLMError(f"Sampler: row {b} has no finite logit "
                                         f"(NaN, or every token is a bad word)")
         return chosen
+
+    def process(self, row: np.ndarray, history: Iterable[int] | None) -> np.ndarray:
+        """The scores ``select`` chooses from, in place on ``row`` (V,): the processors (or the
+        repetition penalty over ``history`` and the bad words), then, when sampling, the
+        warpers. Returns ``row``."""
+        if self.processors is not None:
+            for processor in self.processors:
+                processor(history, row)
+        else:
+            if history is not None:
+                applyRepetitionPenalty(row, history, self.repetition_penalty)
+            if self.bad_word_ids.size:
+                applyBadWordsPenalty(row, self.bad_word_ids)
+        if self.do_sample:
+            applyTKP(row, self.temperature, self.top_k, self.top_p)
+            applyMinP(row, self.min_p)
+            applyTypicalP(row, self.typical_p)
+        return row
 
     def _draw(self, row: np.ndarray, b: int) -> int:
         """One id from softmax(row): ``cdf = cumsum(exp(row - max))``, first i with
