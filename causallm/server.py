@@ -146,6 +146,7 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
         "stop": stop_strings(body),
         "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True),
         "min_p": number(body, "min_p", 0, 1),
+        "typical_p": number(body, "typical_p", 0, 1, low_open=True),
     }
     for name in ("presence_penalty", "frequency_penalty"):
         value = number(body, name, -2, 2)

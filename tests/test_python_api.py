@@ -95,6 +95,27 @@ def test_should_stop_ends_the_generation_between_tokens(gqa3):
         tokens[:32]
 
 
+@pytest.mark.parametrize("stop", ["Set", ["keys", "fin"]])
+def test_stop_strings_cut_the_transformers_text(gqa3, stop):
+    prompt, _, tokens = expected()
+    tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
+    full = tokenizer.Decode(tokens[:32], skip_special_tokens=True)
+    first = min(full.index(s) for s in ([stop] if isinstance(stop, str) else stop))
+    done = gqa3.complete(prompt, max_new_tokens=32, greedy=True, stop=stop)
+    assert (done.text, done.finish_reason) == (full[:first], "stop")
+    assert "".join(gqa3.stream(prompt, max_new_tokens=32, greedy=True, stop=stop)) == \
+        full[:first]
+    assert gqa3.complete(prompt, max_new_tokens=32, greedy=True).text == full  # forgotten
+
+
+def test_further_options_reach_the_generator(gqa3):
+    prompt, _, tokens = expected()
+    done = gqa3.complete(prompt, max_new_tokens=8, greedy=True, bad_words_ids=[[tokens[0]]])
+    assert tokens[0] not in done.result.generated_ids[0]
+    with pytest.raises(CausalLMError, match="unknown generation option"):
+        gqa3.generate(prompt, bogus=1)
+
+
 def test_chat_messages_go_through_the_folder_template(tiny):
     messages = [{"role": "user", "content": "What is a list?"}]
     done = tiny.complete(messages, greedy=True)

@@ -101,10 +101,10 @@ def local():
     return causallm.load(TINY)
 
 
-def cli_text(capsys, prompt, n):
+def cli_text(capsys, prompt, n, *extra):
     """``python main.py res/tiny-llama PROMPT --greedy -n N --json``'s text."""
     capsys.readouterr()
-    assert main.main([TINY, prompt, "--greedy", "-n", str(n), "--json"]) == 0
+    assert main.main([TINY, prompt, "--greedy", "-n", str(n), "--json", *extra]) == 0
     return json.loads(capsys.readouterr().out.splitlines()[-1])["text"]
 
 
@@ -175,6 +175,33 @@ def test_text_parts_and_a_system_message(client, local):
     got = client.chat.completions.create(model="x", messages=messages, max_tokens=20,
                                          temperature=0)
     assert got.choices[0].message.content == want
+
+
+def test_stop_penalties_and_logit_bias_equal_the_python_api(client, local, capsys):
+    full = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30)
+    stop = full.split()[3]
+    got = client.completions.create(model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0,
+                                    stop=[stop, "zzz"])
+    assert got.choices[0].text == full[:full.index(stop)] == cli_text(
+        capsys, PROMPTS[1], 30, "--stop", stop)
+    assert got.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(model="x", messages=QUESTION, max_tokens=30,
+                                            temperature=0, stop="\n", stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        local.generate(QUESTION, greedy=True, max_new_tokens=30, stop="\n")
+    penalized = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30,
+                               presence_penalty=1.5, frequency_penalty=0.5)
+    assert penalized != full
+    assert client.completions.create(
+        model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0, presence_penalty=1.5,
+        frequency_penalty=0.5).choices[0].text == penalized
+    first = local.complete(PROMPTS[1], greedy=True, max_new_tokens=30).result.generated_ids[0][0]
+    banned = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30,
+                            bad_words_ids=[[first]])
+    assert banned != full
+    assert client.completions.create(
+        model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0,
+        logit_bias={str(first): -100}).choices[0].text == banned
 
 
 def test_sampling_with_a_seed_repeats(client):
@@ -296,6 +323,15 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "stop a number": ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
     "logit_bias not numbers": ("/v1/completions", {"prompt": "x", "logit_bias": {"5": "a"}},
                                "logit_bias"),
+    "logit_bias other than -100": ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 3}},
+                                   "logit_bias"),
+    "logit_bias token out of range": ("/v1/completions",
+                                      {"prompt": "x", "logit_bias": {"99999": -100}},
+                                      "logit_bias"),
+    "presence_penalty 3": ("/v1/completions", {"prompt": "x", "presence_penalty": 3},
+                           "presence_penalty"),
+    "min_p 2": ("/v1/completions", {"prompt": "x", "min_p": 2}, "min_p"),
+    "empty stop string": ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop"),
     "model a number": ("/v1/completions", {"prompt": "x", "model": 3}, "model"),
     "no prompt": ("/v1/completions", {"model": "x"}, "prompt"),
     "two prompts": ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
