@@ -84,7 +84,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(repeatable)")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
-    p.add_argument("--system", default=None, help="system prompt placed before the prompt")
+    p.add_argument("--system", default=None,
+                   help="system prompt placed before the prompt (with --chat / -i: the system "
+                        "message)")
+    p.add_argument("--chat", action="store_true",
+                   help="render the prompt as a user message through the model's chat template")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="chat in the terminal, turn by turn, keeping the KV cache")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with ids, text and metrics as the last line")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -122,6 +128,10 @@ def _check_args(args: argparse.Namespace) -> None:
          "--num-return-sequences must be at least 1"),
         (args.greedy and args.num_beams is not None and args.num_beams > 1,
          "--greedy means one beam; it cannot go with --num-beams > 1"),
+        (args.interactive and args.prompt is not None,
+         "--interactive reads the prompts from the terminal; pass no PROMPT"),
+        (args.interactive and (args.json or args.image),
+         "--interactive does not go with --json or --image"),
     ]
     for bad, message in checks:
         if bad:
@@ -170,13 +180,13 @@ def run(args: argparse.Namespace) -> int:
         head_prompt = args.system
 
     prompt = args.prompt
-    if prompt is None and nntr_cfg.contains("chat_input"):  # main.cpp step 6
+    if prompt is None and not args.interactive and nntr_cfg.contains("chat_input"):  # main.cpp 6
         prompt = model.chatPrompt(nntr_cfg.get_dict("chat_input"))
         if prompt is None:
             sys.stderr.write(f"[Warning] 'chat_input' is set but support for model architecture "
                              f"'{model.architecture}' is not implemented. Falling back to "
                              f"'sample_input'.\n")
-    if prompt is None:
+    if prompt is None and not args.interactive:
         if not nntr_cfg.contains("sample_input"):
             raise CausalLMError(f"no prompt: pass one after the model folder or set "
                                 f"'sample_input' in {nntr_cfg.path}")
@@ -191,11 +201,23 @@ def run(args: argparse.Namespace) -> int:
                                frequency_penalty=args.frequency_penalty,
                                no_repeat_ngram_size=args.no_repeat_ngram_size,
                                min_new_tokens=args.min_new_tokens, stop_strings=args.stop)
+    chat = _chat_template(args, model)
+    if chat is not None and not args.interactive:  # rendered before the weights load
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        prompt_text = chat.render([*messages, {"role": "user", "content": prompt}])
+        model.addEosTokenIds(chat.endOfTurnIds(model.tokenizer))
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3
 
-    result = model.run(prompt, None, head_prompt, tail_prompt, log_output=True)
+    if args.interactive:
+        from causallm.chat import ChatSession, interactive
+
+        return interactive(ChatSession(model, chat, args.system, args.max_new_tokens))
+    if chat is not None:
+        result = model.run(prompt_text, None, log_output=True, add_special_tokens=False)
+    else:
+        result = model.run(prompt, None, head_prompt, tail_prompt, log_output=True)
     e2e_ms = (time.perf_counter() - t_start) * 1e3
     sys.stderr.write(f"[e2e time]: {e2e_ms:.0f} ms\n")
     if args.json:
@@ -258,6 +280,29 @@ def serve(args: argparse.Namespace) -> int:
                log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
                threads=args.threads, **overrides)
     return 0
+
+
+def _chat_template(args: argparse.Namespace, model):
+    """The model's chat template for --chat / --interactive (None without them); an error when
+    the folder has none, or when --interactive cannot run on the model."""
+    if not (args.chat or args.interactive):
+        return None
+    from causallm.chat import ChatTemplate
+    from causallm.errors import CausalLMError
+    from models.causal_lm import CausalLM
+
+    flag = "--interactive" if args.interactive else "--chat"
+    if args.interactive and not isinstance(model, CausalLM):
+        raise CausalLMError(f"--interactive needs a decoder-only model; {model.architecture} "
+                            f"is not one (use --chat for one turn)")
+    if args.interactive and (model.BATCH_SIZE != 1 or model.NUM_BEAMS != 1):
+        raise CausalLMError("--interactive generates one row with one beam (batch_size 1, "
+                            "--num-beams 1)")
+    chat = ChatTemplate.fromFolder(args.model_dir)
+    if chat is None:
+        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template (chat_template.jinja "
+                            f"or tokenizer_config.json's 'chat_template')")
+    return chat
 
 
 def main(argv: list[str] | None = None) -> int:

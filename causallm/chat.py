@@ -26,12 +26,16 @@ renders its body, ``tojson`` as ``json.dumps`` (non-ASCII kept, ``indent``, ``se
 and a ``namespace`` that refuses underscore names. A template that does not parse, or raises, is a
 one-line :class:`CausalLMError` naming the file. The rendered text already holds the special tokens
 the model expects, so it is encoded without adding any (``Encode(text, add_special_tokens=False)``).
+
+:class:`ChatSession` holds a conversation over one causal LM's KV cache (prefilling only what a
+new turn adds) and :func:`interactive` is the terminal chat of ``main.py -i`` on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from causallm.errors import CausalLMError
@@ -304,3 +308,145 @@ class ChatTemplate:
         tail = text[text.rindex(marker) + len(marker):].lstrip()
         ids = tokenizer.Encode(tail, add_special_tokens=False)[:1]
         return [i for i in ids if tokenizer.Decode([i], skip_special_tokens=True) == ""]
+
+
+class ChatSession:
+    """A conversation with a causal LM over its KV cache, turn by turn.
+
+    ``cached`` are the token ids whose keys and values the cache holds at positions
+    ``[0, len(cached))``. A turn renders the whole conversation with the template, encodes it
+    (no special tokens added), keeps the longest prefix it shares with ``cached`` (all of the
+    previous prompt and reply when the template renders the history as it was generated) and
+    prefills only the rest at its positions, so the model computes exactly what a fresh run on
+    the full conversation would (the repetition penalty also counts the kept tokens). The reply
+    stops at the model's EOS ids and the template's end-of-turn token (``endOfTurnIds``).
+    Any causal LM with ``start``/``step`` over one row (``CausalLM``) can hold a session."""
+
+    def __init__(self, model, template: ChatTemplate, system: str | None = None,
+                 max_new_tokens: int | None = None) -> None:
+        self.model = model
+        self.template = template
+        self.max_new_tokens = max_new_tokens
+        self.system = [{"role": "system", "content": system}] if system else []
+        self.messages: list[dict] = list(self.system)
+        self.cached: list[int] = []
+        model.addEosTokenIds(template.endOfTurnIds(model.tokenizer))
+
+    def promptIds(self, messages: list[dict]) -> list[int]:
+        """The ids of ``messages`` rendered with the assistant's header."""
+        text = self.template.render(messages, add_generation_prompt=True)
+        return self.model.tokenizer.Encode(text, add_special_tokens=False)
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages = list(self.system)
+        self.cached = []
+
+    def reply(self, text: str, stream=None) -> "Turn":
+        """Add the user's ``text``, generate the reply (streamed to ``stream``) and add it to the
+        conversation. A conversation that does not fit the cache raises CausalLMError and is
+        left as it was. Ctrl-C (KeyboardInterrupt) ends the reply early; what was generated
+        stays in the conversation and the cache."""
+        messages = [*self.messages, {"role": "user", "content": text}]
+        ids = self.promptIds(messages)
+        T = self.model.max_timestep
+        if len(ids) >= T:
+            raise CausalLMError(f"the conversation has {len(ids)} tokens but the KV cache holds "
+                                f"{T} positions (init_seq_len + num_to_generate)")
+        keep = 0
+        while keep < min(len(ids) - 1, len(self.cached)) and ids[keep] == self.cached[keep]:
+            keep += 1  # at least the last prompt token is fed, for the first reply token
+        turn = Turn(prompt_tokens=len(ids), reused=keep)
+        self.model.position = keep  # the cache rows still valid, whatever happens below
+        try:
+            turn.result = self.model.generate_tokens(
+                [ids[keep:]], self.max_new_tokens, start_pos=keep, context_ids=ids[:keep],
+                on_token=lambda b, t: turn.generated_ids.append(t), stream=stream)
+            turn.text = turn.result.texts[0]
+        except KeyboardInterrupt:
+            turn.text = self.model.tokenizer.Decode(
+                [t for t in turn.generated_ids if t not in self.model.EOS_TOKEN_ID],
+                skip_special_tokens=True)
+        finally:  # the last token chosen is never fed: the cache ends before it
+            self.cached = (ids + turn.generated_ids)[:self.model.position]
+        self.messages = [*messages, {"role": "assistant", "content": turn.text.strip()}]
+        return turn
+
+
+@dataclass
+class Turn:
+    """One reply of a ChatSession: its text, the prompt's token count and how many of them the
+    cache already held, the new token ids, and the generation's result (None when Ctrl-C
+    ended it)."""
+
+    prompt_tokens: int
+    reused: int
+    text: str = ""
+    generated_ids: list = field(default_factory=list)
+    result: object = None
+
+    def summary(self) -> str:
+        """``[prefill P of N tokens (R from the cache), generation G tokens, ...]``."""
+        head = (f"prefill {self.prompt_tokens - self.reused} of {self.prompt_tokens} tokens "
+                f"({self.reused} from the cache), generation {len(self.generated_ids)} tokens")
+        if self.result is None:
+            return f"[interrupted: {head}]"
+        m = self.result.metrics
+        tps = f"{m.generation_tokens / m.generation_duration_ms * 1e3:.1f}" \
+            if m.generation_duration_ms > 0 else "inf"
+        full = ", the KV cache is full" if self.result.finish_reasons[0] == "cache_full" else ""
+        return f"[{head}, {tps} TPS{full}]"
+
+
+def interactive(session: ChatSession, out=None, err=None) -> int:
+    """The terminal chat: read a line per user turn after the prompt ``> `` and stream the
+    reply, then one line on ``err`` with the turn's prefill (new tokens of the whole prompt
+    and those reused from the cache) and generation. Ctrl-C during a reply ends the reply,
+    at the prompt it clears the line; Ctrl-D (end of input) ends the session (returns 0). A
+    turn that would overflow the KV cache offers to start over without the history."""
+    import sys
+
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # pragma: no cover - platforms without it
+        pass
+
+    def ask(prompt: str) -> str | None:
+        """A line of input; None at the end of input, "" after Ctrl-C."""
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+        except KeyboardInterrupt:
+            out.write("\n")
+            return ""
+
+    while True:
+        text = ask("> ")
+        if text is None:
+            out.write("\n")
+            out.flush()
+            return 0
+        if not text.strip():
+            continue
+        try:
+            turn = session.reply(text, out)
+        except CausalLMError as e:
+            err.write(f"error: {e}\n")
+            if len(session.messages) <= len(session.system):
+                continue
+            answer = ask("start over without the history? [y/N] ")
+            if answer is None or answer.strip().lower() not in ("y", "yes"):
+                continue
+            session.reset()
+            try:
+                turn = session.reply(text, out)
+            except CausalLMError as e:
+                err.write(f"error: {e}\n")
+                continue
+        if turn.result is None:
+            out.write("\n")
+            out.flush()
+        err.write(turn.summary() + "\n")
+        err.flush()

@@ -211,9 +211,7 @@ class LoadedModel:
             ids = self.encode(prompt)
             if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
                 # a chat reply also ends at the template's end-of-turn token (<|im_end|>, ...)
-                model.EOS_TOKEN_ID = list(model.EOS_TOKEN_ID) + [
-                    t for t in self.chat_template().endOfTurnIds(model.tokenizer)
-                    if t not in model.EOS_TOKEN_ID]
+                model.addEosTokenIds(self.chat_template().endOfTurnIds(model.tokenizer))
 
             def check(_row: int, _token: int) -> None:
                 if should_stop():

@@ -83,6 +83,7 @@ class CausalLM(LanguageModel):
                 f"prompt has {start_pos + P} tokens but the KV cache holds {T} "
                 f"(init_seq_len {self.INIT_SEQ_LEN} + num_to_generate {self.NUM_TO_GENERATE}); "
                 f"raise init_seq_len in nntr_config.json")
+        self.position = start_pos  # what the cache holds until the prefill completes
         with metrics.phase("prefill", P):
             logits = self.prefill(prompt_ids, start_pos)
         self.position = start_pos + P
@@ -102,13 +103,13 @@ class CausalLM(LanguageModel):
         for cache in self.model.getKVCaches("self"):
             cache.reorder(rows, self.position)
 
-    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = ""
-                 ) -> tuple[list[int], int, list[int]]:
+    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = "",
+                 add_special_tokens: bool = True) -> tuple[list[int], int, list[int]]:
         """As LanguageModel.tokenize; with ``system_prompt.kvcache`` in nntr_config the system
         prompt's KV cache is read from ``pre_computed_cache_path`` (or computed and saved there
         first) and the prompt continues from its last position."""
         if not (self.USE_KVCACHE and system_prompt):
-            return super().tokenize(prompt, system_prompt, tail_prompt)
+            return super().tokenize(prompt, system_prompt, tail_prompt, add_special_tokens)
         path = self.PRE_COMPUTED_CACHE_PATH
         sys_ids = self.tokenizer.Encode(system_prompt)
         saved_ids = self.cached_prompt_ids(path)

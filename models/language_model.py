@@ -292,26 +292,34 @@ class LanguageModel(Transformer):
         self.config_warnings = []
         return result
 
-    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = ""
-                 ) -> tuple[list[int], int, list[int]]:
+    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = "",
+                 add_special_tokens: bool = True) -> tuple[list[int], int, list[int]]:
         """(prompt ids, start position, ids already in the cache) for ``run``: the encoding of
-        ``system_prompt + prompt + tail_prompt`` at position 0."""
-        return self.tokenizer.Encode(system_prompt + prompt + tail_prompt), 0, []
+        ``system_prompt + prompt + tail_prompt`` at position 0 (with the special tokens the
+        tokenizer adds unless ``add_special_tokens`` is false: a rendered chat has its own)."""
+        return self.tokenizer.Encode(system_prompt + prompt + tail_prompt,
+                                     add_special_tokens=add_special_tokens), 0, []
+
+    def addEosTokenIds(self, ids) -> None:
+        """Also stop a row at each of ``ids`` (a chat template's end-of-turn tokens)."""
+        self.EOS_TOKEN_ID = list(dict.fromkeys([*self.EOS_TOKEN_ID, *map(int, ids)]))
 
     def run(self, prompt: str, do_sample: bool | None = None, system_prompt: str = "",
             tail_prompt: str = "", log_output: bool = True, out=None,
-            images=None) -> GenerationResult:
+            images=None, add_special_tokens: bool = True) -> GenerationResult:
         """Encode ``system_prompt + prompt + tail_prompt``, generate and, with ``log_output``,
         stream row 0's text to ``out`` (stdout), end it with a newline and print the metrics
         block to stderr.
         ``images`` (a vision model's; default: those setImages gave) go with the prompt (its
-        image placeholders, or in front); they are used once."""
+        image placeholders, or in front); they are used once. A prompt a chat template
+        rendered is encoded with ``add_special_tokens=False``."""
         if not self.is_initialized:
             raise CausalLMError("run: call initialize() and load_weight() first")
         if images is not None:
             self.setImages(images)
         try:
-            ids, start_pos, context = self.tokenize(prompt, system_prompt, tail_prompt)
+            ids, start_pos, context = self.tokenize(prompt, system_prompt, tail_prompt,
+                                                    add_special_tokens)
             result = self.generate_tokens([ids] * self.BATCH_SIZE, do_sample=do_sample,
                                           start_pos=start_pos, context_ids=context,
                                           stream=(out or sys.stdout) if log_output else None)

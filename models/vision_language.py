@@ -109,9 +109,10 @@ class VisionLanguageModel:
         self.images = pixels
         self.image_features = None
 
-    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = ""):
+    def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = "",
+                 add_special_tokens: bool = True):
         return super().tokenize(self.processor.expandPrompt(prompt, len(self.images)),
-                                system_prompt, tail_prompt)
+                                system_prompt, tail_prompt, add_special_tokens)
 
     def runVision(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vision stage over one image's pixel values (3, S, S): the tower's output

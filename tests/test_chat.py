@@ -165,3 +165,97 @@ def test_gguf_template_and_tokens_equal_its_folder_copy():
                 == case["expected"]
     tok = Tokenizer(GGUFFile(path).tokenizer(), path)
     assert chat.endOfTurnIds(tok) == [tok.TokenToId("<|im_end|>")]
+
+
+@pytest.mark.parametrize("name,token", [("qwen3", "<|im_end|>"), ("llama-3.1", "<|eot_id|>"),
+                                        ("gemma-3", "<end_of_turn>"), ("gpt-oss", "<|return|>"),
+                                        ("phi-3.5", "<|end|>"), ("mistral-nemo", "</s>")])
+def test_end_of_turn_token_is_the_special_token_after_a_reply(name, token):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(os.path.join(ROOT, "res", "tiny-llama", "tokenizer.json"))
+    plain = Tokenizer(HFTokenizer.from_str(hf.to_str()))
+    assert template(name).endOfTurnIds(plain) == []  # not a single special token there
+    hf.add_special_tokens(["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|return|>", "<|end|>",
+                           "</s>"])
+    tok = Tokenizer(hf)
+    assert template(name).endOfTurnIds(tok) == [tok.TokenToId(token)]
+
+
+# -- the session over the embedded model's KV cache -------------------------------------------
+TINY = os.path.join(ROOT, "res", "tiny-llama")
+
+
+def tiny_model(**nntr):
+    from factory import Factory
+
+    model = Factory.Instance().createFromFolder(TINY, **nntr)
+    model.setGenerationOptions(greedy=True)
+    model.initialize()
+    model.load_weight()
+    return model
+
+
+def fresh_reply(model, chat, messages, n):
+    """Greedy reply to ``messages`` from an empty cache: the whole rendering prefilled."""
+    ids = model.tokenizer.Encode(chat.render(messages), add_special_tokens=False)
+    return ids, model.generate_tokens([ids], n).generated_ids[0]
+
+
+def test_session_prefills_only_the_new_turn_and_equals_a_fresh_run():
+    from causallm.chat import ChatSession
+
+    model, chat = tiny_model(), ChatTemplate.fromFolder(TINY)
+    session = ChatSession(model, chat, system="Python documentation.", max_new_tokens=24)
+    first = session.reply("What is a list?")
+    second = session.reply("And a tuple?")
+    assert first.reused == 0 and first.result.metrics.prefill_tokens == first.prompt_tokens
+    # the whole first prompt and reply (but its last token, never fed) came from the cache
+    assert second.reused == first.prompt_tokens + len(first.generated_ids) - 1
+    assert second.result.metrics.prefill_tokens == second.prompt_tokens - second.reused > 0
+    history = session.messages[:-1]
+    ids, reply = fresh_reply(model, chat, history, 24)
+    assert len(ids) == second.prompt_tokens
+    assert reply == second.generated_ids  # the repetition penalty (1.2) saw the same context
+
+
+def test_session_reprefills_from_the_longest_common_prefix():
+    """An edited history no longer starts with the cached tokens: the session keeps what is
+    common and prefills the rest, and still replies as a fresh run does."""
+    from causallm.chat import ChatSession
+
+    model, chat = tiny_model(), ChatTemplate.fromFolder(TINY)
+    session = ChatSession(model, chat, max_new_tokens=16)
+    first = session.reply("What is a list?")
+    session.messages[-1]["content"] = "A sequence."
+    second = session.reply("And a tuple?")
+    assert 0 < second.reused < first.prompt_tokens + len(first.generated_ids) - 1
+    assert second.reused >= first.prompt_tokens  # "Q: What is a list?\nA:" is still common
+    _, reply = fresh_reply(model, chat, session.messages[:-1], 16)
+    assert reply == second.generated_ids
+
+
+def test_interactive_offers_to_start_over_when_the_cache_is_full(monkeypatch):
+    import io
+
+    from causallm.chat import ChatSession, interactive
+
+    model, chat = tiny_model(init_seq_len=32, num_to_generate=16), ChatTemplate.fromFolder(TINY)
+    session = ChatSession(model, chat)
+    long_turn = "Explain the difference between lists, tuples, sets and dicts in detail."
+    lines = iter(["What is a list?", long_turn, "y"])
+
+    def fake_input(prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(session, out, err) == 0
+    log = err.getvalue().splitlines()
+    assert log[1].startswith("error: the conversation has ") and "48 positions" in log[1]
+    assert log[2].startswith("[prefill ") and "(0 from the cache)" in log[2]  # started over
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert session.messages[0]["content"] == long_turn

