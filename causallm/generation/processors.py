@@ -62,7 +62,7 @@ class GenerationSettings:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0                        # OpenAI / llama.cpp, 0 = off
     frequency_penalty: float = 0.0                       # OpenAI / llama.cpp, 0 = off
-    stop_strings: list = field(default_factory=list)     # [str, ...]: the generator's stop
+    stop_strings: list = field(default_factory=list)     # [str, ...]: a row ends on any
     bad_words_ids: list = field(default_factory=list)   # [[id, ...], ...]
     no_repeat_ngram_size: int = 0
     min_length: int = 0
