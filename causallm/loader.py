@@ -173,7 +173,7 @@ class LoadedModel:
                  temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None,
                  stop: str | list[str] | None = None, greedy: bool = False,
-                 repetition_penalty: float | None = None,
+                 repetition_penalty: float | None = None, images=None,
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  **options) -> Completion:
@@ -182,8 +182,10 @@ class LoadedModel:
         on (temperature 0 is greedy), ``greedy`` forces argmax; without them the configs decide
         (generation_config.json). ``stop`` (a string or strings) ends the text before the
         first one; ``options`` are further LanguageModel.setGenerationOptions keywords
-        (``min_p``, ``presence_penalty``, ...). ``on_text(piece)`` sees the text as it is
-        decoded; ``should_stop()`` is asked before every token and ends the generation
+        (``min_p``, ``presence_penalty``, ...). ``images`` (a vision model's: paths, Pillow
+        images or pixel values) go with the prompt as the CLI's --image do (at its
+        placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
+        is decoded; ``should_stop()`` is asked before every token and ends the generation
         (raising ``Stopped``) when true."""
         if not self.generates:
             raise CausalLMError(f"{self.architecture} does not generate text (it is an "
@@ -208,19 +210,23 @@ class LoadedModel:
                                            greedy=greedy, **options)
             except TypeError as e:
                 raise CausalLMError(f"unknown generation option ({e})") from None
-            ids = self.encode(prompt)
-            if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
-                # a chat reply also ends at the template's end-of-turn token (<|im_end|>, ...)
-                model.addEosTokenIds(self.chat_template().endOfTurnIds(model.tokenizer))
+            model.setImages(images or [])  # before encoding: placeholders expand to image tokens
+            try:
+                ids = self.encode(prompt)
+                if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
+                    # a chat reply also ends at the template's end-of-turn token (<|im_end|>...)
+                    model.addEosTokenIds(self.chat_template().endOfTurnIds(model.tokenizer))
 
-            def check(_row: int, _token: int) -> None:
-                if should_stop():
-                    raise Stopped()
+                def check(_row: int, _token: int) -> None:
+                    if should_stop():
+                        raise Stopped()
 
-            result = model.generate_tokens(
-                [ids] * model.BATCH_SIZE, max_new_tokens,
-                on_token=check if should_stop is not None else None,
-                stream=_Pieces(on_text) if on_text is not None else None)
+                result = model.generate_tokens(
+                    [ids] * model.BATCH_SIZE, max_new_tokens,
+                    on_token=check if should_stop is not None else None,
+                    stream=_Pieces(on_text) if on_text is not None else None)
+            finally:
+                model.setImages([])
         return Completion(text=result.texts[0], finish_reason=FINISH_REASONS[
             result.finish_reasons[0]], prompt_tokens=len(ids),
             completion_tokens=len(result.generated_ids[0]), result=result)

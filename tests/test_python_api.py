@@ -169,3 +169,17 @@ def test_readme_example_runs(monkeypatch, capsys):
     exec(example.replace('"EMBEDDING_DIR"', repr(BERT)), scope)
     assert isinstance(scope["model"], causallm.loader.LoadedModel)
     assert capsys.readouterr().out  # the streamed pieces
+
+
+def test_images_go_with_the_prompt():
+    """Gemma 3's image-text fixture: the prompt with two images, transformers' greedy tokens;
+    the images are for that call only."""
+    ref = np.load(os.path.join(FIXTURES, "gemma3-vision", "expected.npz"))
+    model = causallm.load(os.path.join(FIXTURES, "gemma3-vision"), num_to_generate=64)
+    images = [os.path.join(ROOT, p) for p in ref["images"]]
+    done = model.complete(str(ref["prompt"]), max_new_tokens=32, greedy=True, images=images)
+    assert done.result.prompt_ids[0] == ref["prompt_ids"].tolist()
+    assert done.result.generated_ids[0] == ref["tokens"].tolist()
+    assert model.model.images == []
+    with pytest.raises(CausalLMError, match="takes no images"):
+        causallm.load(GQA3).generate("hi", images=images)

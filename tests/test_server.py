@@ -143,8 +143,9 @@ def test_streamed_completion_equals_the_cli(client, capsys):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
 
 
-def test_chat_completion_equals_the_python_api(client, local):
+def test_chat_completion_equals_the_python_api_and_the_cli(client, local, capsys):
     done = local.complete(QUESTION, greedy=True, max_new_tokens=48)
+    assert done.text == cli_text(capsys, QUESTION[0]["content"], 48, "--chat")
     got = client.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=48,
                                          temperature=0)
     assert got.choices[0].message.role == "assistant"
