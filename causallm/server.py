@@ -28,6 +28,7 @@ import asyncio
 import base64
 import logging
 import math
+import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -458,8 +459,6 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
 def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | None = None,
           log_level: str = "info", **options) -> None:
     """Load ``path`` (``causallm.load`` options) and serve it until interrupted."""
-    import os
-
     import uvicorn
 
     from causallm.loader import load
