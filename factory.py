@@ -76,7 +76,7 @@ def registerModels(factory: Factory) -> None:
 
 def _creator(module: str, cls: str) -> Callable:
     def create(cfg, gen, nntr):
-        return getattr(importlib.import_module(module), cls)(cfg, gen, nntr)
+        return getattr(importlib.import_module(f"causallm.{module}"), cls)(cfg, gen, nntr)
     return create
 
 
@@ -107,7 +107,7 @@ _BUILT_IN = {
     "T5Gemma2ForConditionalGeneration": ("models.t5gemma2.t5gemma2",
                                          "T5Gemma2ForConditionalGeneration"),
 }
-"""Architecture key -> (module, class) of every built-in model."""
+"""Architecture key -> (module under ``causallm``, class) of every built-in model."""
 
 
 EMBEDDING_ARCHITECTURES = {

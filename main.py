@@ -289,7 +289,7 @@ def _chat_template(args: argparse.Namespace, model):
         return None
     from causallm.chat import ChatTemplate
     from causallm.errors import CausalLMError
-    from models.causal_lm import CausalLM
+    from causallm.models.causal_lm import CausalLM
 
     flag = "--interactive" if args.interactive else "--chat"
     if args.interactive and not isinstance(model, CausalLM):

@@ -127,7 +127,7 @@ def child_ours(folder: str, ids: list[int], decode: int, threads: int, repeat: i
     t0 = time.perf_counter()
     from causallm import kernels
     from causallm.io.config import load_model_configs
-    from models.causal_lm import CausalLM
+    from causallm.models.causal_lm import CausalLM
 
     used = kernels.set_num_threads(threads)
     cfg, gen, nntr = load_model_configs(folder)

@@ -132,7 +132,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
-    from factory import Factory
+    from causallm.factory import Factory
 
     used = kernels.set_num_threads(threads)
     # the cache holds the depth run's rows too (untouched pages until then: not resident)
@@ -282,7 +282,7 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
 
     sys.path.insert(0, ROOT)
     from causallm import kernels
-    from factory import Factory
+    from causallm.factory import Factory
 
     kernels.set_num_threads(threads)
     runs = {}
@@ -326,7 +326,7 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
 
     sys.path.insert(0, ROOT)
     from causallm import kernels
-    from factory import Factory
+    from causallm.factory import Factory
 
     kernels.set_num_threads(threads)
     model = Factory.Instance().createFromFolder(folder, init_seq_len=P, num_to_generate=D + 8)

@@ -98,7 +98,7 @@ def child_ours(folder: str, ids: list[int], decode: int, beams: int, threads: in
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
-    from factory import Factory
+    from causallm.factory import Factory
 
     used = kernels.set_num_threads(threads)
     model = Factory.Instance().createFromFolder(folder, init_seq_len=len(ids),

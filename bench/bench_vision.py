@@ -85,7 +85,7 @@ def child_ours(folder: str, name: str, repeat: int, threads: int) -> None:
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
-    from factory import Factory
+    from causallm.factory import Factory
 
     used = kernels.set_num_threads(threads)
     model = Factory.Instance().createFromFolder(folder, init_seq_len=16, num_to_generate=1)

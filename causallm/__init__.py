@@ -40,6 +40,17 @@ def _avx512_blas() -> None:
 
 _avx512_blas()
 
+# The application's modules (main.py, factory.py, models/, layers/) are this package's too:
+# imported as causallm.main, causallm.factory, causallm.models, causallm.layers. In the source
+# tree they lie beside the package, at the repository's root, which joins the package's path;
+# an installed copy holds them inside the package (setup.py puts them there), so no generic
+# top-level name (main, models, ...) enters site-packages.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if (_os.path.isfile(_os.path.join(_root, "factory.py"))
+        and not _os.path.isfile(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)),
+                                              "factory.py"))):
+    __path__.append(_root)  # noqa: F821  (a package's own __path__)
+
 from causallm.errors import CausalLMError  # noqa: E402
 
 __all__ = ["CausalLMError", "load"]

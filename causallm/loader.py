@@ -55,8 +55,8 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
     Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
     ``num_beams`` sizes the graph for beam search."""
-    from factory import Factory
-    from models.transformer import set_threads
+    from causallm.factory import Factory
+    from causallm.models.transformer import set_threads
 
     error = model_path_error(path)
     if error:
@@ -116,8 +116,8 @@ class LoadedModel:
     an embedding model."""
 
     def __init__(self, model, path: str) -> None:
-        from models.language_model import LanguageModel
-        from models.transformer import ModelType
+        from causallm.models.language_model import LanguageModel
+        from causallm.models.transformer import ModelType
 
         self.model = model
         self.path = path

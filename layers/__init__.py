@@ -6,15 +6,15 @@ lookup); the CausalLM layers are registered by the models' ``registerCustomLayer
 """
 
 from causallm.runtime.registry import registerFactory
-from layers.activation import ActivationLayer
-from layers.addition import AdditionLayer
-from layers.conv2d import Conv2DLayer
-from layers.fully_connected import FullyConnectedLayer
-from layers.input import InputLayer
-from layers.multiply import MultiplyLayer
-from layers.permute import PermuteLayer
-from layers.pooling2d import Pooling2DLayer
-from layers.reshape import ReshapeLayer
+from causallm.layers.activation import ActivationLayer
+from causallm.layers.addition import AdditionLayer
+from causallm.layers.conv2d import Conv2DLayer
+from causallm.layers.fully_connected import FullyConnectedLayer
+from causallm.layers.input import InputLayer
+from causallm.layers.multiply import MultiplyLayer
+from causallm.layers.permute import PermuteLayer
+from causallm.layers.pooling2d import Pooling2DLayer
+from causallm.layers.reshape import ReshapeLayer
 
 BUILTIN_LAYERS = (InputLayer, FullyConnectedLayer, AdditionLayer, MultiplyLayer, ActivationLayer,
                   Conv2DLayer, Pooling2DLayer, PermuteLayer, ReshapeLayer)

@@ -10,7 +10,7 @@ passes true). Properties: ``unit`` (required, the vocabulary size), ``disable_bi
 from causallm.kernels import linear
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import uint
-from layers.fully_connected import NO_BIAS
+from causallm.layers.fully_connected import NO_BIAS
 
 
 class LmHeadLayer(Layer):

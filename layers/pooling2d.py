@@ -15,7 +15,7 @@ import numpy as np
 
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import list_, str_
-from layers.conv2d import _pair
+from causallm.layers.conv2d import _pair
 
 MODES = ("max", "average", "global_max", "global_average")
 

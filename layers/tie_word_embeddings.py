@@ -16,8 +16,8 @@ Properties: ``in_dim``, ``out_dim``, ``scale`` (1.0), ``unit``, and ``disable_bi
 from causallm.kernels import linear
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import float_, uint
-from layers.embedding_layer import embedding_lookup, finalize_embedding
-from layers.fully_connected import NO_BIAS
+from causallm.layers.embedding_layer import embedding_lookup, finalize_embedding
+from causallm.layers.fully_connected import NO_BIAS
 
 
 class TieWordEmbedding(Layer):

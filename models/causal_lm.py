@@ -25,9 +25,9 @@ from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics, Start
 from causallm.io.config import JsonConfig
 from causallm.io.files import atomic_write, write_json_atomic
-from layers.lm_head import LmHeadLayer
-from models.language_model import LanguageModel
-from models.transformer import ModelType
+from causallm.layers.lm_head import LmHeadLayer
+from causallm.models.language_model import LanguageModel
+from causallm.models.transformer import ModelType
 
 
 class CausalLM(LanguageModel):

@@ -54,9 +54,9 @@ from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics, Start
 from causallm.io.config import JsonConfig
 from causallm.runtime.properties import UINT_MAX
-from layers.lm_head import LmHeadLayer
-from models.language_model import LanguageModel
-from models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION, ModelType
+from causallm.layers.lm_head import LmHeadLayer
+from causallm.models.language_model import LanguageModel
+from causallm.models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION, ModelType
 
 ENCODER, DECODER = "encoder", "decoder"
 """The stages."""

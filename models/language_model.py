@@ -29,7 +29,7 @@ from causallm.generation.generator import GenerationResult, Generator, Performan
 from causallm.generation.processors import GenerationSettings
 from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
-from models.transformer import Transformer
+from causallm.models.transformer import Transformer
 
 GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pad_token_id",
                    "forced_bos_token_id", "forced_eos_token_id", "num_beams",

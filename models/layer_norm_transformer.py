@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.runtime.properties import UINT_MAX
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
-from models.transformer import SELF_ATTENTION, Transformer
+from causallm.layers.layer_normalization import LayerNormalizationLayer
+from causallm.layers.positional_embedding import PositionalEmbeddingLayer
+from causallm.models.transformer import SELF_ATTENTION, Transformer
 
 
 class LayerNormTransformer(Transformer):

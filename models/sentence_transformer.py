@@ -50,9 +50,9 @@ from causallm.generation.generator import PerformanceMetrics, peak_memory_kb
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
 from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import Tensor, WeightTable
-from layers.embedding_normalize import EmbeddingNormalizeLayer
-from layers.embedding_pooling import EmbeddingPoolingLayer
-from models.transformer import ModelType, Transformer
+from causallm.layers.embedding_normalize import EmbeddingNormalizeLayer
+from causallm.layers.embedding_pooling import EmbeddingPoolingLayer
+from causallm.models.transformer import ModelType, Transformer
 
 DENSE_ACTIVATIONS = {"Tanh": "tanh", "Identity": "none", "ReLU": "relu", "Sigmoid": "sigmoid",
                      "GELU": "gelu", "SiLU": "swish"}

@@ -33,11 +33,11 @@ from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
-from layers.embedding_layer import EmbeddingLayer
-from layers.mha_core import CACHE_DTYPES, ROPE_TYPES, MHACoreLayer
-from layers.rms_norm import RMSNormLayer
-from layers.swiglu import SwiGLULayer
-from layers.tie_word_embeddings import TieWordEmbedding
+from causallm.layers.embedding_layer import EmbeddingLayer
+from causallm.layers.mha_core import CACHE_DTYPES, ROPE_TYPES, MHACoreLayer
+from causallm.layers.rms_norm import RMSNormLayer
+from causallm.layers.swiglu import SwiGLULayer
+from causallm.layers.tie_word_embeddings import TieWordEmbedding
 
 SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 """The attention kinds createAttention builds: a decoder's (causal) self-attention, an encoder's

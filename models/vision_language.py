@@ -28,11 +28,11 @@ import numpy as np
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
-from layers.embedding_merge import EmbeddingMergeLayer
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
-from models.gemma3.processor import Gemma3Processor
-from models.siglip.siglip import (
+from causallm.layers.embedding_merge import EmbeddingMergeLayer
+from causallm.layers.layer_normalization import LayerNormalizationLayer
+from causallm.layers.positional_embedding import PositionalEmbeddingLayer
+from causallm.models.gemma3.processor import Gemma3Processor
+from causallm.models.siglip.siglip import (
     VISION,
     SiglipVisionConfig,
     checkImageTokens,

@@ -181,7 +181,7 @@ def cli_record(name, n, capsys=None):
         assert p.returncode == 0, p.stderr
         out = p.stdout
     else:
-        import main
+        from causallm import main
         capsys.readouterr()
         args[0] = os.path.join(ROOT, args[0])
         rc = main.main(args)
@@ -210,7 +210,7 @@ def load_folder(name, weights=None, initialize=True, **nntr):
     Factory (init_seq_len 256, num_to_generate 48 unless given). Unless ``initialize`` is
     false: set to greedy decoding with one beam (a Marian generation_config.json asks for 4
     beams), initialized and its weights loaded (default: the folder's)."""
-    from factory import Factory
+    from causallm.factory import Factory
     model = Factory.Instance().createFromFolder(
         os.path.join(FIXTURES, name), **{"init_seq_len": 256, "num_to_generate": 48,
                                          **FLOAT32_CACHE, **nntr})

@@ -8,7 +8,7 @@ import re
 import pytest
 from parity import FIXTURES, ROOT
 
-from factory import Factory
+from causallm.factory import Factory
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 EXAMPLE = re.search(r"## From Python\n+```python\n(.*?)```", README, re.S).group(1)

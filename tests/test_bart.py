@@ -23,7 +23,7 @@ from parity import (
 )
 
 from causallm.errors import CausalLMError
-from factory import Factory
+from causallm.factory import Factory
 
 NAMES = ["bart-forced", "bart-scaled"]
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 from causallm.io.config import load_model_configs
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "llama-gqa3")
 

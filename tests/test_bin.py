@@ -20,7 +20,7 @@ from parity import assert_logits_close, expected, prefill
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -311,8 +311,7 @@ def test_bad_dtypes_are_one_line_errors(tmp_path):
 # ------------------------------------------------------------------------ config and the CLI
 
 def test_write_nntr_config_then_the_cli_runs_the_bin(tmp_path, capsys):
-    import main
-
+    from causallm import main
     name = "llama-f16-yarn-bias"
     folder = tmp_path / name
     shutil.copytree(os.path.join(FIXTURES, name), folder)

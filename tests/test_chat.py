@@ -187,7 +187,7 @@ TINY = os.path.join(ROOT, "res", "tiny-llama")
 
 
 def tiny_model(**nntr):
-    from factory import Factory
+    from causallm.factory import Factory
 
     model = Factory.Instance().createFromFolder(TINY, **nntr)
     model.setGenerationOptions(greedy=True)

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-import main
+from causallm import main
 from causallm.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,11 +20,11 @@ import sys
 import numpy as np
 import pytest
 
-import main
+from causallm import main
 from causallm.io.config import load_model_configs
 from causallm.io.safetensors import SafetensorsFile, write_safetensors
 from causallm.tokenizer import Tokenizer
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -373,10 +373,33 @@ def test_prompt_without_folder_points_to_the_default_model(capsys):
     assert err.startswith("error: Tell me a story: not a model folder") and "tiny-llama" in err
 
 
-def test_console_script_entry_point():
-    tomllib = pytest.importorskip("tomllib")
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        project = tomllib.load(f)
-    assert project["project"]["scripts"]["causallm"] == "main:main"
-    assert "main" in project["tool"]["setuptools"]["py-modules"]
-    assert callable(main.main)
+def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
+    """A regular (non-editable) install: the wheel holds one top-level package, ``causallm``,
+    with the application's modules and the embedded model inside it; its console script's
+    entry point runs that model from any directory, and no generic name (main, factory,
+    models, layers) is importable from it."""
+    target = tmp_path / "site"
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--no-build-isolation", "--no-cache-dir", "--target", str(target), ROOT],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    top = {n for n in os.listdir(target) if not n.endswith(".dist-info") and n != "bin"}
+    assert top == {"causallm"}
+    for name in ("main.py", "factory.py", "models/causal_lm.py", "layers/rms_norm.py",
+                 "res/tiny-llama/config.json", "res/tiny-llama/model.safetensors"):
+        assert os.path.isfile(target / "causallm" / name), name
+    entry = (next(target.glob("causallm-*.dist-info")) / "entry_points.txt").read_text()
+    assert "causallm = causallm.main:main" in entry
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    script = ("import sys, causallm\n"
+              f"assert list(causallm.__path__) == [{str(target / 'causallm')!r}]\n"
+              "from causallm.main import DEFAULT_MODEL_DIR, main\n"
+              "sys.exit(main([DEFAULT_MODEL_DIR, 'Strings are', '-n', '6', '--greedy', "
+              "'--json']))\n")
+    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    record = json.loads(p.stdout.splitlines()[-1])
+    assert record["model_dir"] == str(target / "causallm" / "res" / "tiny-llama")
+    assert record["generated_ids"] == [1082, 308, 256, 1517, 290, 664]
+

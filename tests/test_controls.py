@@ -209,8 +209,7 @@ def test_cli_stop_ends_before_the_stop_string():
 @pytest.mark.skipif(not os.path.exists(os.path.join(TINY, "model.safetensors")),
                     reason="res/tiny-llama/model.safetensors is not there")
 def test_beam_search_cuts_each_hypothesis_at_the_stop_string(capsys):
-    import main
-
+    from causallm import main
     def beams(*extra):
         capsys.readouterr()
         rc = main.main([TINY, "Once upon a time", "--num-beams", "3", "--num-return-sequences",
@@ -235,8 +234,7 @@ def test_beam_search_cuts_each_hypothesis_at_the_stop_string(capsys):
 # ---------------------------------------------------------------- generation_config warnings
 
 def test_unapplied_generation_config_keys_warn_once_each(tmp_path, capsys):
-    import main
-
+    from causallm import main
     folder = tmp_path / "tiny"
     shutil.copytree(TINY, folder)
     path = folder / "generation_config.json"
@@ -253,7 +251,7 @@ def test_unapplied_generation_config_keys_warn_once_each(tmp_path, capsys):
 
 
 def test_generation_config_controls_are_read(tmp_path):
-    from factory import Factory
+    from causallm.factory import Factory
 
     folder = tmp_path / "tiny"
     shutil.copytree(TINY, folder, ignore=shutil.ignore_patterns("model.safetensors"))
@@ -271,8 +269,7 @@ def test_generation_config_controls_are_read(tmp_path):
     ("--presence-penalty", "nan"), ("--frequency-penalty", "inf"),
     ("--no-repeat-ngram-size", "-1"), ("--min-new-tokens", "-2"), ("--stop", "")])
 def test_bad_control_flags_are_one_error_line(capsys, flag, value):
-    import main
-
+    from causallm import main
     capsys.readouterr()
     rc = main.main([TINY, "hi", flag, value])
     out, err = capsys.readouterr()

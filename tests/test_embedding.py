@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 from graphs import build, feature_input
 
-import main
+from causallm import main
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.kernels.embedding_sum import position_add
 from causallm.kernels.pooling import POOLING_MODES, embedding_pool, l2_normalize
-from factory import Factory, resolve_architecture
-from layers.embedding_normalize import EmbeddingNormalizeLayer
-from layers.embedding_pooling import EmbeddingPoolingLayer
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
+from causallm.factory import Factory, resolve_architecture
+from causallm.layers.embedding_normalize import EmbeddingNormalizeLayer
+from causallm.layers.embedding_pooling import EmbeddingPoolingLayer
+from causallm.layers.layer_normalization import LayerNormalizationLayer
+from causallm.layers.positional_embedding import PositionalEmbeddingLayer
 
 for _cls in (EmbeddingPoolingLayer, EmbeddingNormalizeLayer, LayerNormalizationLayer,
              PositionalEmbeddingLayer):

@@ -17,7 +17,7 @@ from parity import FIXTURES, assert_logits_close
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
-from models.encoder_decoder import EncoderDecoder
+from causallm.models.encoder_decoder import EncoderDecoder
 
 CONFIG = {"architectures": ["EncoderDecoder"], "vocab_size": 2408, "hidden_size": 48,
           "intermediate_size": 80, "num_hidden_layers": 2, "num_decoder_layers": 3,

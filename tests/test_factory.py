@@ -2,7 +2,7 @@
 
 import io
 
-from factory import Factory
+from causallm.factory import Factory
 
 ARCHITECTURES = [
     "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",

@@ -27,15 +27,15 @@ import parity
 import pytest
 from parity import FIXTURES, expected
 
-import main
+from causallm import main
 from causallm.api import createLayer, createModel, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.kernels.softcap import softcap
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
-from models.gemma3.function import apply_function_gemma_template, function_gemma_prompt
-from models.gemma3.gemma3_causallm import Gemma3CausalLM, Gemma3Transformer
+from causallm.models.gemma3.function import apply_function_gemma_template, function_gemma_prompt
+from causallm.models.gemma3.gemma3_causallm import Gemma3CausalLM, Gemma3Transformer
 
 GEMMA3_FIXTURES = ["gemma3-swa-tied", "gemma3-softcap"]
 S, F = "sliding_attention", "full_attention"
@@ -264,7 +264,7 @@ def test_softcap_kernel_against_numpy_twin():
 
 def test_logit_softcapping_layer_against_formula():
     from causallm.api import registerFactory
-    from layers.logit_softcapping import LogitSoftcappingLayer
+    from causallm.layers.logit_softcapping import LogitSoftcappingLayer
     registerFactory(LogitSoftcappingLayer)
     model = createModel()
     model.addLayer(createLayer("input", [withKey("name", "x"), withKey("input_shape", "1:1:9")]))

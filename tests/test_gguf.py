@@ -21,7 +21,7 @@ import pytest
 from causallm.errors import CausalLMError
 from causallm.io.gguf_file import GGUFFile
 from causallm.kernels.packed import PackedMatrix, rows_to_ggml_blocks
-from factory import Factory
+from causallm.factory import Factory
 
 sys.path.insert(0, os.path.join(parity.ROOT, "tools"))
 from hf_to_gguf import convert  # noqa: E402
@@ -243,7 +243,7 @@ def test_a_folder_of_several_ggufs_asks_which(tmp_path):
 
 
 def test_cli_on_a_missing_gguf_is_one_line(capsys):
-    import main
+    from causallm import main
     rc = main.main(["/nowhere/model.gguf", "hi"])
     err = capsys.readouterr().err
     assert rc != 0 and err.startswith("error: /nowhere/model.gguf: not a model folder")
@@ -283,7 +283,7 @@ def test_smollm2_q4_1_exact_weights_match_transformers():
 def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
     """The default run: Q4_1 held as Q8_0, FP16 KV cache, the same greedy text."""
     ref = parity.expected("smollm2-reference")
-    import main
+    from causallm import main
     rc = main.main([smollm2_path(), str(ref["prompt"]), "--greedy", "-n", "16", "--json"])
     out, err = capsys.readouterr()
     assert rc == 0, err

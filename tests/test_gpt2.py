@@ -25,9 +25,9 @@ from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
 from causallm.io.safetensors import Checkpoint, write_safetensors
 from causallm.kernels.layer_norm import layer_norm
-from layers.layer_normalization import LayerNormalizationLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
-from models.gpt2.gpt2_causallm import GPT2CausalLM
+from causallm.layers.layer_normalization import LayerNormalizationLayer
+from causallm.layers.positional_embedding import PositionalEmbeddingLayer
+from causallm.models.gpt2.gpt2_causallm import GPT2CausalLM
 
 GPT2_FIXTURES = ["gpt2-tied", "gpt2-untied-scaled"]
 F32 = np.float32

@@ -25,9 +25,9 @@ from causallm.io.config import load_model_configs
 from causallm.io.safetensors import Checkpoint
 from causallm.kernels.gpt_oss_moe import clamped_glu, moe_route, scatter_add_rows
 from causallm.runtime.properties import UINT_MAX
-from layers.gpt_oss_moe import CHUNK_ROWS, CachedSlimGptOssMoELayer, GptOssMoELayer
-from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
-from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
+from causallm.layers.gpt_oss_moe import CHUNK_ROWS, CachedSlimGptOssMoELayer, GptOssMoELayer
+from causallm.models.gpt_oss.gptoss_causallm import GptOssForCausalLM
+from causallm.models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
 
 NAME = "gpt-oss-tiny"
 FOLDER = os.path.join(FIXTURES, NAME)

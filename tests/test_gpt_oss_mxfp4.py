@@ -26,8 +26,8 @@ from causallm.io.config import load_model_configs
 from causallm.io.lazy_weights import Mxfp4Slice, safetensors_slice
 from causallm.io.mxfp4 import FP4_VALUES, convert_moe_packed_tensors, dequantize_rows
 from causallm.io.safetensors import Checkpoint, SafetensorsFile, write_safetensors
-from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
-from models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
+from causallm.models.gpt_oss.gptoss_causallm import GptOssForCausalLM
+from causallm.models.gpt_oss_cached_slim.gptoss_cached_slim_causallm import GptOssCachedSlimCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "gpt-oss-mxfp4"

@@ -9,8 +9,8 @@ from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, wi
 from causallm.errors import CausalLMError
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import float_, uint
-from layers.rms_norm import RMSNormLayer
-from layers.swiglu import SwiGLULayer
+from causallm.layers.rms_norm import RMSNormLayer
+from causallm.layers.swiglu import SwiGLULayer
 
 registerFactory(RMSNormLayer)
 registerFactory(SwiGLULayer)

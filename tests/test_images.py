@@ -85,7 +85,7 @@ def test_image_seq_length_must_match_the_model(tmp_path):
     folder = tmp_path / "g3"
     shutil.copytree(os.path.join(FIXTURES, "gemma3-vision"), folder)
     (folder / "processor_config.json").write_text(json.dumps({"image_seq_length": 9}))
-    from factory import Factory
+    from causallm.factory import Factory
     model = Factory.Instance().createFromFolder(str(folder))
     with pytest.raises(CausalLMError, match="'image_seq_length' must be the model's "
                                             "mm_tokens_per_image \\(16\\)"):

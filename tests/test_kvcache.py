@@ -18,7 +18,7 @@ import pytest
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "llama-gqa3")
 SYSTEM = "System: you explain the Python language reference.\n"
@@ -201,8 +201,7 @@ def test_sys_prompt_token_size_is_honoured(folder):
 
 
 def test_cli_uses_head_prompt_and_the_cache(folder, capsys):
-    import main
-
+    from causallm import main
     outputs = []
     for _ in range(2):
         assert main.main([str(folder), PROMPT, "--greedy", "--json"]) == 0
@@ -268,7 +267,7 @@ HALF_FIXTURES = ["llama-hd80-bf16-sharded", "llama-f16-yarn-bias", "qwen2-gqa4",
 
 def from_folder(name, **nntr):
     """The fixture's model as main.py builds it (no cache precision pinned), loaded."""
-    from factory import Factory
+    from causallm.factory import Factory
     model = Factory.Instance().createFromFolder(os.path.join(parity.FIXTURES, name),
                                                 init_seq_len=64, num_to_generate=64, **nntr)
     model.initialize()
@@ -294,7 +293,7 @@ def test_cache_precision_follows_the_weights_unless_set(name, nntr, want):
 
 
 def test_weight_format_and_kv_dtype_calls_choose_the_cache():
-    from factory import Factory
+    from causallm.factory import Factory
     for fmt, kv, want in (("Q8_0", None, np.uint16), ("FP32", None, np.float32),
                           ("Q4_0", "FP32", np.float32)):
         model = Factory.Instance().createFromFolder(FIXTURE, init_seq_len=8, num_to_generate=8)
@@ -305,7 +304,7 @@ def test_weight_format_and_kv_dtype_calls_choose_the_cache():
 
 
 def test_bad_kv_cache_dtype_is_a_one_line_error(tmp_path):
-    from factory import Factory
+    from causallm.factory import Factory
     path = tmp_path / "llama-gqa3"
     shutil.copytree(FIXTURE, path)
     (path / "nntr_config.json").write_text(json.dumps({"kv_cache_dtype": "Q8_0"}))

@@ -18,14 +18,14 @@ from graphs import build, feature_input
 from causallm.api import UINT_MAX, createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
-from layers.embedding_layer import EmbeddingLayer
-from layers.lm_head import LmHeadLayer
-from layers.mha_core import MHACoreLayer
-from layers.reshaped_rms_norm import ReshapedRMSNormLayer
-from layers.rms_norm import RMSNormLayer
-from layers.swiglu import SwiGLULayer
-from layers.tie_word_embeddings import TieWordEmbedding
-from models.transformer import Transformer
+from causallm.layers.embedding_layer import EmbeddingLayer
+from causallm.layers.lm_head import LmHeadLayer
+from causallm.layers.mha_core import MHACoreLayer
+from causallm.layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from causallm.layers.rms_norm import RMSNormLayer
+from causallm.layers.swiglu import SwiGLULayer
+from causallm.layers.tie_word_embeddings import TieWordEmbedding
+from causallm.models.transformer import Transformer
 
 for _cls in (EmbeddingLayer, TieWordEmbedding, RMSNormLayer, ReshapedRMSNormLayer, SwiGLULayer,
              LmHeadLayer, MHACoreLayer):

@@ -10,7 +10,7 @@ imports torch or transformers.
 import pytest
 
 import parity
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 LLAMA_FIXTURES = ["llama-gqa3", "llama-hd80-bf16-sharded", "llama-f16-yarn-bias"]
 

@@ -24,8 +24,8 @@ from parity import FIXTURES, ROOT, load_folder
 
 from causallm.errors import CausalLMError
 from causallm.io.safetensors import Checkpoint, write_safetensors
-from factory import Factory
-from layers.sinusoidal_embedding import sinusoid_table
+from causallm.factory import Factory
+from causallm.layers.sinusoidal_embedding import sinusoid_table
 
 NAMES = ["marian-positions-in-file", "marian-no-positions"]
 

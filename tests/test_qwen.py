@@ -26,8 +26,8 @@ from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig, load_model_configs
 from causallm.io.safetensors import Checkpoint
 from causallm.runtime.properties import UINT_MAX
-from models.qwen2.qwen2_causallm import Qwen2CausalLM, Qwen2Transformer, readQwenLayerTypes
-from models.qwen3.qwen3_causallm import Qwen3CausalLM, Qwen3Transformer
+from causallm.models.qwen2.qwen2_causallm import Qwen2CausalLM, Qwen2Transformer, readQwenLayerTypes
+from causallm.models.qwen3.qwen3_causallm import Qwen3CausalLM, Qwen3Transformer
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hf_to_bin  # noqa: E402

@@ -34,10 +34,10 @@ from causallm.io.safetensors import write_safetensors
 from causallm.kernels.linear import BLAS_MIN_ROWS
 from causallm.kernels.moe import expert_ffn, expert_ffn_io, expert_ffn_oi, moe_group, moe_topk
 from causallm.runtime.registry import registerFactory
-from layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
-from models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import Qwen3CachedSlimMoECausalLM
-from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
-from models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
+from causallm.layers.qwen_moe import CachedSlimMoELayer, MoELayer, SlimMoELayer
+from causallm.models.qwen3_cached_slim_moe.qwen3_cached_slim_moe_causallm import Qwen3CachedSlimMoECausalLM
+from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
+from causallm.models.qwen3_slim_moe.qwen3_slim_moe_causallm import Qwen3SlimMoECausalLM
 
 for _cls in (MoELayer, SlimMoELayer, CachedSlimMoELayer):
     registerFactory(_cls)
@@ -330,7 +330,7 @@ RSS_SCRIPT = r"""
 import sys
 import numpy as np
 from causallm.io.config import load_model_configs
-from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
+from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 folder, cache, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cfg, gen, nntr = load_model_configs(folder)
 nntr.update(init_seq_len=32, num_to_generate=8, moe_expert_cache=cache)

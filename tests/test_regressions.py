@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-import main
+from causallm import main
 from causallm.api import createLayer, createModel, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
-from models.causal_lm import CausalLM
+from causallm.models.causal_lm import CausalLM
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "llama-gqa3")
 

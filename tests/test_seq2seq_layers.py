@@ -9,9 +9,9 @@ from graphs import build, feature_input
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
-from layers.logit_bias import LogitBiasLayer
-from layers.positional_embedding import PositionalEmbeddingLayer
-from layers.sinusoidal_embedding import SinusoidalEmbeddingLayer
+from causallm.layers.logit_bias import LogitBiasLayer
+from causallm.layers.positional_embedding import PositionalEmbeddingLayer
+from causallm.layers.sinusoidal_embedding import SinusoidalEmbeddingLayer
 
 for _cls in (LogitBiasLayer, PositionalEmbeddingLayer, SinusoidalEmbeddingLayer):
     registerFactory(_cls)

@@ -27,7 +27,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 import causallm  # noqa: E402
-import main  # noqa: E402
+from causallm import main  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "res", "tiny-llama")

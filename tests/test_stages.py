@@ -14,8 +14,8 @@ from graphs import feature_input
 
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
-from layers.mha_core import MHACoreLayer
-from layers.relative_position_bias import RelativePositionBiasLayer
+from causallm.layers.mha_core import MHACoreLayer
+from causallm.layers.relative_position_bias import RelativePositionBiasLayer
 
 registerFactory(MHACoreLayer)
 registerFactory(RelativePositionBiasLayer)

@@ -26,7 +26,7 @@ from parity import (
 
 from causallm.errors import CausalLMError
 from causallm.io.safetensors import Checkpoint
-from factory import Factory
+from causallm.factory import Factory
 
 NAMES = ["t5-relu-tied", "t5-v11-gated-untied", "t5-flan-short"]
 

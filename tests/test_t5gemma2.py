@@ -28,7 +28,7 @@ from parity import (
 
 from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics
-from factory import Factory
+from causallm.factory import Factory
 
 TEXT, IMAGE = "t5gemma2-text", "t5gemma2-image"
 

@@ -8,8 +8,8 @@ from graphs import build, feature_input
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
-from layers.embedding_merge import EmbeddingMergeLayer
-from layers.special_token_embedding import SpecialTokenEmbeddingLayer
+from causallm.layers.embedding_merge import EmbeddingMergeLayer
+from causallm.layers.special_token_embedding import SpecialTokenEmbeddingLayer
 
 for _cls in (EmbeddingMergeLayer, SpecialTokenEmbeddingLayer):
     registerFactory(_cls)

@@ -71,7 +71,7 @@ def build_model(model_dir: str, model_tensor_type: str | None = None, **nntr):
     ``architectures[0]``), with ``model_tensor_type`` and the ``nntr`` keys overridden when
     given and the runtime sizes made small (they do not change the weights or their order).
     Weights are still zero."""
-    from factory import Factory
+    from causallm.factory import Factory
 
     overrides = {**_SMALL_RUNTIME, **nntr}
     if model_tensor_type is not None:

@@ -17,7 +17,7 @@ import importlib
 from causallm.errors import CausalLMError
 from causallm.runtime.layer import Layer
 
-BUILTIN_LAYER_PACKAGE = "layers"
+BUILTIN_LAYER_PACKAGE = "causallm.layers"
 
 _factories: dict[str, type[Layer]] = {}
 _builtins_loaded = False

@@ -36,10 +36,10 @@ import math
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
-from layers.logit_bias import LogitBiasLayer
-from models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
-from models.language_model import GENERATION_KEYS
-from models.layer_norm_transformer import LayerNormTransformer
+from causallm.layers.logit_bias import LogitBiasLayer
+from causallm.models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
+from causallm.models.language_model import GENERATION_KEYS
+from causallm.models.layer_norm_transformer import LayerNormTransformer
 
 BART_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "tanh_gelu",
                     "gelu_pytorch_tanh": "tanh_gelu", "silu": "swish", "swish": "swish",

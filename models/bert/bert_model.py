@@ -35,8 +35,8 @@ from __future__ import annotations
 from causallm.api import createLayer, createModel, withKey
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
-from models.layer_norm_transformer import LayerNormTransformer
-from models.sentence_transformer import SentenceTransformer
+from causallm.models.layer_norm_transformer import LayerNormTransformer
+from causallm.models.sentence_transformer import SentenceTransformer
 
 BERT_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu",
                     "relu": "relu", "silu": "swish", "swish": "swish"}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from causallm.io.config import JsonConfig
 from causallm.runtime.properties import UINT_MAX
-from models.gemma3.gemma3_causallm import Gemma3Transformer
-from models.sentence_transformer import SentenceTransformer
+from causallm.models.gemma3.gemma3_causallm import Gemma3Transformer
+from causallm.models.sentence_transformer import SentenceTransformer
 
 
 class EmbeddingGemma(SentenceTransformer, Gemma3Transformer):

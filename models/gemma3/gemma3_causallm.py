@@ -40,12 +40,12 @@ from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
-from layers.logit_softcapping import LogitSoftcappingLayer
-from layers.mha_core import ROPE_TYPES
-from layers.reshaped_rms_norm import ReshapedRMSNormLayer
-from models.causal_lm import CausalLM
-from models.gemma3.function import function_gemma_prompt
-from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, ModelType, Transformer
+from causallm.layers.logit_softcapping import LogitSoftcappingLayer
+from causallm.layers.mha_core import ROPE_TYPES
+from causallm.layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from causallm.models.causal_lm import CausalLM
+from causallm.models.gemma3.function import function_gemma_prompt
+from causallm.models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, ModelType, Transformer
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_ROPE_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}

@@ -36,11 +36,11 @@ from causallm.io.config import JsonConfig
 from causallm.io.safetensors import Checkpoint, RenamedCheckpoint
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.compiler import DEFAULT_STAGE
-from models.gemma3.gemma3_causallm import GEMMA3_WEIGHTS, Gemma3CausalLM
-from models.language_model import GENERATION_KEYS
-from models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
-from models.transformer import SELF_ATTENTION
-from models.vision_language import IMAGE_INPUT, VisionLanguageModel
+from causallm.models.gemma3.gemma3_causallm import GEMMA3_WEIGHTS, Gemma3CausalLM
+from causallm.models.language_model import GENERATION_KEYS
+from causallm.models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
+from causallm.models.transformer import SELF_ATTENTION
+from causallm.models.vision_language import IMAGE_INPUT, VisionLanguageModel
 
 TOKEN_TYPE_INPUT = "token_type_input0"
 """The text stage's input of token types (1 at image tokens), read by every attention."""

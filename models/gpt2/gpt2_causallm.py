@@ -40,9 +40,9 @@ from causallm.api import createLayer, createModel, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Split, Tensor, WeightTable
-from models.causal_lm import CausalLM
-from models.language_model import GENERATION_KEYS
-from models.layer_norm_transformer import LayerNormTransformer
+from causallm.models.causal_lm import CausalLM
+from causallm.models.language_model import GENERATION_KEYS
+from causallm.models.layer_norm_transformer import LayerNormTransformer
 
 GPT2_ACTIVATIONS = {"gelu_new": "tanh_gelu", "gelu_pytorch_tanh": "tanh_gelu", "gelu": "gelu",
                     "relu": "relu"}

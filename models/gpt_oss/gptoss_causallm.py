@@ -40,10 +40,10 @@ from causallm.io.lazy_weights import safetensors_slice
 from causallm.io.mxfp4 import MXFP4_DTYPE
 from causallm.io.weight_table import Every, HFWeight, Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
-from layers.gpt_oss_moe import GptOssMoELayer
-from models.causal_lm import CausalLM
-from models.experts_on_file import ExpertsOnFileMixin
-from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION
+from causallm.layers.gpt_oss_moe import GptOssMoELayer
+from causallm.models.causal_lm import CausalLM
+from causallm.models.experts_on_file import ExpertsOnFileMixin
+from causallm.models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION
 
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 GPT_OSS_SLIDING_WINDOW = 128           # HF GptOssConfig defaults, used when config.json lacks them

@@ -19,9 +19,9 @@ its C++ twin, in three places:
 from __future__ import annotations
 
 from causallm.api import registerFactory
-from layers.gpt_oss_moe import CachedSlimGptOssMoELayer
-from models.gpt_oss.gptoss_causallm import GptOssForCausalLM
-from models.transformer import SELF_ATTENTION
+from causallm.layers.gpt_oss_moe import CachedSlimGptOssMoELayer
+from causallm.models.gpt_oss.gptoss_causallm import GptOssForCausalLM
+from causallm.models.transformer import SELF_ATTENTION
 
 
 class GptOssCachedSlimCausalLM(GptOssForCausalLM):

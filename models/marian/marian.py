@@ -35,9 +35,9 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import WeightTable
-from layers.sinusoidal_embedding import SinusoidalEmbeddingLayer, sinusoid_table
-from models.bart.bart import BART_WEIGHTS, BartForConditionalGeneration
-from models.encoder_decoder import DECODER, ENCODER
+from causallm.layers.sinusoidal_embedding import SinusoidalEmbeddingLayer, sinusoid_table
+from causallm.models.bart.bart import BART_WEIGHTS, BartForConditionalGeneration
+from causallm.models.encoder_decoder import DECODER, ENCODER
 
 POSITION_TENSORS = {stack: f"model.{stack}.embed_positions.weight" for stack in (ENCODER, DECODER)}
 

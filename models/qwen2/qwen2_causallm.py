@@ -21,8 +21,8 @@ from causallm.api import createLayer, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.runtime.properties import UINT_MAX
-from models.causal_lm import CausalLM
-from models.transformer import SELF_ATTENTION, Transformer
+from causallm.models.causal_lm import CausalLM
+from causallm.models.transformer import SELF_ATTENTION, Transformer
 
 QWEN_LAYER_TYPES = ("full_attention", "sliding_attention")
 QWEN_SLIDING_WINDOW_DEFAULT = 4096  # HF Qwen2Config / Qwen3Config ``sliding_window`` default

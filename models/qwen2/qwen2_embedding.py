@@ -9,8 +9,8 @@ prefix (an HF ``Qwen2Model`` saves them bare).
 
 from __future__ import annotations
 
-from models.qwen2.qwen2_causallm import Qwen2Transformer
-from models.sentence_transformer import SentenceTransformer
+from causallm.models.qwen2.qwen2_causallm import Qwen2Transformer
+from causallm.models.sentence_transformer import SentenceTransformer
 
 
 class Qwen2Embedding(SentenceTransformer, Qwen2Transformer):

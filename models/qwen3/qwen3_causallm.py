@@ -23,10 +23,10 @@ from __future__ import annotations
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
-from layers.reshaped_rms_norm import ReshapedRMSNormLayer
-from models.causal_lm import CausalLM
-from models.qwen2.qwen2_causallm import readQwenLayerTypes
-from models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, Transformer
+from causallm.layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from causallm.models.causal_lm import CausalLM
+from causallm.models.qwen2.qwen2_causallm import readQwenLayerTypes
+from causallm.models.transformer import LLAMA_WEIGHTS, SELF_ATTENTION, Transformer
 
 QWEN3_HEAD_DIM_DEFAULT = 128  # HF Qwen3Config ``head_dim`` default
 

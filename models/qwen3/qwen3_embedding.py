@@ -10,8 +10,8 @@ the last token. Hugging Face saves these models as ``Qwen3Model``, whose tensor 
 
 from __future__ import annotations
 
-from models.qwen3.qwen3_causallm import Qwen3Transformer
-from models.sentence_transformer import SentenceTransformer
+from causallm.models.qwen3.qwen3_causallm import Qwen3Transformer
+from causallm.models.sentence_transformer import SentenceTransformer
 
 
 class Qwen3Embedding(SentenceTransformer, Qwen3Transformer):

@@ -7,8 +7,8 @@ kept in an LRU, 32 per layer by default as in nntrainer (nntr_config ``moe_exper
 overrides it). The math, the graph and the .bin layout are Qwen3-MoE's.
 """
 
-from layers.qwen_moe import CachedSlimMoELayer
-from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
+from causallm.layers.qwen_moe import CachedSlimMoELayer
+from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 
 
 class Qwen3CachedSlimMoECausalLM(Qwen3MoECausalLM):

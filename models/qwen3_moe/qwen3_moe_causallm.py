@@ -38,9 +38,9 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Split, Tensor, WeightTable
-from layers.qwen_moe import MoELayer
-from models.experts_on_file import ExpertsOnFileMixin
-from models.qwen3.qwen3_causallm import QWEN3_WEIGHTS, Qwen3CausalLM
+from causallm.layers.qwen_moe import MoELayer
+from causallm.models.experts_on_file import ExpertsOnFileMixin
+from causallm.models.qwen3.qwen3_causallm import QWEN3_WEIGHTS, Qwen3CausalLM
 
 EXPERT_WEIGHTS = ("up", "gate", "down")  # a qwen_moe expert's weights, in request order
 

@@ -6,8 +6,8 @@ defaults to num_experts_per_tok (the experts of the latest token stay in memory)
 the graph and the .bin layout are Qwen3-MoE's (see models/qwen3_moe and layers/qwen_moe.py).
 """
 
-from layers.qwen_moe import SlimMoELayer
-from models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
+from causallm.layers.qwen_moe import SlimMoELayer
+from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 
 
 class Qwen3SlimMoECausalLM(Qwen3MoECausalLM):

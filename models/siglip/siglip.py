@@ -41,7 +41,7 @@ from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor
 from causallm.runtime.properties import UINT_MAX
-from models.gemma3.gemma3_causallm import HIDDEN_ACTIVATIONS
+from causallm.models.gemma3.gemma3_causallm import HIDDEN_ACTIVATIONS
 
 VISION = "vision"
 """The stage."""

@@ -39,10 +39,10 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
-from layers.relative_position_bias import RelativePositionBiasLayer
-from models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
-from models.language_model import GENERATION_KEYS
-from models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION
+from causallm.layers.relative_position_bias import RelativePositionBiasLayer
+from causallm.models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
+from causallm.models.language_model import GENERATION_KEYS
+from causallm.models.transformer import CROSS_ATTENTION, ENCODER_ATTENTION, SELF_ATTENTION
 
 T5_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "tanh_gelu",
                   "gelu_pytorch_tanh": "tanh_gelu", "silu": "swish", "swish": "swish",

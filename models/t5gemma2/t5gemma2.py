@@ -62,20 +62,20 @@ from causallm.io.config import JsonConfig
 from causallm.io.safetensors import RenamedCheckpoint
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.properties import UINT_MAX
-from layers.logit_softcapping import LogitSoftcappingLayer
-from layers.reshaped_rms_norm import ReshapedRMSNormLayer
-from layers.special_token_embedding import SpecialTokenEmbeddingLayer
-from models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
-from models.gemma3.gemma3_causallm import (
+from causallm.layers.logit_softcapping import LogitSoftcappingLayer
+from causallm.layers.reshaped_rms_norm import ReshapedRMSNormLayer
+from causallm.layers.special_token_embedding import SpecialTokenEmbeddingLayer
+from causallm.models.encoder_decoder import DECODER, ENCODER, EncoderDecoder
+from causallm.models.gemma3.gemma3_causallm import (
     FULL,
     HIDDEN_ACTIVATIONS,
     SLIDING,
     Gemma3Transformer,
 )
-from models.language_model import GENERATION_KEYS
-from models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
-from models.transformer import ENCODER_ATTENTION, SELF_ATTENTION
-from models.vision_language import IMAGE_INPUT, VisionLanguageModel
+from causallm.models.language_model import GENERATION_KEYS
+from causallm.models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
+from causallm.models.transformer import ENCODER_ATTENTION, SELF_ATTENTION
+from causallm.models.vision_language import IMAGE_INPUT, VisionLanguageModel
 
 
 @dataclass
