@@ -8,13 +8,26 @@ model registrations and the architecture resolution main.cpp does.
 
 ``Factory.Instance()`` registers every built-in architecture once (``registerModels``, main.cpp's
 ``registerModel`` calls), so the Python API sees them without going through main.py.
+
+Model classes from outside this repository register through the same ``registerModel``:
+
+- a plugin file (``main.py --plugin FILE.py``, or ``loadPlugin(path)``): imported as a module,
+  it calls ``Factory.Instance().registerModel("MyArchitecture", MyModelClass)`` at import;
+- an installed package's entry point in the group ``causallm.models``: a module (importing it
+  registers, as a plugin file does) or a function called with the Factory
+  (``register(factory)``). ``Factory.Instance()`` loads every such entry point once, after the
+  built-in architectures; one that fails is a warning on stderr naming it and its
+  distribution, and the others still load.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import sys
+import types
 from typing import Callable
 
 from causallm.errors import CausalLMError
@@ -31,6 +44,7 @@ class Factory:
         if cls._instance is None:
             cls._instance = cls()
             registerModels(cls._instance)
+            loadEntryPoints(cls._instance)
         return cls._instance
 
     def registerModel(self, key: str, creator: Callable) -> None:
@@ -72,6 +86,54 @@ def registerModels(factory: Factory) -> None:
     imported when a model of it is created, so a run loads only its own family."""
     for key, (module, cls) in _BUILT_IN.items():
         factory.registerModel(key, _creator(module, cls))
+
+
+ENTRY_POINT_GROUP = "causallm.models"
+"""The entry-point group an installed package registers its model classes under."""
+
+
+def loadEntryPoints(factory: Factory, out=None) -> None:
+    """Load every ``causallm.models`` entry point (module docstring): a module registers as it
+    is imported, a function is called with ``factory``. A failing one is one warning line on
+    ``out`` (stderr) naming the entry point and its distribution; the rest still load."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+            if not isinstance(loaded, types.ModuleType):
+                loaded(factory)
+        except Exception as e:
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown"
+            (out or sys.stderr).write(
+                f"warning: entry point '{ep.name} = {ep.value}' ({ENTRY_POINT_GROUP}) of "
+                f"distribution '{dist}' failed, skipped: {_one_line(e)}\n")
+
+
+def _one_line(e: Exception) -> str:
+    """``Type: message``, the message's first line only."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def loadPlugin(path: str) -> types.ModuleType:
+    """Import the Python file ``path`` as the module ``causallm_plugin_<stem>``; it registers
+    its model classes with ``Factory.Instance().registerModel`` as it runs. A missing file, or
+    one that raises on import, is a one-line CausalLMError naming it."""
+    if not os.path.isfile(path):
+        what = "a folder, not a Python file" if os.path.isdir(path) else "no such file"
+        raise CausalLMError(f"--plugin {path}: {what}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = "causallm_plugin_" + "".join(c if c.isalnum() else "_" for c in stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CausalLMError(f"--plugin {path}: not a Python file (expected FILE.py)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise CausalLMError(f"--plugin {path}: import failed: {_one_line(e)}") from e
+    return module
 
 
 def _creator(module: str, cls: str) -> Callable:

@@ -91,6 +91,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="render the prompt as a user message through the model's chat template")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in the terminal, turn by turn, keeping the KV cache")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="import a Python file that registers model classes (repeatable)")
+    p.add_argument("--graph", default=None, metavar="FILE",
+                   help="write the compiled layer graph (FILE.dot, or FILE.svg with Graphviz) "
+                        "and exit without loading weights or generating")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with ids, text and metrics as the last line")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -144,6 +149,17 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _write_graph(model, path: str) -> int:
+    """--graph: initialize the model (its layers compiled, nothing loaded) and write its graph
+    (causallm/runtime/graphviz.py)."""
+    from causallm.runtime.graphviz import write_graph
+
+    model.initialize()
+    write_graph(model.model, path, model.architecture)
+    sys.stderr.write(f"graph written to {path}\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """main.cpp: the model folder -> Factory -> initialize -> load_weight -> run, then the
     metrics; with --json one last stdout line with the run's record. The same for every
@@ -166,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
             raise CausalLMError(f"--image {path}: {what}")
     overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                   threads=args.threads, num_beams=args.num_beams, **overrides)
+                   threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
+                   **overrides)
+    if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
+        return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
     if args.image:  # read before the weights load, so a bad image fails fast
         model.setImages(args.image)
@@ -249,6 +268,8 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
                    help="new tokens when a request gives no max_tokens; the KV cache holds "
                         "init_seq_len + this (nntr_config num_to_generate)")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="a Python file registering model classes (repeatable), as in the CLI")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
@@ -278,7 +299,7 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
     run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
                log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
-               threads=args.threads, **overrides)
+               threads=args.threads, plugins=args.plugin, **overrides)
     return 0
 
 

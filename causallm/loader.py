@@ -49,13 +49,15 @@ def model_path_error(path: str) -> str | None:
 
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
-           threads: int | None = None, num_beams: int | None = None, **nntr_options):
+           threads: int | None = None, num_beams: int | None = None, plugins=(),
+           **nntr_options):
     """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized:
     ``nntr_options`` replace nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
     ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
     Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
-    ``num_beams`` sizes the graph for beam search."""
-    from causallm.factory import Factory
+    ``num_beams`` sizes the graph for beam search; ``plugins`` are model files to register
+    first (the CLI's --plugin, ``factory.loadPlugin``)."""
+    from causallm.factory import Factory, loadPlugin
     from causallm.models.transformer import set_threads
 
     error = model_path_error(path)
@@ -65,6 +67,8 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         if not (isinstance(threads, int) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
         set_threads(threads)
+    for plugin in plugins:
+        loadPlugin(plugin)
     model = Factory.Instance().createFromFolder(path, **nntr_options)
     model.setGenerationOptions(num_beams=num_beams)
     model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)

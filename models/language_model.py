@@ -44,7 +44,7 @@ APPLIED_GENERATION_KEYS = frozenset((
     "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "num_beams",
     "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
     "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
-    "bad_words_ids", "renormalize_logits", "stop_strings"))
+    "bad_words_ids", "renormalize_logits", "stop_strings", "max_new_tokens"))
 """The generation_config.json keys generation applies (the one list: docs/cli.md shows it)."""
 
 METADATA_GENERATION_KEYS = frozenset((

@@ -30,6 +30,7 @@ from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.kernels.packed import PackedMatrix
+from causallm.progress import files_size, progress
 from causallm.runtime.graph import ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
@@ -121,7 +122,11 @@ class Transformer:
         self.BATCH_SIZE = nntr_cfg.get_int("batch_size", d["batch_size"], minimum=1)
         self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
         self.INIT_SEQ_LEN = nntr_cfg.get_int("init_seq_len", d["init_seq_len"], minimum=1)
-        self.NUM_TO_GENERATE = nntr_cfg.get_int("num_to_generate", d["num_to_generate"], minimum=1)
+        # new tokens: nntr_config's num_to_generate, else generation_config's max_new_tokens
+        # (transformers' own default for the folder), else NNTrainer's default
+        self.NUM_TO_GENERATE = nntr_cfg.get_int(
+            "num_to_generate",
+            generation_cfg.get_int("max_new_tokens", d["num_to_generate"], minimum=1), minimum=1)
         self.MAX_SEQ_LEN = nntr_cfg.get_int("max_seq_len", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
                                             minimum=1)
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
@@ -454,10 +459,14 @@ class Transformer:
             self.load_hf_weight(weight_path)
         else:
             self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
-            if getattr(self, "WEIGHT_FORMAT", None) is not None:
-                for spec in self.model.getWeightSpecs():
-                    if spec.packable:
-                        self.storeWeight(spec.full_name, self.model.getWeight(spec.full_name))
+            fmt = getattr(self, "WEIGHT_FORMAT", None)
+            if fmt is not None:
+                packable = [s.full_name for s in self.model.getWeightSpecs() if s.packable]
+                with progress(len(packable), f"converting weights to {fmt}", "tensor",
+                              files_size([weight_path])) as bar:
+                    for name in packable:
+                        self.storeWeight(name, self.model.getWeight(name))
+                        bar.update()
         self.model.warmup()
 
     def openHFCheckpoint(self, folder: str) -> Checkpoint:

@@ -262,6 +262,26 @@ def test_generation_config_controls_are_read(tmp_path):
     assert (settings.min_p, settings.typical_p, settings.stop_strings) == (0.05, 0.9, ["###"])
 
 
+def test_max_new_tokens_is_the_default_length(tmp_path, capsys):
+    """generation_config's max_new_tokens gives the number of new tokens when nntr_config sets
+    no num_to_generate (transformers' default for the folder); -n still wins."""
+    from causallm import main
+    folder = tmp_path / "tiny"
+    shutil.copytree(TINY, folder)
+    nntr = json.loads((folder / "nntr_config.json").read_text())
+    del nntr["num_to_generate"]
+    (folder / "nntr_config.json").write_text(json.dumps(nntr))
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_new_tokens": 5}))
+    for extra, n in (((), 5), (("-n", "7"), 7)):
+        capsys.readouterr()
+        assert main.main([str(folder), "Strings are", "--greedy", "--json", *extra]) == 0
+        out, err = capsys.readouterr()
+        record = json.loads(out.splitlines()[-1])
+        assert (len(record["generated_ids"]), record["finish_reason"]) == (n, "length")
+        assert "max_new_tokens" not in err
+
+
 # ------------------------------------------------------------------------------- CLI flags
 
 @pytest.mark.parametrize("flag, value", [

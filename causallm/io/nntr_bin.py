@@ -34,6 +34,7 @@ from causallm.kernels.packed import (
     ggml_blocks_to_rows,
     rows_to_ggml_blocks,
 )
+from causallm.progress import progress
 
 _BIN_DTYPES = ("FP32", "FP16", "Q4_0", "Q8_0", "Q6_K")
 
@@ -190,9 +191,16 @@ def write_bin(path, arrays, dtypes, names=None):
             a = h
         return a
 
+    # the size that decides on a progress bar (a weight read on demand has no shape: not counted)
+    size = sum(bin_nbytes(a.shape, dtype) for a, dtype in zip(arrays, dtypes)
+               if hasattr(a, "shape"))
+
     def write(f):  # one weight converted at a time, so no second copy of the model is held
-        for i, (a, dtype, name) in enumerate(zip(arrays, dtypes, names)):
-            convert(i, a, dtype, name).tofile(f)
+        with progress(len(arrays), f"writing {os.path.basename(path)} ({size / 1e9:.1f} GB)",
+                      "tensor", size) as bar:
+            for i, (a, dtype, name) in enumerate(zip(arrays, dtypes, names)):
+                convert(i, a, dtype, name).tofile(f)
+                bar.update()
 
     atomic_write(path, write)
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.kernels.packed import PackedMatrix
+from causallm.progress import files_size, progress
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ class WeightTable:
         comes as the checkpoint's ``raw`` gives it: a ``PackedMatrix`` when stored packed (BF16,
         F16, a GGUF's Q8_0 / Q4_0), kept so; any other as float32.
         Every checkpoint tensor must be used (or ignored, or an alias) and every mapped tensor
-        found; the error names the ones that are not."""
+        found; the error names the ones that are not. A large load shows a progress bar on a
+        terminal (causallm/progress.py)."""
         aliases = self.aliasMap(weight_map)
         found: dict[str, str] = {}       # our HF name -> the checkpoint's name for it
         spare: dict[str, str] = {}       # primary -> a checkpoint alias of it
@@ -243,21 +245,29 @@ class WeightTable:
              if missing else [])
         if problems:
             raise CausalLMError(f"{getattr(ckpt, 'folder', 'checkpoint')}: {'; '.join(problems)}")
-        for hf, parts in weight_map.items():
-            name = found[hf]
-            packable = packable or {}
-            whole = all(packable.get(p.target) is p.transpose and p.index is None
-                        and not p.offset for p in parts)
-            array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ckpt.get(name)
-            for part in parts:
-                try:
-                    value = (array.oriented(part.transpose)
-                             if isinstance(array, PackedMatrix) else part.to_weight(array))
-                    set_weight(part.target, value)
-                except (CausalLMError, IndexError) as e:
-                    raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
-                                        f"{tuple(array.shape)}"
-                                        f"{' (read transposed)' * part.transpose}: {e}") from None
+        file_of = getattr(ckpt, "file_of", None)  # a checkpoint not on disk: no size, no bar
+        size = files_size(file_of(name) for name in found.values()) if file_of else 0
+        with progress(len(weight_map), f"loading weights ({size / 1e9:.1f} GB)", "tensor",
+                      size) as bar:
+            for hf, parts in weight_map.items():
+                self._loadTensor(ckpt, found[hf], parts, set_weight, packable or {})
+                bar.update()
+
+    @staticmethod
+    def _loadTensor(ckpt, name: str, parts, set_weight: Callable, packable: dict) -> None:
+        """Checkpoint tensor ``name`` into the weights ``parts`` says (``load``)."""
+        whole = all(packable.get(p.target) is p.transpose and p.index is None
+                    and not p.offset for p in parts)
+        array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ckpt.get(name)
+        for part in parts:
+            try:
+                value = (array.oriented(part.transpose)
+                         if isinstance(array, PackedMatrix) else part.to_weight(array))
+                set_weight(part.target, value)
+            except (CausalLMError, IndexError) as e:
+                raise CausalLMError(f"{ckpt.file_of(name)}: tensor '{name}' of shape "
+                                    f"{tuple(array.shape)}"
+                                    f"{' (read transposed)' * part.transpose}: {e}") from None
 
     # -- export -----------------------------------------------------------------------------
     @staticmethod

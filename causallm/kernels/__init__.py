@@ -39,18 +39,24 @@ from causallm.kernels.embedding import embedding
 from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi
 from causallm.kernels.norm import rms_norm
 from causallm.kernels.rope import rope_inv_freq, rope_tables
+from causallm.progress import progress
 
 
 class _CompileNotice(numba.core.event.Listener):
     """Says on stderr when numba compiles a kernel (a cache miss: the first run on a machine,
-    or after an edit), once, with where the compiled code is kept; ``compile_report`` then
-    says how long it took. A cache hit triggers no compile event and prints nothing."""
+    or after an edit), once, with where the compiled code is kept; on a terminal a counter of
+    the kernels compiled follows (causallm/progress.py); ``compile_report`` then erases it and
+    says how many and how long (kernels compiled after that report, e.g. during generation,
+    are counted for the next report without a counter). A cache hit triggers no compile event
+    and prints nothing."""
 
     def __init__(self):
         self.depth = 0
         self.kernels = 0
         self.seconds = 0.0
         self.announced = False
+        self.bar = None
+        self.reported = False
         self._t0 = 0.0
 
     def on_start(self, event):
@@ -65,12 +71,16 @@ class _CompileNotice(numba.core.event.Listener):
             sys.stderr.write(f"[numba] compiling kernels for this CPU (once: they are "
                              f"cached{where}) ...\n")
             sys.stderr.flush()
+        if self.bar is None and not self.reported:  # later compiles: no bar amid the output
+            self.bar = progress(None, "[numba] compiling", "kernel(s)")
 
     def on_end(self, event):
         self.depth -= 1
         if self.depth == 0:
             self.kernels += 1
             self.seconds += time.perf_counter() - self._t0
+            if self.bar is not None:
+                self.bar.update()
 
 
 _notice = _CompileNotice()
@@ -80,7 +90,11 @@ numba.core.event.register("numba:compile", _notice)
 def compile_report() -> None:
     """One stderr line with the kernels compiled since the last report and their time, if any
     (Model.warmup calls it)."""
+    if _notice.bar is not None:
+        _notice.bar.close()
+        _notice.bar = None
     if _notice.kernels:
+        _notice.reported = True
         sys.stderr.write(f"[numba] compiled {_notice.kernels} kernel(s) in "
                          f"{_notice.seconds:.1f} s\n")
         sys.stderr.flush()

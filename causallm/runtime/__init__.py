@@ -9,7 +9,8 @@
 - ``compiler``: realizing, checking, ordering and finalizing the layers, split into stages;
 - ``planner``: the activation buffers, reused once their readers have run;
 - ``runner``: one step of one stage over the compiled layers;
-- ``kv_cache``: the KV caches, objects with a kind (self or cross) and an owner layer.
+- ``kv_cache``: the KV caches, objects with a kind (self or cross) and an owner layer;
+- ``graphviz``: the compiled graph as Graphviz DOT (or SVG through ``dot``).
 
 No module here imports a layer or a model: layers register themselves (``layers/``).
 """

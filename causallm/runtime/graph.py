@@ -21,7 +21,7 @@ from __future__ import annotations
 import mmap
 import re
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from causallm.kernels import compile_report
 from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.compiler import StageSpec, compile_graph
 from causallm.runtime.kv_cache import CROSS, SELF, KVCache
-from causallm.runtime.layer import RunLayerContext, WeightSpec
+from causallm.runtime.layer import RunLayerContext, TensorDim, WeightSpec
 from causallm.runtime.node import LayerNode
 from causallm.runtime.planner import plan_buffers
 from causallm.runtime.properties import Prop, bool_, parse_into, split_properties, str_, uint
@@ -66,6 +66,17 @@ MODEL_PROPERTIES: dict[str, Prop] = {
     "loss": str_(),
     "optimizer": str_(),
 }
+
+
+class LayerRow(NamedTuple):
+    """A compiled layer as ``summarize`` lists it (``Model.getLayerTable``)."""
+
+    name: str
+    type: str
+    stage: str
+    inputs: list[tuple[str, int]]   # (producer layer, its output index), as input_layers says
+    output_dims: list[TensorDim]
+    params: int
 
 
 class ExecutionMode:
@@ -338,28 +349,38 @@ class Model:
         self._require_compiled("getOutputNames()")
         return list(self._graph.output_names)
 
-    def summarize(self, out=None) -> str:
-        """Print (and return) a table: name, type, inputs, output dims, parameters, total, and
-        the total of each stack of blocks (the layers named ``<stack>layer<i>_...``:
-        ``layer*``, ``encoder_layer*``, ``decoder_layer*``) and of the rest."""
-        self._require_compiled("summarize()")
-        rows = [("name", "type", "input layers", "output", "params")]
-        total = 0
-        seen: set[str] = set()
-        stacks: dict[str, int] = {}
+    def getLayerTable(self) -> list[LayerRow]:
+        """One ``LayerRow`` per layer in graph order: name, type, stage, input connections
+        ``(producer, output index)``, output dims and parameter count (a shared weight counted
+        at its first owner). ``summarize`` prints it; ``causallm/runtime/graphviz.py`` draws it."""
+        self._require_compiled("getLayerTable()")
+        rows, seen = [], set()
         for node, ctx in zip(self._sorted, self._contexts):
             params = 0
             for spec in ctx.weights:
                 if spec.full_name not in seen:
                     seen.add(spec.full_name)
                     params += spec.size
-            total += params
-            block = _BLOCK.match(node.getName())
+            rows.append(LayerRow(node.getName(), node.getType(),
+                                 self._graph.stage_of[node.getName()],
+                                 list(node.getInputConnections()), list(ctx.output_dims), params))
+        return rows
+
+    def summarize(self, out=None) -> str:
+        """Print (and return) a table: name, type, inputs, output dims, parameters, total, and
+        the total of each stack of blocks (the layers named ``<stack>layer<i>_...``:
+        ``layer*``, ``encoder_layer*``, ``decoder_layer*``) and of the rest."""
+        rows = [("name", "type", "input layers", "output", "params")]
+        total = 0
+        stacks: dict[str, int] = {}
+        for layer in self.getLayerTable():
+            total += layer.params
+            block = _BLOCK.match(layer.name)
             key = f"{block.group(1)}*" if block else "other"
-            stacks[key] = stacks.get(key, 0) + params
-            inputs = ",".join(n if i == 0 else f"{n}({i})" for n, i in node.getInputConnections())
-            outs = " ".join(str(d) for d in ctx.output_dims)
-            rows.append((node.getName(), node.getType(), inputs, outs, f"{params:,}"))
+            stacks[key] = stacks.get(key, 0) + layer.params
+            inputs = ",".join(n if i == 0 else f"{n}({i})" for n, i in layer.inputs)
+            outs = " ".join(str(d) for d in layer.output_dims)
+            rows.append((layer.name, layer.type, inputs, outs, f"{layer.params:,}"))
         widths = [max(len(r[c]) for r in rows) for c in range(5)]
         lines = []
         for k, row in enumerate(rows):
