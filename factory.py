@@ -54,15 +54,18 @@ class Factory:
         creator = self._creators.get(key)
         return None if creator is None else creator(cfg, generation_cfg, nntr_cfg)
 
-    def createFromFolder(self, model_dir: str, **nntr_overrides):
+    def createFromFolder(self, model_dir: str, flags: dict[str, str] | None = None,
+                         **nntr_overrides):
         """The model of a folder, as main.py builds it: its three configs (``nntr_overrides``
-        replace nntr_config keys, e.g. ``num_to_generate=64``), ``architectures[0]`` resolved
-        by ``resolve_architecture``, then ``create``. The model is not initialized yet; its
-        ``architecture`` attribute is the key it was created under."""
+        replace nntr_config keys, e.g. ``num_to_generate=64``; ``flags`` names the
+        command-line flag behind an overridden key, for its errors), ``architectures[0]``
+        resolved by ``resolve_architecture``, then ``create``. The model is not initialized
+        yet; its ``architecture`` attribute is the key it was created under."""
         from causallm.io.config import load_model_configs
 
         cfg, gen, nntr = load_model_configs(model_dir)
         nntr.update(nntr_overrides)
+        nntr.flags = dict(flags or {})
         architecture = resolve_architecture(cfg, nntr)
         model = self.create(architecture, cfg, gen, nntr)
         if model is None:
@@ -190,8 +193,8 @@ def resolve_architecture(cfg, nntr_cfg=None) -> str:
     same way, and BertModel (an encoder) always does."""
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise CausalLMError(f"{cfg.path}: missing key 'architectures' (a list naming the model "
-                            f"class, e.g. [\"LlamaForCausalLM\"])")
+        raise cfg.error("architectures", 'a list naming the model class, e.g. '
+                                         '["LlamaForCausalLM"]')
     architecture = archs[0]
     model_type = nntr_cfg.get_str("model_type").lower() \
         if nntr_cfg is not None and nntr_cfg.contains("model_type") else None

@@ -16,12 +16,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 import sys
 import time
-
-import orjson
-
-import causallm  # noqa: F401  (first: it sizes the thread pools before numpy loads)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL_DIR = os.path.join(HERE, "res", "tiny-llama")
@@ -44,7 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("model_dir", nargs="?", default=DEFAULT_MODEL_DIR,
                    help="model folder or .gguf file (default: the embedded res/tiny-llama)")
     p.add_argument("prompt", nargs="?", default=None,
-                   help="input text (default: nntr_config.json sample_input)")
+                   help="input text; '-' reads it from stdin, as does no PROMPT when stdin is "
+                        "a pipe or a file (default: nntr_config.json sample_input)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
                    help="new tokens to generate (nntr_config num_to_generate)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
@@ -99,7 +97,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with ids, text and metrics as the last line")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options may come before, between or after them
+    if args.model_dir == "-" and args.prompt is None:  # `causallm -`: the default model
+        args.model_dir, args.prompt = DEFAULT_MODEL_DIR, "-"
+    return args
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -143,6 +144,43 @@ def _check_args(args: argparse.Namespace) -> None:
             raise CausalLMError(message)
 
 
+def _stdin_is_input() -> bool:
+    """Whether stdin is a pipe or a file (not a terminal, not /dev/null): then a missing PROMPT
+    is read from it."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no stdin, or one without a descriptor
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    """``raw`` decoded as UTF-8, or a one-line error naming the first invalid byte."""
+    from causallm.errors import CausalLMError
+
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CausalLMError(f"{what} is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset "
+                            f"{e.start}") from None
+
+
+def _arg_text(text: str, what: str) -> str:
+    """A command-line string as the user typed it: argv bytes that are not UTF-8 arrive as
+    lone surrogates (surrogateescape), named here by their byte offset."""
+    return _utf8(text.encode("utf-8", "surrogateescape"), what)
+
+
+def read_prompt(args: argparse.Namespace) -> str | None:
+    """PROMPT; its text from stdin when it is '-' or missing while stdin is a pipe or a file
+    (trailing newlines removed, as the shell's ``$(...)`` does); None when there is none. An
+    interactive session keeps stdin for its turns, and --graph needs no prompt."""
+    reads_stdin = not args.interactive and args.graph is None
+    if args.prompt == "-" or (args.prompt is None and reads_stdin and _stdin_is_input()):
+        return _utf8(sys.stdin.buffer.read(), "the prompt read from stdin").rstrip("\r\n")
+    return None if args.prompt is None else _arg_text(args.prompt, "PROMPT")
+
+
 def _short(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     rel = os.path.relpath(path)
@@ -165,25 +203,32 @@ def run(args: argparse.Namespace) -> int:
     metrics; with --json one last stdout line with the run's record. The same for every
     architecture: a model's ``run`` returns a result whose ``record()`` holds its fields. The
     model is made by causallm.loader.create, as the Python API's ``causallm.load``."""
+    import orjson
+
     from causallm.errors import CausalLMError
     from causallm.loader import create, model_path_error
 
     t_start = time.perf_counter()
     _check_args(args)
+    given_prompt = read_prompt(args)
+    if args.system is not None:
+        args.system = _arg_text(args.system, "--system")
     error = model_path_error(args.model_dir)
     if error:
         hint = (f"; to prompt the default model, pass its folder first: "
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
-                if args.prompt is None and not os.path.exists(args.model_dir) else "")
+                if given_prompt is None and not os.path.exists(args.model_dir) else "")
         raise CausalLMError(f"{error}{hint}")
+    overrides, flags = {}, {}
+    if args.max_new_tokens is not None:
+        overrides["num_to_generate"], flags["num_to_generate"] = args.max_new_tokens, "-n"
     for path in args.image:
         if not os.path.isfile(path):
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
-    overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
                    threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
-                   **overrides)
+                   flags=flags, **overrides)
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -198,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None:
         head_prompt = args.system
 
-    prompt = args.prompt
+    prompt = given_prompt
     if prompt is None and not args.interactive and nntr_cfg.contains("chat_input"):  # main.cpp 6
         prompt = model.chatPrompt(nntr_cfg.get_dict("chat_input"))
         if prompt is None:
@@ -238,11 +283,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = model.run(prompt, None, head_prompt, tail_prompt, log_output=True)
     e2e_ms = (time.perf_counter() - t_start) * 1e3
+    record = result.record()
+    if record.get("finish_reason") == "cache_full":
+        sys.stderr.write(f"[cache full] stopped after {len(record['generated_ids'])} of "
+                         f"{model.NUM_TO_GENERATE} new tokens: {model.cacheLimit()}\n")
     sys.stderr.write(f"[e2e time]: {e2e_ms:.0f} ms\n")
     if args.json:
         record = {"architecture": model.architecture,
                   "model_dir": os.path.abspath(args.model_dir), "prompt": prompt,
-                  **result.record(), "initialization_ms": round(init_ms, 3),
+                  **record, "initialization_ms": round(init_ms, 3),
                   "total_ms": round(e2e_ms, 3)}
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
         sys.stdout.flush()
@@ -327,15 +376,23 @@ def _chat_template(args: argparse.Namespace, model):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # `causallm serve MODEL_DIR`; a folder named serve: ./serve
-        args, command = parse_serve_args(argv[1:]), serve
-    else:
-        args, command = parse_args(argv), run
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    if reconfigure is not None:  # a non-UTF-8 terminal shows '?' rather than failing mid-stream
-        reconfigure(errors="replace")
+    """Parse, run, and turn what ends the run into its exit status: 0, 2 for bad input, 1 for
+    another failure, 130 for an interrupt (from start-up on: the engine is imported here, not
+    at the top), 141 for a closed stdout."""
+    args = None
     try:
+        if sys.stdout is None or getattr(sys.stdout, "closed", False):  # started with `>&-`
+            return 141
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["serve"]:  # `causallm serve MODEL_DIR`; a folder named serve: ./serve
+            args, command = parse_serve_args(argv[1:]), serve
+        else:
+            args, command = parse_args(argv), run
+        import causallm  # noqa: F401  (first: it sizes the thread pools before numpy loads)
+
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:  # a non-UTF-8 terminal shows '?', not an error mid-stream
+            reconfigure(errors="replace")
         return command(args)
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
@@ -344,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as e:  # one line for the user; the traceback with --debug
-        if args.debug:
+        if args is not None and args.debug:
             raise
         from causallm.errors import CausalLMError
 

@@ -50,13 +50,14 @@ def model_path_error(path: str) -> str | None:
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
            threads: int | None = None, num_beams: int | None = None, plugins=(),
-           **nntr_options):
+           flags: dict[str, str] | None = None, **nntr_options):
     """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized:
     ``nntr_options`` replace nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
     ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
     Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
     ``num_beams`` sizes the graph for beam search; ``plugins`` are model files to register
-    first (the CLI's --plugin, ``factory.loadPlugin``)."""
+    first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name the command-line flag
+    behind an nntr option, for its errors (``Factory.createFromFolder``)."""
     from causallm.factory import Factory, loadPlugin
     from causallm.models.transformer import set_threads
 
@@ -69,7 +70,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         set_threads(threads)
     for plugin in plugins:
         loadPlugin(plugin)
-    model = Factory.Instance().createFromFolder(path, **nntr_options)
+    model = Factory.Instance().createFromFolder(path, flags=flags, **nntr_options)
     model.setGenerationOptions(num_beams=num_beams)
     model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
     model.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)

@@ -49,7 +49,13 @@ class CausalLM(LanguageModel):
                 self.USE_KVCACHE = True
                 self.PRE_COMPUTED_CACHE_PATH = nntr_cfg.resolve_path(
                     kv.get_str("pre_computed_cache_path"))
+                if os.path.isdir(self.PRE_COMPUTED_CACHE_PATH):
+                    raise kv.error("pre_computed_cache_path", "the path of the cache file, not a "
+                                                              "folder")
                 self.SYS_PROMP_LEN = kv.get_int("sys_prompt_token_size", 0, minimum=0)
+                if self.SYS_PROMP_LEN > self.max_timestep:
+                    raise kv.error("sys_prompt_token_size", f"at most the KV cache's "
+                                   f"{self.max_timestep} positions ({self.cacheSize()})")
 
     def constructModel(self) -> None:
         super().constructModel()
@@ -69,6 +75,20 @@ class CausalLM(LanguageModel):
     def max_timestep(self) -> int:
         """Rows of every KV cache: the positions a run can use."""
         return self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
+
+    def cacheSize(self) -> str:
+        """What sets max_timestep, for messages: the settings and where they were set."""
+        origin = self.nntr_cfg.origin
+        return (f"init_seq_len {self.INIT_SEQ_LEN} from {origin('init_seq_len')} + num_to_generate "
+                f"{self.NUM_TO_GENERATE} from {origin('num_to_generate')}")
+
+    def cacheLimit(self) -> str:
+        """Why a generation ended with its KV cache full (finish reason ``cache_full``), and the
+        setting that raises the limit: the prompt and the new tokens share the cache's
+        max_timestep positions, so fewer than num_to_generate fit after a prompt longer than
+        init_seq_len."""
+        return (f"the KV cache is full at {self.max_timestep} positions ({self.cacheSize()}); "
+                f"raise init_seq_len in {self.nntr_cfg.name} to at least the prompt's length")
 
     # -- what the generator drives ----------------------------------------------------------
     def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],

@@ -343,6 +343,12 @@ class EncoderDecoder(LanguageModel):
         return Start(logits, [[self.DECODER_START_TOKEN_ID] for _ in range(rows)],
                      self.DECODER_SEQ_LEN)
 
+    def cacheLimit(self) -> str:
+        """Why a generation ended with the decoder's cache full (finish reason ``cache_full``):
+        its learned positions end before num_to_generate."""
+        return (f"the decoder has {self.DECODER_SEQ_LEN} positions (max_position_embeddings in "
+                f"{self.cfg.path})")
+
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """One decoder step: one token per row at the next decoder position."""
         logits = self.decode(tokens.reshape(-1, 1), self.position)

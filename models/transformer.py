@@ -31,7 +31,7 @@ from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.kernels.packed import PackedMatrix
 from causallm.progress import files_size, progress
-from causallm.runtime.graph import ExecutionMode, ModelFormat
+from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from causallm.layers.embedding_layer import EmbeddingLayer
@@ -121,12 +121,18 @@ class Transformer:
         d = NNTR_DEFAULTS
         self.BATCH_SIZE = nntr_cfg.get_int("batch_size", d["batch_size"], minimum=1)
         self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
+        if self.MODEL_TENSOR_TYPE not in MODEL_TENSOR_TYPES:
+            raise nntr_cfg.error("model_tensor_type", f"one of {', '.join(MODEL_TENSOR_TYPES)}")
         self.INIT_SEQ_LEN = nntr_cfg.get_int("init_seq_len", d["init_seq_len"], minimum=1)
         # new tokens: nntr_config's num_to_generate, else generation_config's max_new_tokens
         # (transformers' own default for the folder), else NNTrainer's default
         self.NUM_TO_GENERATE = nntr_cfg.get_int(
             "num_to_generate",
             generation_cfg.get_int("max_new_tokens", d["num_to_generate"], minimum=1), minimum=1)
+        if self.INIT_SEQ_LEN + self.NUM_TO_GENERATE > UINT_MAX:  # mha_core's max_timestep
+            raise nntr_cfg.error("num_to_generate", f"at most {UINT_MAX - self.INIT_SEQ_LEN}: the "
+                                 f"KV cache holds init_seq_len ({self.INIT_SEQ_LEN}) + "
+                                 f"num_to_generate positions, at most {UINT_MAX}")
         self.MAX_SEQ_LEN = nntr_cfg.get_int("max_seq_len", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
                                             minimum=1)
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
@@ -245,9 +251,9 @@ class Transformer:
             self.model.initialize(ExecutionMode.INFERENCE)
         except MemoryError as e:
             raise CausalLMError(
-                f"{self.nntr_cfg.path}: not enough memory for the buffers of batch_size "
-                f"{self.BATCH_SIZE}, init_seq_len {self.INIT_SEQ_LEN} and num_to_generate "
-                f"{self.NUM_TO_GENERATE} ({e})") from None
+                f"{self.nntr_cfg.origin('num_to_generate')}: not enough memory for the KV cache "
+                f"and buffers of batch_size {self.BATCH_SIZE}, init_seq_len {self.INIT_SEQ_LEN} "
+                f"and num_to_generate {self.NUM_TO_GENERATE} ({e})") from None
         self.is_initialized = True
 
     def constructModel(self) -> None:

@@ -38,12 +38,14 @@ def test_batch_rows_sample_independently_and_stop_on_their_own_eos():
     model.SEED, model.TEMPERATURE, model.TOP_K, model.TOP_P = 3, 1.5, 0, 1.0
     result = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
     assert result.generated_ids[0] != result.generated_ids[1]
-    # make row 0's third token an EOS: row 0 stops there, row 1 goes on to the end
-    eos = result.generated_ids[0][2]
-    model.EOS_TOKEN_ID = [eos]
+    # make the first token of row 0 that row 1 never draws an EOS: row 0 stops there, row 1
+    # goes on to the end
+    rows = result.generated_ids
+    k = next(i for i, t in enumerate(rows[0]) if t not in rows[1])
+    assert k < 11  # row 0 stops before its end
+    model.EOS_TOKEN_ID = [rows[0][k]]
     again = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
-    assert again.generated_ids[0] == result.generated_ids[0][:3]
+    assert again.generated_ids[0] == rows[0][:k + 1]
     assert again.finish_reasons[0] == "eos"
-    if eos not in result.generated_ids[1]:
-        assert again.generated_ids[1] == result.generated_ids[1]
-        assert again.finish_reasons[1] == "length"
+    assert again.generated_ids[1] == rows[1]
+    assert again.finish_reasons[1] == "length"

@@ -11,6 +11,7 @@ with our graph, so a match proves our loader reads NNTrainer's layout, not just 
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -241,11 +242,18 @@ def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head,
 
 @pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])
 def test_save_load_round_trip_is_byte_identical(fc_dtype, tmp_path):
+    """The numpy converter's .bin of the sharded BF16 checkpoint (widened to FP32, or FC weights
+    rounded to FP16), loaded and saved again, gives the converter's bytes back; hf_to_bin
+    writes them too."""
     name = "llama-hd80-bf16-sharded"
-    first = hf_to_bin.convert(os.path.join(FIXTURES, name), str(tmp_path / "a.bin"), fc_dtype)
-    model = load(name, first.path, model_tensor_type=first.model_tensor_type)
-    model.save_weight(str(tmp_path / "b.bin"))
-    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    theirs = tmp_path / "converter.bin"
+    converter_bin(theirs, read_hf(os.path.join(FIXTURES, name)), 2,
+                  np.float16 if fc_dtype == "FP16" else np.float32)
+    model = load(name, theirs, model_tensor_type=f"{fc_dtype}-FP32")
+    model.save_weight(str(tmp_path / "saved.bin"))
+    assert (tmp_path / "saved.bin").read_bytes() == theirs.read_bytes()
+    ours = hf_to_bin.convert(os.path.join(FIXTURES, name), str(tmp_path / "ours.bin"), fc_dtype)
+    assert open(ours.path, "rb").read() == theirs.read_bytes()
     assert no_temp_files(tmp_path) == []
 
 
@@ -309,6 +317,23 @@ def test_bad_dtypes_are_one_line_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------ config and the CLI
+
+def test_output_in_a_missing_folder_is_one_line_before_converting(tmp_path):
+    """-o must name a file in an existing folder (a mistyped path creates nothing)."""
+    def run(out):
+        return subprocess.run([sys.executable, os.path.join("tools", "hf_to_bin.py"),
+                               os.path.join(FIXTURES, "llama-gqa3"), "-o", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    missing = tmp_path / "no-such-folder" / "m.bin"
+    p = run(missing)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == f"error: {missing}: no folder {missing.parent} to write it in " \
+                       f"(create it first)\n"
+    p = run(tmp_path)
+    assert p.returncode == 2
+    assert p.stderr == f"error: {tmp_path}: is a folder; give the path of the .bin to write\n"
+    assert os.listdir(tmp_path) == []
+
 
 def test_write_nntr_config_then_the_cli_runs_the_bin(tmp_path, capsys):
     from causallm import main

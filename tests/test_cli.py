@@ -13,9 +13,9 @@ import json
 import os
 import re
 import shutil
-import string
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -41,16 +41,20 @@ def expected(name="llama-gqa3"):
     return str(ref["prompt"]), ref["prompt_ids"].tolist(), ref["tokens"].tolist()
 
 
-def run_cli(*args, timeout=300):
-    """``python main.py *args`` from the repository root -> CompletedProcess (text mode)."""
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
+def run_cli(*args, input=None, timeout=300):
+    """``python main.py *args`` from the repository root -> CompletedProcess (text mode); stdin
+    is ``input`` through a pipe, else /dev/null (neither a terminal nor a pipe, as under cron)."""
+    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None,
                           capture_output=True, text=True, encoding="utf-8", timeout=timeout)
 
 
 def run_main(capsys, *args):
-    """``main.main(args)`` in this process -> (exit status, stdout, stderr)."""
+    """``main.main(args)`` in this process -> (exit status, stdout, stderr); stdin is /dev/null
+    (whatever pytest's is, a run without PROMPT takes the folder's sample_input)."""
     capsys.readouterr()
-    rc = main.main([str(a) for a in args])
+    with open(os.devnull) as devnull, mock.patch.object(sys, "stdin", devnull):
+        rc = main.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -117,16 +121,14 @@ def test_greedy_cli_gives_transformers_tokens(name):
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(DEFAULT_MODEL, "model.safetensors")),
-                    reason="res/tiny-llama/model.safetensors is not there yet (being trained)")
 def test_no_arguments_runs_the_embedded_model():
+    """``python main.py``: res/tiny-llama on its sample_input, greedy with its repetition
+    penalty, prints what transformers generates (tools/fixtures_default_model.py)."""
+    with open(os.path.join(FIXTURES, "tiny-llama-default.json")) as f:
+        ref = json.load(f)
     p = run_cli()
     assert p.returncode == 0, p.stderr
-    text = p.stdout.strip()
-    assert len(text) >= 20, p.stdout
-    printable = sum(c in string.printable for c in text) / len(text)
-    assert printable >= 0.9, f"{printable:.0%} printable ASCII: {text!r}"
-    assert re.search(r"[A-Za-z]{2,} [A-Za-z]{2,}", text), f"no words: {text!r}"
+    assert p.stdout == ref["text"] + "\n"
     assert_metrics(p.stderr)
 
 
@@ -245,6 +247,32 @@ def test_nntrainer_bin_weights_from_model_file_name(capsys, tmp_path):
     assert greedy(capsys, folder, prompt, "-n", 8)["generated_ids"] == tokens[:8]
 
 
+def test_cache_full_is_said_on_stderr_with_the_setting_to_raise(capsys, tmp_path):
+    prompt, prompt_ids, _ = expected()
+    folder = copy_fixture(tmp_path)
+    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32)
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy")
+    assert rc == 0, err
+    n = 40 - len(prompt_ids) + 1  # as in the chunked-prefill test above
+    notes = [line for line in err.splitlines() if line.startswith("[cache full]")]
+    assert notes == [f"[cache full] stopped after {n} of 32 new tokens: the KV cache is full at "
+                     f"40 positions (init_seq_len 8 from {folder / 'nntr_config.json'} + "
+                     f"num_to_generate 32 from {folder / 'nntr_config.json'}); raise "
+                     f"init_seq_len in nntr_config.json to at least the prompt's length"]
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "-n", 30)
+    assert f"num_to_generate 30 from -n); raise init_seq_len" in err
+    rc, out, err = run_main(capsys, GQA3, prompt, "--greedy", "-n", 8)
+    assert rc == 0 and "[cache full]" not in err  # the prompt fits init_seq_len: all 8 come
+    gpt2 = os.path.join(FIXTURES, "gpt2-tied")  # GPT-2: its learned positions end first
+    rc, out, err = run_main(capsys, gpt2, "hello there", "--greedy", "-n", 200, "--json")
+    record = split_json(out)[1]
+    n = len(record["generated_ids"])
+    assert record["finish_reason"] == "cache_full" and n == 128 - len(record["prompt_ids"]) + 1
+    assert f"[cache full] stopped after {n} of 200 new tokens: the model has n_positions = 128 " \
+        f"learned positions ({os.path.join(gpt2, 'config.json')}), prompt and new tokens " \
+        f"together" in err.splitlines()
+
+
 def test_system_prompt_is_prepended(capsys):
     system, prompt = "You are a careful assistant. ", "The assert statement"
     tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
@@ -329,6 +357,28 @@ BAD_INPUTS = {
                                   ["num_return_sequences 3", "num_beams 2"]),
     "--greedy with beams": (None, ["hi", "--greedy", "--num-beams", "3"], ["--greedy"]),
     "beam sampling": (None, ["hi", "--num-beams", "2", "--temp", "0.7"], ["beam sampling"]),
+    "-n beyond what the cache can index": (None, ["hi", "-n", "5000000000"],
+                                           ["-n (num_to_generate)", "init_seq_len", "5000000000"]),
+    "architectures a string": (lambda d: _config(d, architectures="LlamaForCausalLM"), ["hi"],
+                               ["config.json", "'architectures' must be a list",
+                                "'LlamaForCausalLM'"]),
+    "bad model_tensor_type": (
+        lambda d: edit_json(d / "nntr_config.json", model_tensor_type="FP99-FP32"), ["hi"],
+        ["nntr_config.json", "'model_tensor_type' must be one of", "'FP99-FP32'"]),
+    "sys_prompt_token_size beyond the cache (first run)": (
+        lambda d: edit_json(d / "nntr_config.json", init_seq_len=16, num_to_generate=8,
+                            system_prompt={"head_prompt": "Be brief. ", "kvcache": {
+                                "pre_computed_cache_path": "sys.cache",
+                                "sys_prompt_token_size": 100}}),
+        ["hi"], ["nntr_config.json", "system_prompt.kvcache.sys_prompt_token_size",
+                 "at most the KV cache's 24 positions", "100"]),
+    "system prompt cache path is a folder": (
+        lambda d: ((d / "cache").mkdir(),
+                   edit_json(d / "nntr_config.json", system_prompt={
+                       "head_prompt": "Be brief. ",
+                       "kvcache": {"pre_computed_cache_path": "cache"}})),
+        ["hi"], ["nntr_config.json", "system_prompt.kvcache.pre_computed_cache_path",
+                 "not a folder"]),
     "num_beams in generation_config": (
         lambda d: edit_json(d / "generation_config.json", num_beams=0), ["hi"],
         ["generation_config.json", "num_beams"]),
@@ -365,6 +415,100 @@ def test_error_through_subprocess_and_debug_traceback(tmp_path):
     p = run_cli(folder, "hi", "--debug")
     assert p.returncode != 0
     assert "Traceback (most recent call last)" in p.stderr and "config.json" in p.stderr
+
+
+def test_out_of_memory_names_the_flag_that_set_num_to_generate(capsys, monkeypatch):
+    from causallm.runtime.graph import Model
+
+    def no_memory(self, mode=None):
+        raise MemoryError("Unable to allocate 59.6 GiB")
+    monkeypatch.setattr(Model, "initialize", no_memory)
+    rc, out, err = run_main(capsys, GQA3, "hi", "-n", 1000000000)
+    assert rc == 2 and out == ""
+    assert err.startswith("error: -n: not enough memory for the KV cache and buffers of "
+                          "batch_size 1, init_seq_len ") and "num_to_generate 1000000000" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_options_may_come_before_between_and_after_the_arguments():
+    prompt, _, tokens = expected()
+    p = run_cli("--json", GQA3, "--greedy", prompt, "-n", 6)
+    assert p.returncode == 0, p.stderr
+    assert split_json(p.stdout)[1]["generated_ids"] == tokens[:6]
+
+
+def test_prompt_from_stdin():
+    """'-' as PROMPT reads stdin, as does no PROMPT when stdin is a pipe; trailing newlines go,
+    as in the shell's $(...). A stdin that is not a pipe or a file (here /dev/null) leaves the
+    default, nntr_config's sample_input."""
+    prompt, prompt_ids, tokens = expected()
+    for args in ([GQA3, "-"], [GQA3]):
+        p = run_cli(*args, "--greedy", "-n", 4, "--json", input=prompt + "\n")
+        assert p.returncode == 0, p.stderr
+        record = split_json(p.stdout)[1]
+        assert record["prompt"] == prompt and record["prompt_ids"] == prompt_ids
+        assert record["generated_ids"] == tokens[:4]
+    with open(os.path.join(DEFAULT_MODEL, "nntr_config.json")) as f:
+        sample_input = json.load(f)["sample_input"]
+    p = run_cli("-", "-n", 1, "--json", input="Strings are")  # '-' alone: the default model
+    assert p.returncode == 0, p.stderr
+    assert split_json(p.stdout)[1]["prompt"] == "Strings are"
+    p = run_cli("-n", 1, "--json")  # stdin /dev/null
+    assert p.returncode == 0, p.stderr
+    assert split_json(p.stdout)[1]["prompt"] == sample_input
+
+
+def test_prompt_that_is_not_utf8_is_one_line_naming_the_byte():
+    def run(args, stdin_bytes=None):
+        return subprocess.run([sys.executable, "main.py", GQA3, *args], cwd=ROOT,
+                              input=stdin_bytes, capture_output=True, timeout=300)
+    p = run([b"caf\xe9 au lait", "-n", "1"])  # Latin-1 bytes in argv
+    assert (p.returncode, p.stdout) == (2, b"")
+    assert p.stderr == b"error: PROMPT is not valid UTF-8: byte 0xe9 at offset 3\n"
+    p = run(["--system", b"\xff", "hi", "-n", "1"])
+    assert p.returncode == 2
+    assert p.stderr == b"error: --system is not valid UTF-8: byte 0xff at offset 0\n"
+    p = run(["-n", "1"], "naïve".encode() + b" \xc3(")  # a lead byte without its follower
+    assert (p.returncode, p.stdout) == (2, b"")
+    assert p.stderr == (b"error: the prompt read from stdin is not valid UTF-8: byte 0xc3 at "
+                        b"offset 7\n")
+
+
+def test_closed_stdout_exits_141_quietly():
+    prompt = expected()[0]
+    argv = [sys.executable, "main.py", GQA3, prompt, "-n", 32]
+    p = subprocess.Popen(list(map(str, argv)), cwd=ROOT, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the first token (`| head -c0`)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "error" not in err
+    p = subprocess.run(list(map(str, argv)), cwd=ROOT, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=300, preexec_fn=lambda: os.close(1))
+    assert (p.returncode, p.stderr) == (141, b"")  # started with stdout closed (`>&-`)
+
+
+# SIGINT the moment a module is first imported: at start-up (the engine, numba, the tokenizer)
+# and while loading the weights
+INTERRUPT_AT = """import os, runpy, signal, sys
+module, sys.argv = sys.argv[1], sys.argv[2:]
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Hook())
+runpy.run_path("main.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("module", ["causallm", "numba", "tokenizers", "causallm.io.safetensors"])
+def test_interrupt_during_start_up_exits_130_quietly(module):
+    p = subprocess.run([sys.executable, "-c", INTERRUPT_AT, module, "main.py", GQA3, "hi"],
+                       cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == "interrupted" and p.stdout == ""
 
 
 def test_prompt_without_folder_points_to_the_default_model(capsys):

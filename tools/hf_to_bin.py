@@ -29,6 +29,9 @@ quantizers are numba's, byte-identical to ggml's.
 FC weights are stored [in, out] (the PyTorch [out, in] transposed), the embedding [vocab, hidden];
 a tied LM head shares the embedding and adds no bytes. The .bin is written atomically.
 
+``-o`` names the .bin in an existing folder: a missing folder (or ``-o`` naming a folder) is a
+one-line error before anything is converted, so a mistyped path creates nothing.
+
 ``--write-nntr-config`` writes (or updates, keeping every other key) MODEL_DIR/nntr_config.json
 with ``model_file_name`` (relative to MODEL_DIR when the .bin is inside it) and
 ``model_tensor_type``, so ``python main.py MODEL_DIR`` runs the .bin.
@@ -109,6 +112,12 @@ def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
     else FP32 and the embedding's; see the module docstring); optionally point
     MODEL_DIR/nntr_config.json at it."""
     dtype = _dtype(dtype, "--dtype")
+    if out is not None:  # refuse before the conversion, which takes a while
+        folder = os.path.dirname(os.path.abspath(out))
+        if os.path.isdir(out):
+            raise CausalLMError(f"{out}: is a folder; give the path of the .bin to write")
+        if not os.path.isdir(folder):
+            raise CausalLMError(f"{out}: no folder {folder} to write it in (create it first)")
     embd_dtype, lmhead_dtype = _dtype(embd_dtype, "--embd-dtype"), \
         _dtype(lmhead_dtype, "--lmhead-dtype")
     tensor_type = f"{dtype}-FP32"
@@ -175,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hf_to_bin", description=__doc__.splitlines()[0])
     p.add_argument("model_dir", help="Hugging Face model folder (config.json + safetensors)")
     p.add_argument("-o", "--output", default=None,
-                   help="the .bin to write (default: MODEL_DIR/nntr_<name>_<dtype>.bin)")
+                   help="the .bin to write, in an existing folder "
+                        "(default: MODEL_DIR/nntr_<name>_<dtype>.bin)")
     p.add_argument("--dtype", default="FP32", type=str.upper, choices=BIN_DTYPES,
                    help="dtype of the FC weights (FP16 gives model_tensor_type FP16-FP32, "
                         "Q4_0 Q4_0-FP32, ...)")
@@ -193,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     except CausalLMError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    except OSError as e:  # e.g. a folder it may not write in
+        sys.stderr.write(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror}\n")
+        return 1
     print(f"wrote {r.path}: {r.tensors} tensors, {r.nbytes} bytes, "
           f"model_tensor_type {r.model_tensor_type}")
     if configured != r.model_tensor_type:

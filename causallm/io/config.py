@@ -54,6 +54,7 @@ class JsonConfig(dict):
         self.path = path
         self.exists = exists
         self.section = section  # "encoder.text_config": where a nested object sits in the file
+        self.flags: dict[str, str] = {}  # key -> the command-line flag that set its value
 
     @property
     def name(self) -> str:
@@ -65,9 +66,16 @@ class JsonConfig(dict):
 
     def error(self, key: str, expected: str) -> CausalLMError:
         name = f"{self.section}.{key}" if self.section else key
+        if key in self.flags:  # the user set it on the command line, not in this file
+            return CausalLMError(f"{self.flags[key]} ({key}) must be {expected}, "
+                                 f"got {self[key]!r}")
         if key in self:
             return CausalLMError(f"{self.path}: '{name}' must be {expected}, got {self[key]!r}")
         return CausalLMError(f"{self.path}: missing key '{name}' ({expected})")
+
+    def origin(self, key: str) -> str:
+        """Where ``key``'s value was set: the command-line flag that overrode it, or the file."""
+        return self.flags.get(key) or self.path
 
     def contains(self, key: str) -> bool:
         """True when the key is present and not null (nlohmann ``contains`` + ``is_null``)."""

@@ -183,6 +183,14 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
         """Positions a run can use: the KV cache rows, at most n_positions."""
         return self.MAX_TIMESTEP
 
+    def cacheLimit(self) -> str:
+        """CausalLM.cacheLimit, unless the learned positions end first (no setting raises
+        those)."""
+        if self.MAX_TIMESTEP < self.INIT_SEQ_LEN + self.NUM_TO_GENERATE:
+            return (f"the model has n_positions = {self.MAX_POSITION_EMBEDDINGS} learned "
+                    f"positions ({self.cfg.path}), prompt and new tokens together")
+        return super().cacheLimit()
+
     def start(self, prompt_ids, start_pos, context_ids, metrics):
         """CausalLM.start, after checking the prompt fits GPT-2's learned positions."""
         n = start_pos + prompt_ids.shape[1]
