@@ -1,6 +1,7 @@
 """The CLI, mirroring Applications/CausalLM/main.cpp.
 
     python main.py [MODEL_DIR] [PROMPT] [options]
+    python main.py serve MODEL_DIR [--host 127.0.0.1] [--port 8080]   # docs/server.md
 
 MODEL_DIR holds config.json (required), generation_config.json and nntr_config.json (both
 optional) and the weights: nntr_config's ``model_file_name`` (an NNTrainer .bin, or a
@@ -200,38 +201,34 @@ def _write_graph(model, path: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """main.cpp: the model folder -> Factory -> initialize -> load_weight -> run, then the
     metrics; with --json one last stdout line with the run's record. The same for every
-    architecture: a model's ``run`` returns a result whose ``record()`` holds its fields."""
+    architecture: a model's ``run`` returns a result whose ``record()`` holds its fields. The
+    model is made by causallm.loader.create, as the Python API's ``causallm.load``."""
     import orjson
 
     from causallm.errors import CausalLMError
-    from causallm.io.gguf_file import is_gguf
-    from causallm.factory import Factory, loadPlugin
-    from causallm.models.transformer import set_threads
+    from causallm.loader import create, model_path_error
 
     t_start = time.perf_counter()
     _check_args(args)
     given_prompt = read_prompt(args)
     if args.system is not None:
         args.system = _arg_text(args.system, "--system")
-    if not (os.path.isdir(args.model_dir) or is_gguf(args.model_dir)):
-        what = "a file, neither a folder nor a .gguf" if os.path.exists(args.model_dir) \
-            else "no such directory"
+    error = model_path_error(args.model_dir)
+    if error:
         hint = (f"; to prompt the default model, pass its folder first: "
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
                 if given_prompt is None and not os.path.exists(args.model_dir) else "")
-        raise CausalLMError(f"{args.model_dir}: not a model folder ({what}){hint}")
+        raise CausalLMError(f"{error}{hint}")
     overrides, flags = {}, {}
     if args.max_new_tokens is not None:
         overrides["num_to_generate"], flags["num_to_generate"] = args.max_new_tokens, "-n"
-    if args.threads is not None:
-        set_threads(args.threads)
     for path in args.image:
         if not os.path.isfile(path):
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
-    for path in args.plugin:
-        loadPlugin(path)
-    model = Factory.Instance().createFromFolder(args.model_dir, flags=flags, **overrides)
+    model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                   threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
+                   flags=flags, **overrides)
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -273,8 +270,6 @@ def run(args: argparse.Namespace) -> int:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         prompt_text = chat.render([*messages, {"role": "user", "content": prompt}])
         model.addEosTokenIds(chat.endOfTurnIds(model.tokenizer))
-    model.setWeightFormat(args.dtype)
-    model.setKVCacheDtype(args.kv_dtype)
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3
@@ -300,6 +295,60 @@ def run(args: argparse.Namespace) -> int:
                   "total_ms": round(e2e_ms, 3)}
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
         sys.stdout.flush()
+    return 0
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="causallm serve",
+                description="Serve a model over an OpenAI-compatible HTTP API "
+                            "(docs/server.md); needs the 'serve' extra.")
+    p.add_argument("model_dir", help="model folder or .gguf file")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
+    p.add_argument("--model-name", default=None,
+                   help="the model id responses and /v1/models show (default: the folder name)")
+    p.add_argument("--dtype", type=str.upper, default=None,
+                   choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
+                   help="hold the packable weights in this format (converted at load)")
+    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
+                   help="precision of the KV cache")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=None,
+                   help="new tokens when a request gives no max_tokens; the KV cache holds "
+                        "init_seq_len + this (nntr_config num_to_generate)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="a Python file registering model classes (repeatable), as in the CLI")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p.parse_args(argv)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``causallm serve``: load the model once, then answer HTTP requests until interrupted."""
+    from causallm.errors import CausalLMError
+
+    if not 0 <= args.port <= 65535:
+        raise CausalLMError("--port must be in [0, 65535]")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise CausalLMError("-n must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise CausalLMError("-t must be at least 1")
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise CausalLMError(f"causallm serve needs Starlette and uvicorn ({e.name} is not "
+                            f"installed): pip install \"causallm[serve]\" (or: pip install "
+                            f"starlette uvicorn)") from None
+    from causallm.server import serve as run_server
+
+    overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
+    run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
+               log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
+               threads=args.threads, plugins=args.plugin, **overrides)
     return 0
 
 
@@ -334,13 +383,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if sys.stdout is None or getattr(sys.stdout, "closed", False):  # started with `>&-`
             return 141
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["serve"]:  # `causallm serve MODEL_DIR`; a folder named serve: ./serve
+            args, command = parse_serve_args(argv[1:]), serve
+        else:
+            args, command = parse_args(argv), run
         import causallm  # noqa: F401  (first: it sizes the thread pools before numpy loads)
 
         reconfigure = getattr(sys.stdout, "reconfigure", None)
         if reconfigure is not None:  # a non-UTF-8 terminal shows '?', not an error mid-stream
             reconfigure(errors="replace")
-        return run(args)
+        return command(args)
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         return 130

@@ -53,4 +53,12 @@ if (_os.path.isfile(_os.path.join(_root, "factory.py"))
 
 from causallm.errors import CausalLMError  # noqa: E402
 
-__all__ = ["CausalLMError"]
+__all__ = ["CausalLMError", "load"]
+
+
+def load(path: str, **options):
+    """A model folder or .gguf file, loaded for ``generate`` / ``stream`` / ``embed``: see
+    causallm/loader.py (``options``: dtype, kv_dtype, threads, num_beams, nntr_config keys)."""
+    from causallm.loader import load as _load
+
+    return _load(path, **options)

@@ -308,7 +308,8 @@ class LanguageModel(Transformer):
             tail_prompt: str = "", log_output: bool = True, out=None,
             images=None, add_special_tokens: bool = True) -> GenerationResult:
         """Encode ``system_prompt + prompt + tail_prompt``, generate and, with ``log_output``,
-        stream row 0's text to ``out`` (stdout) and print the metrics block to stderr.
+        stream row 0's text to ``out`` (stdout), end it with a newline and print the metrics
+        block to stderr.
         ``images`` (a vision model's; default: those setImages gave) go with the prompt (its
         image placeholders, or in front); they are used once. A prompt a chat template
         rendered is encoded with ``add_special_tokens=False``."""
@@ -325,6 +326,8 @@ class LanguageModel(Transformer):
         finally:
             self.setImages([])
         if log_output:
+            (out or sys.stdout).write("\n")
+            (out or sys.stdout).flush()
             self.printMetrics(sys.stderr)
         return result
 

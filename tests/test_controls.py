@@ -129,7 +129,7 @@ def test_stop_string_spanning_tokens_ends_generation_and_is_never_shown():
     assert result.finish_reasons == ["stop"]
     assert result.generated_ids[0] == ids[:k + 2]    # the token that completed it ends the row
     assert result.texts[0] == full[:full.find(stop)]
-    assert streamed == result.texts[0] + "\n"
+    assert streamed == result.texts[0]  # the stream carries the text alone
 
 
 def test_a_held_prefix_is_released_when_no_stop_string_follows():
@@ -150,7 +150,7 @@ def test_a_held_prefix_is_released_when_no_stop_string_follows():
     # on_token runs before the token's text is shown: seen[k + 1] is the stream after token k
     assert seen[k + 1] == before_k                   # token k's text is held back ...
     assert result.texts[0] == "".join(texts)         # ... then released
-    assert stream.getvalue() == "".join(texts) + "\n"
+    assert stream.getvalue() == "".join(texts)
     assert result.finish_reasons == ["length"]
 
 

@@ -193,10 +193,11 @@ class BeamSearch:
     @staticmethod
     def listing(hyps: list[dict]) -> str:
         """What the stream shows of one prompt's hypotheses: the best text alone, or with
-        several returned, a line ``[rank] (score) text`` per hypothesis, best first."""
+        several returned, a line ``[rank] (score) text`` per hypothesis, best first (no
+        newline after the last: the caller ends the stream)."""
         if len(hyps) == 1:
-            return hyps[0]["text"] + "\n"
-        return "".join(f"[{k}] ({h['score']:.4f}) {h['text']}\n" for k, h in enumerate(hyps, 1))
+            return hyps[0]["text"]
+        return "\n".join(f"[{k}] ({h['score']:.4f}) {h['text']}" for k, h in enumerate(hyps, 1))
 
     def decode(self, ids: list[int], eos: set) -> str:
         """The text of a hypothesis, its EOS not included."""

@@ -296,7 +296,6 @@ class Generator:
             if result.finish_reasons[b] != "stop":
                 show(b, decoder.flush(), last=True)
         if self.stream is not None:
-            self.stream.write("\n")
             self.stream.flush()
         result.texts = texts
         if n_new < max_new_tokens:

@@ -1,0 +1,298 @@
+"""The Python entry point: a model folder (or .gguf) loaded once, then generating or embedding
+as often as asked.
+
+    import causallm
+
+    model = causallm.load("res/tiny-llama")                  # dtype=, kv_dtype=, threads=, ...
+    model.generate("Strings are immutable sequences of", greedy=True, max_new_tokens=32)
+    for piece in model.stream("The for statement", temperature=0.8, seed=1):
+        print(piece, end="", flush=True)
+    model.generate([{"role": "user", "content": "Hi"}])     # through the folder's chat template
+
+    embedder = causallm.load("path/to/sentence-transformers-folder")
+    vectors = embedder.embed(["first text", "second text"])   # (2, D) float32
+
+``create`` builds the model of a folder with the loading options applied, not yet initialized:
+main.py's ``run`` goes through it, so the CLI and the Python API load a model one way. ``load``
+then initializes it and loads its weights. Generation goes through the model's own
+``generate_tokens`` (the one generator loop, causallm/generation/generator.py); a call's
+sampling options are set on top of the configs' values and forgotten after it, and every call
+prefills from position 0, so one loaded model serves any number of calls. Calls from several
+threads take turns (a lock): the model's caches are never shared.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from causallm.errors import CausalLMError
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cache_full": "length"}
+"""The generator's finish reason -> OpenAI's: an EOS token or a stop string is "stop"; reaching
+max_new_tokens or the end of the KV cache is "length"."""
+
+
+def model_path_error(path: str) -> str | None:
+    """Why ``path`` is not something to load (neither a folder nor a .gguf file), or None."""
+    from causallm.io.gguf_file import is_gguf
+
+    if os.path.isdir(path) or is_gguf(path):
+        return None
+    what = "a file, neither a folder nor a .gguf" if os.path.exists(path) else "no such directory"
+    return f"{path}: not a model folder ({what})"
+
+
+def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
+           threads: int | None = None, num_beams: int | None = None, plugins=(),
+           flags: dict[str, str] | None = None, **nntr_options):
+    """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized:
+    ``nntr_options`` replace nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
+    ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
+    Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
+    ``num_beams`` sizes the graph for beam search; ``plugins`` are model files to register
+    first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name the command-line flag
+    behind an nntr option, for its errors (``Factory.createFromFolder``)."""
+    from causallm.factory import Factory, loadPlugin
+    from causallm.models.transformer import set_threads
+
+    error = model_path_error(path)
+    if error:
+        raise CausalLMError(error)
+    if threads is not None:
+        if not (isinstance(threads, int) and threads >= 1):
+            raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
+        set_threads(threads)
+    for plugin in plugins:
+        loadPlugin(plugin)
+    model = Factory.Instance().createFromFolder(path, flags=flags, **nntr_options)
+    model.setGenerationOptions(num_beams=num_beams)
+    model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
+    model.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
+    return model
+
+
+def load(path: str, **options) -> "LoadedModel":
+    """``create(path, **options)``, initialized and with its weights loaded."""
+    model = create(path, **options)
+    model.initialize()
+    model.load_weight()
+    return LoadedModel(model, path)
+
+
+@dataclass
+class Completion:
+    """One generation: its text, OpenAI's finish reason ("stop" or "length") and token counts
+    (the prompt's, and the new tokens, an EOS included); ``result`` is the generator's."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    result: object
+
+
+class Stopped(Exception):
+    """Raised between tokens when a caller's ``should_stop`` says so; ends the generation."""
+
+
+class _Pieces:
+    """A text stream for the generator: each piece it writes goes to ``on_text``."""
+
+    def __init__(self, on_text: Callable[[str], None]) -> None:
+        self.on_text = on_text
+
+    def write(self, text: str) -> None:
+        if text:
+            self.on_text(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class LoadedModel:
+    """A loaded model (``model``: the architecture's class, initialized, weights in) and what
+    to do with it: ``generate`` / ``stream`` / ``complete`` for a language model, ``embed`` for
+    an embedding model."""
+
+    def __init__(self, model, path: str) -> None:
+        from causallm.models.language_model import LanguageModel
+        from causallm.models.transformer import ModelType
+
+        self.model = model
+        self.path = path
+        self.architecture = getattr(model, "architecture", type(model).__name__)
+        self.generates = isinstance(model, LanguageModel)
+        self.embeds = model.MODEL_TYPE == ModelType.EMBEDDING
+        self.lock = threading.Lock()
+        self._defaults = {k: v for k, v in vars(model).items() if k.isupper()}
+        self._template = None
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions of the KV cache a generation can use (prompt and new tokens together) for
+        a decoder-only model; the decoder's positions for an encoder-decoder."""
+        return getattr(self.model, "max_timestep", None) or getattr(self.model,
+                                                                    "DECODER_SEQ_LEN", None)
+
+    # -- prompts ----------------------------------------------------------------------------
+    def chat_template(self):
+        """The folder's chat template (causallm.chat.ChatTemplate); an error when it has none."""
+        if self._template is None:
+            from causallm.chat import ChatTemplate
+
+            self._template = ChatTemplate.fromFolder(self.path)
+            if self._template is None:
+                raise CausalLMError(f"{self.path}: the model has no chat template "
+                                    f"(tokenizer_config.json 'chat_template', "
+                                    f"chat_template.jinja or the .gguf's); pass a prompt string")
+        return self._template
+
+    def encode(self, prompt) -> list[int]:
+        """The token ids generation starts from: a string as the CLI encodes a prompt (the
+        model's ``tokenize``), a list of {"role", "content"} messages rendered by the chat
+        template and encoded without adding special tokens again (as transformers), or a
+        list of token ids as given."""
+        if isinstance(prompt, str):
+            return list(self.model.tokenize(prompt)[0])
+        if isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.model.NUM_VOCAB
+            if any(not 0 <= t < vocab for t in prompt):
+                raise CausalLMError(f"prompt token ids must be in [0, {vocab})")
+            return list(prompt)
+        if isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(m, dict) for m in prompt):
+            text = self.chat_template().render(list(prompt), add_generation_prompt=True)
+            return self.model.tokenizer.Encode(text, add_special_tokens=False)
+        raise CausalLMError("the prompt must be a string, a non-empty list of "
+                            "{\"role\", \"content\"} messages or a non-empty list of token ids")
+
+    # -- generation -------------------------------------------------------------------------
+    def complete(self, prompt, max_new_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, seed: int | None = None,
+                 stop: str | list[str] | None = None, greedy: bool = False,
+                 repetition_penalty: float | None = None, images=None,
+                 on_text: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 **options) -> Completion:
+        """Generate from ``prompt`` (see ``encode``) up to ``max_new_tokens`` (default:
+        nntr_config num_to_generate). ``temperature`` / ``top_p`` / ``top_k`` switch sampling
+        on (temperature 0 is greedy), ``greedy`` forces argmax; without them the configs decide
+        (generation_config.json). ``stop`` (a string or strings) ends the text before the
+        first one; ``options`` are further LanguageModel.setGenerationOptions keywords
+        (``min_p``, ``presence_penalty``, ...). ``images`` (a vision model's: paths, Pillow
+        images or pixel values) go with the prompt as the CLI's --image do (at its
+        placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
+        is decoded; ``should_stop()`` is asked before every token and ends the generation
+        (raising ``Stopped``) when true."""
+        if not self.generates:
+            raise CausalLMError(f"{self.architecture} does not generate text (it is an "
+                                f"embedding model: use embed)")
+        if max_new_tokens is not None and not (isinstance(max_new_tokens, int)
+                                               and max_new_tokens >= 1):
+            raise CausalLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop:
+            options["stop_strings"] = list(stop)
+        options = {k: v for k, v in options.items() if v is not None}
+        with self.lock:
+            if should_stop is not None and should_stop():
+                raise Stopped()
+            model = self.model
+            for key, value in self._defaults.items():  # the configs' values, every call
+                setattr(model, key, value)
+            try:
+                model.setGenerationOptions(temperature=temperature, top_k=top_k, top_p=top_p,
+                                           repetition_penalty=repetition_penalty, seed=seed,
+                                           greedy=greedy, **options)
+            except TypeError as e:
+                raise CausalLMError(f"unknown generation option ({e})") from None
+            model.setImages(images or [])  # before encoding: placeholders expand to image tokens
+            try:
+                ids = self.encode(prompt)
+                if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
+                    # a chat reply also ends at the template's end-of-turn token (<|im_end|>...)
+                    model.addEosTokenIds(self.chat_template().endOfTurnIds(model.tokenizer))
+
+                def check(_row: int, _token: int) -> None:
+                    if should_stop():
+                        raise Stopped()
+
+                result = model.generate_tokens(
+                    [ids] * model.BATCH_SIZE, max_new_tokens,
+                    on_token=check if should_stop is not None else None,
+                    stream=_Pieces(on_text) if on_text is not None else None)
+            finally:
+                model.setImages([])
+        return Completion(text=result.texts[0], finish_reason=FINISH_REASONS[
+            result.finish_reasons[0]], prompt_tokens=len(ids),
+            completion_tokens=len(result.generated_ids[0]), result=result)
+
+    def generate(self, prompt, stream: bool = False, **options):
+        """The generated text of ``prompt`` (a string, chat messages or token ids; the options
+        as ``complete``); with ``stream=True`` an iterator over its pieces (``stream``)."""
+        if stream:
+            return self.stream(prompt, **options)
+        return self.complete(prompt, **options).text
+
+    def stream(self, prompt, **options) -> Iterator[str]:
+        """The generated text of ``prompt`` piece by piece as the model produces it (options as
+        ``complete``). The generation runs in a thread; closing the iterator early (``break``
+        out of a for loop) stops it at the next token."""
+        pieces: queue.Queue = queue.Queue()
+        stopped = threading.Event()
+        done = object()
+
+        def work() -> None:
+            try:
+                self.complete(prompt, on_text=pieces.put, should_stop=stopped.is_set, **options)
+                pieces.put(done)
+            except Stopped:
+                pieces.put(done)
+            except BaseException as e:  # handed to the caller's thread
+                pieces.put(e)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = pieces.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stopped.set()
+            thread.join()
+
+    # -- embeddings -------------------------------------------------------------------------
+    def embed_with_counts(self, texts: str | list[str]) -> tuple[np.ndarray, int]:
+        """``embed`` and the number of tokens the texts encoded to."""
+        if not self.embeds:
+            raise CausalLMError(f"{self.architecture} is not an embedding model (it does not "
+                                f"embed)")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not (isinstance(texts, (list, tuple)) and texts
+                and all(isinstance(t, str) for t in texts)):
+            raise CausalLMError("embed takes a string or a non-empty list of strings")
+        rows, n = [], 0
+        with self.lock:
+            for text in texts:
+                rows.append(np.array(self.model.encode(text)[0], dtype=np.float32))
+                n += len(self.model.prompt_ids)
+        return np.stack(rows), n
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        """The embedding of each text, ``(len(texts), D)`` float32 (a string: one row), each
+        as ``SentenceTransformer.encode`` computes it (sentence-transformers' encode)."""
+        return self.embed_with_counts(texts)[0]

@@ -1,0 +1,468 @@
+"""An OpenAI-compatible HTTP server for one loaded model (``causallm serve MODEL_DIR``).
+
+    POST /v1/chat/completions   messages -> the folder's chat template -> generation
+    POST /v1/completions        a prompt string (or token ids) -> generation
+    POST /v1/embeddings         texts -> embeddings (an embedding model only)
+    GET  /v1/models             the one model served
+    GET  /health                {"status": "ok", "model", "generations_stopped"}
+
+Starlette and uvicorn (the optional ``serve`` extra). Requests are checked here, before any
+work: a malformed body, a field of the wrong type or out of range, or what the model cannot do
+is a 400 with OpenAI's error body ``{"error": {"message", "type": "invalid_request_error",
+"param", "code"}}``; so is a CausalLMError the model raises before its first token (a prompt
+longer than the KV cache). The ``model`` field may name anything: there is one model, and
+responses carry its id.
+
+Generation runs in one worker thread (an executor of one), so requests queue in arrival order
+and never share the model's caches; each goes through ``LoadedModel.complete``, the generator's
+own loop. A streamed answer is sent as server-sent events (``data: {chunk}``, then
+``data: [DONE]``) as the text is decoded; a client that goes away (its stream closed, or a
+non-streamed request's connection dropped) stops its generation at the next token, and a
+request still waiting its turn is skipped (``GET /health`` counts these as
+``generations_stopped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import math
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from causallm.errors import CausalLMError
+from causallm.loader import LoadedModel, Stopped
+
+log = logging.getLogger("causallm.server")
+
+UNSUPPORTED = {"logprobs": (False, None), "top_logprobs": (None, 0), "tools": (None, []),
+               "tool_choice": (None, "none"), "functions": (None, []), "suffix": (None, ""),
+               "best_of": (None, 1), "echo": (None, False)}
+"""Fields this server cannot honour -> the values that ask for nothing (accepted)."""
+
+
+class BadRequest(Exception):
+    """A request the server refuses: 400 (or ``status``) with OpenAI's error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.param, self.code, self.status, self.kind = param, code, status, kind
+
+    def response(self) -> Response:
+        return _json({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                "code": self.code}}, self.status)
+
+
+def _json(data, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+# -- request fields --------------------------------------------------------------------------
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def number(body: dict, name: str, low: float, high: float, low_open: bool = False):
+    """``body[name]``: absent or null -> None, else a finite number in [low, high] (low
+    excluded with ``low_open``)."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_number(v) or v > high or (v <= low if low_open else v < low):
+        raise BadRequest(f"'{name}' must be a number in {'(' if low_open else '['}{low:g}, "
+                         f"{high:g}], got {orjson.dumps(v).decode()}", name)
+    return v
+
+
+def integer(body: dict, name: str, low: int, high: int | None = None):
+    """``body[name]``: absent or null -> None, else an integer in [low, high]."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v) or v < low or (high is not None and v > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise BadRequest(f"'{name}' must be an integer {bound}, got {orjson.dumps(v).decode()}",
+                         name)
+    return v
+
+
+def boolean(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{name}' must be true or false, got {orjson.dumps(v).decode()}",
+                         name)
+    return v
+
+
+def stop_strings(body: dict) -> list[str] | None:
+    """``stop``: a string or a list of non-empty strings."""
+    v = body.get("stop")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = [v]
+    if not (isinstance(v, list) and all(isinstance(s, str) and s for s in v)):
+        raise BadRequest("'stop' must be a non-empty string or a list of non-empty strings",
+                         "stop")
+    return v or None
+
+
+def generation_options(body: dict, loaded: LoadedModel) -> dict:
+    """The request's sampling fields as ``LoadedModel.complete`` keywords (docs/server.md has
+    the table). Absent fields leave the model's generation_config.json values."""
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadRequest("'model' must be a string", "model")
+    if integer(body, "n", 1) not in (None, 1):
+        raise BadRequest("only n=1 is supported (one choice per request)", "n")
+    for name, (absent, off) in UNSUPPORTED.items():
+        if body.get(name) not in (absent, off):
+            raise BadRequest(f"'{name}' is not supported by this server", name)
+    limit = loaded.context_length
+    max_tokens = {name: integer(body, name, 1, limit)
+                  for name in ("max_completion_tokens", "max_tokens")}
+    options = {
+        "max_new_tokens": max_tokens["max_completion_tokens"] or max_tokens["max_tokens"],
+        "temperature": number(body, "temperature", 0, 2),
+        "top_p": number(body, "top_p", 0, 1, low_open=True),
+        "top_k": integer(body, "top_k", 0),
+        "seed": integer(body, "seed", 0),
+        "stop": stop_strings(body),
+        "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True),
+        "min_p": number(body, "min_p", 0, 1),
+        "typical_p": number(body, "typical_p", 0, 1, low_open=True),
+    }
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = number(body, name, -2, 2)
+        if value:  # 0 (OpenAI's default) is off
+            options[name] = value
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
+            raise BadRequest("'logit_bias' must map token ids to numbers", "logit_bias")
+        if any(v != -100 for v in bias.values()):
+            raise BadRequest("'logit_bias' supports only -100 (the token is never chosen)",
+                             "logit_bias")
+        try:
+            banned = [[int(k)] for k in bias]
+        except ValueError:
+            raise BadRequest("'logit_bias' keys must be token ids", "logit_bias") from None
+        if any(not 0 <= t[0] < loaded.model.NUM_VOCAB for t in banned):
+            raise BadRequest(f"'logit_bias' token ids must be in [0, "
+                             f"{loaded.model.NUM_VOCAB})", "logit_bias")
+        if banned:
+            options["bad_words_ids"] = list(loaded.model.BAD_WORDS_IDS) + banned
+    return options
+
+
+def chat_messages(body: dict) -> list[dict]:
+    """``messages``: a non-empty list of {"role": str, "content": str or text parts}; the parts'
+    texts are joined."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {\"role\", \"content\"} "
+                         "objects", "messages")
+    out = []
+    for k, m in enumerate(messages):
+        where = f"messages[{k}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"{where} must be an object with a string 'role'", where)
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"{where}.content: only text parts ({{\"type\": \"text\", "
+                                 f"\"text\": ...}}) are supported", f"{where}.content")
+            content = "".join(p["text"] for p in content)
+        elif content is not None and not isinstance(content, str):
+            raise BadRequest(f"{where}.content must be a string or a list of text parts",
+                             f"{where}.content")
+        out.append({**m, "content": content})
+    return out
+
+
+def completion_prompt(body: dict):
+    """``prompt``: a string, a list of token ids, or a list holding one of either."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str) and p:
+        return p
+    if isinstance(p, list) and p and all(_is_int(t) for t in p):
+        return p
+    raise BadRequest("'prompt' must be a non-empty string or list of token ids (one prompt "
+                     "per request)", "prompt")
+
+
+# -- the app ---------------------------------------------------------------------------------
+class _Job:
+    """One generation handed to the worker; its events (("text", piece) when streamed,
+    ("done", Completion), ("error", exception)) come back on an asyncio queue. ``stats``
+    counts the generations stopped because their client went away."""
+
+    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict, stream: bool,
+                 stats: dict) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+        self.stats = stats
+        on_text = (lambda t: self._put("text", t)) if stream else None
+        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
+
+    def _put(self, kind: str, value) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
+        try:
+            done = loaded.complete(prompt, on_text=on_text, should_stop=lambda: self.cancelled,
+                                   **options)
+            self._put("done", done)
+        except Stopped:
+            self.stats["generations_stopped"] += 1
+            log.info("generation stopped: the client went away")
+        except BaseException as e:
+            self._put("error", e)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def next(self, request: Request):
+        """The next event; None when the client went away meanwhile (the job is cancelled)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.cancel()
+                    return None
+
+
+def _error_of(e: BaseException, param: str) -> BadRequest:
+    if isinstance(e, BadRequest):
+        return e
+    if isinstance(e, CausalLMError):
+        code = "context_length_exceeded" if "KV cache holds" in str(e) else None
+        return BadRequest(str(e), param, code)
+    log.error("generation failed", exc_info=e)
+    return BadRequest(f"internal error: {type(e).__name__}: {e}", None, None, 500, "server_error")
+
+
+class _CancellingStream(StreamingResponse):
+    """A StreamingResponse that cancels its job however the response ends (a client that
+    disconnects ends it early)."""
+
+    def __init__(self, content, job: _Job) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
+    """The Starlette app serving ``loaded`` under the name ``model_id``."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="causallm-worker")
+    created = int(time.time())
+    stats = {"generations_stopped": 0}
+
+    async def read_body(request: Request) -> dict:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            raise BadRequest(f"the request body is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    def usage(done) -> dict:
+        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                "total_tokens": done.prompt_tokens + done.completion_tokens}
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await read_body(request)
+        if not loaded.generates:
+            raise BadRequest(f"model '{model_id}' does not generate text (it is an embedding "
+                             f"model: use /v1/embeddings)", "model", "model_not_supported")
+        prompt = chat_messages(body) if chat else completion_prompt(body)
+        param = "messages" if chat else "prompt"
+        options = generation_options(body, loaded)
+        stream = boolean(body, "stream")
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not (isinstance(stream_options, dict) and stream):
+            raise BadRequest("'stream_options' must be an object, and only with stream: true",
+                             "stream_options")
+        include_usage = boolean(stream_options or {}, "include_usage")
+        kind = "chat.completion" if chat else "text_completion"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        head = {"id": rid, "object": kind + (".chunk" if chat and stream else ""),
+                "created": int(time.time()), "model": model_id}
+
+        def choice(text: str | None, finish: str | None) -> dict:
+            if not chat:
+                return {"index": 0, "text": text or "", "logprobs": None,
+                        "finish_reason": finish}
+            if not stream:
+                return {"index": 0, "message": {"role": "assistant", "content": text},
+                        "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": {} if text is None else {"content": text},
+                    "logprobs": None, "finish_reason": finish}
+
+        job = _Job(loaded, executor, prompt, options, stream, stats)
+        try:  # the first event (the whole answer when not streamed) decides on a 400
+            first = await job.next(request)
+        except BaseException:
+            job.cancel()
+            raise
+        if first is None:
+            return Response(status_code=499)  # nobody is listening
+        if first[0] == "error":
+            raise _error_of(first[1], param)
+        if not stream:
+            done = first[1]
+            return _json({**head, "choices": [choice(done.text, done.finish_reason)],
+                          "usage": usage(done)})
+
+        def chunk(data: dict) -> bytes:
+            if include_usage and "usage" not in data:
+                data = {**data, "usage": None}
+            return b"data: " + orjson.dumps({**head, **data}) + b"\n\n"
+
+        async def events():
+            try:
+                if chat:
+                    yield chunk({"choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                    "content": ""},
+                                              "logprobs": None, "finish_reason": None}]})
+                event = first
+                while True:
+                    kind_, value = event
+                    if kind_ == "text":
+                        yield chunk({"choices": [choice(value, None)]})
+                    elif kind_ == "error":
+                        err = _error_of(value, param)
+                        yield b"data: " + orjson.dumps({"error": {
+                            "message": str(err), "type": err.kind, "param": err.param,
+                            "code": err.code}}) + b"\n\n"
+                        break
+                    else:
+                        yield chunk({"choices": [choice(None, value.finish_reason)]})
+                        if include_usage:
+                            yield chunk({"choices": [], "usage": usage(value)})
+                        break
+                    event = await job.events.get()
+                yield b"data: [DONE]\n\n"
+            finally:
+                job.cancel()
+
+        return _CancellingStream(events(), job)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def embeddings(request: Request) -> Response:
+        body = await read_body(request)
+        if not loaded.embeds:
+            raise BadRequest(f"model '{model_id}' does not embed (it is a "
+                             f"{loaded.architecture}, not an embedding model)", "model",
+                             "model_not_supported")
+        if "model" in body and not isinstance(body["model"], str):
+            raise BadRequest("'model' must be a string", "model")
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
+            raise BadRequest("'input' must be a string or a non-empty list of strings", "input")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise BadRequest("'encoding_format' must be \"float\" or \"base64\"",
+                             "encoding_format")
+        if body.get("dimensions") is not None:
+            raise BadRequest("'dimensions' is not supported by this server", "dimensions")
+        future = asyncio.get_running_loop().run_in_executor(executor, loaded.embed_with_counts,
+                                                            texts)
+        try:
+            vectors, n_tokens = await future
+        except Exception as e:
+            raise _error_of(e, "input") from None
+
+        def encode(v: np.ndarray):
+            if fmt == "base64":
+                return base64.b64encode(v.astype("<f4").tobytes()).decode()
+            return [float(x) for x in v]
+
+        return _json({"object": "list", "model": model_id,
+                      "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
+                               for i, v in enumerate(vectors)],
+                      "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    def model_card() -> dict:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "causallm"}
+
+    async def models(request: Request) -> Response:
+        return _json({"object": "list", "data": [model_card()]})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model"] != model_id:
+            raise BadRequest(f"the model '{request.path_params['model']}' does not exist (this "
+                             f"server has '{model_id}')", "model", "model_not_found", 404)
+        return _json(model_card())
+
+    async def health(request: Request) -> Response:
+        return _json({"status": "ok", "model": model_id, **stats})
+
+    async def bad_request(request: Request, exc: BadRequest) -> Response:
+        return exc.response()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return BadRequest(f"{request.method} {request.url.path}: {exc.detail}", None, None,
+                          exc.status_code).response()
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return _error_of(exc, None).response()
+
+    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/embeddings", embeddings, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{model:path}", model, methods=["GET"]),
+              Route("/health", health, methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers={
+        BadRequest: bad_request, HTTPException: http_error, Exception: server_error})
+    app.state.executor = executor
+    return app
+
+
+def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | None = None,
+          log_level: str = "info", **options) -> None:
+    """Load ``path`` (``causallm.load`` options) and serve it until interrupted."""
+    import uvicorn
+
+    from causallm.loader import load
+
+    loaded = load(path, **options)
+    model_id = model_id or os.path.basename(os.path.normpath(path))
+    uvicorn.run(build_app(loaded, model_id), host=host, port=port, log_level=log_level)

@@ -1,0 +1,185 @@
+"""The Python entry point (causallm.load -> LoadedModel): generate, stream, reuse, chat
+messages, embed.
+
+Generated tokens are checked against what transformers produced for the llama-gqa3 fixture
+(expected.npz, greedy, 32 new tokens), embeddings against sentence-transformers' for bert-st-mean;
+the chat path against the text the embedded model's template defines ("Q: ...\\nA:" after the
+BOS). One model is loaded per fixture and reused by every test: that reuse is itself under test.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+import causallm
+import causallm.loader
+from causallm.errors import CausalLMError
+from causallm.loader import Stopped
+from causallm.tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+GQA3 = os.path.join(FIXTURES, "llama-gqa3")
+BERT = os.path.join(FIXTURES, "bert-st-mean")
+TINY = os.path.join(ROOT, "res", "tiny-llama")
+OTHER_PROMPT = ("A much longer prompt, so that the second call finds the cache filled past "
+                "where its own prompt ends: " * 3)
+
+
+def expected(name="llama-gqa3"):
+    ref = np.load(os.path.join(FIXTURES, name, "expected.npz"))
+    return str(ref["prompt"]), ref["prompt_ids"].tolist(), ref["tokens"].tolist()
+
+
+@pytest.fixture(scope="module")
+def gqa3():
+    return causallm.load(GQA3)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return causallm.load(TINY, num_to_generate=24)
+
+
+def test_greedy_generate_gives_transformers_tokens(gqa3):
+    prompt, prompt_ids, tokens = expected()
+    done = gqa3.complete(prompt, max_new_tokens=32, greedy=True)
+    assert done.result.prompt_ids[0] == prompt_ids
+    assert done.result.generated_ids[0] == tokens[:32]
+    tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
+    assert done.text == tokenizer.Decode(tokens[:32], skip_special_tokens=True)
+    assert (done.finish_reason, done.prompt_tokens, done.completion_tokens) == \
+        ("length", len(prompt_ids), 32)
+    assert gqa3.generate(prompt, max_new_tokens=32, greedy=True) == done.text
+
+
+def test_stream_yields_the_text_in_pieces(gqa3):
+    prompt, _, tokens = expected()
+    pieces = list(gqa3.stream(prompt, max_new_tokens=32, greedy=True))
+    assert len(pieces) > 1
+    assert "".join(pieces) == gqa3.generate(prompt, max_new_tokens=32, greedy=True)
+    assert list(gqa3.generate(prompt, stream=True, max_new_tokens=32, greedy=True)) == pieces
+
+
+def test_one_model_serves_many_calls(gqa3):
+    """A longer prompt, then sampling, then the fixture's prompt without options: the KV cache
+    and the sampling settings of earlier calls leave nothing behind."""
+    prompt, _, tokens = expected()
+    gqa3.generate(OTHER_PROMPT, max_new_tokens=40, temperature=1.5, top_k=0, seed=3)
+    done = gqa3.complete(prompt, max_new_tokens=32)  # generation_config: do_sample false
+    assert done.result.do_sample is False
+    assert done.result.generated_ids[0] == tokens[:32]
+
+
+def test_sampling_with_a_seed_repeats(gqa3):
+    prompt, _, tokens = expected()
+    a = gqa3.complete(prompt, max_new_tokens=24, temperature=1.5, top_k=0, seed=7)
+    b = gqa3.complete(prompt, max_new_tokens=24, temperature=1.5, top_k=0, seed=7)
+    assert a.result.do_sample is True
+    assert a.result.generated_ids == b.result.generated_ids
+    assert a.result.generated_ids[0] != tokens[:24]
+
+
+def test_should_stop_ends_the_generation_between_tokens(gqa3):
+    prompt, _, tokens = expected()
+    seen = []
+    with pytest.raises(Stopped):
+        gqa3.complete(prompt, max_new_tokens=32, greedy=True,
+                      should_stop=lambda: len(seen) >= 3, on_text=seen.append)
+    it = gqa3.stream(prompt, max_new_tokens=32, greedy=True)
+    next(it)
+    it.close()  # the worker stops at its next token and gives the model back
+    assert gqa3.complete(prompt, max_new_tokens=32, greedy=True).result.generated_ids[0] == \
+        tokens[:32]
+
+
+@pytest.mark.parametrize("stop", ["Set", ["keys", "fin"]])
+def test_stop_strings_cut_the_transformers_text(gqa3, stop):
+    prompt, _, tokens = expected()
+    tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
+    full = tokenizer.Decode(tokens[:32], skip_special_tokens=True)
+    first = min(full.index(s) for s in ([stop] if isinstance(stop, str) else stop))
+    done = gqa3.complete(prompt, max_new_tokens=32, greedy=True, stop=stop)
+    assert (done.text, done.finish_reason) == (full[:first], "stop")
+    assert "".join(gqa3.stream(prompt, max_new_tokens=32, greedy=True, stop=stop)) == \
+        full[:first]
+    assert gqa3.complete(prompt, max_new_tokens=32, greedy=True).text == full  # forgotten
+
+
+def test_further_options_reach_the_generator(gqa3):
+    prompt, _, tokens = expected()
+    done = gqa3.complete(prompt, max_new_tokens=8, greedy=True, bad_words_ids=[[tokens[0]]])
+    assert tokens[0] not in done.result.generated_ids[0]
+    with pytest.raises(CausalLMError, match="unknown generation option"):
+        gqa3.generate(prompt, bogus=1)
+
+
+def test_chat_messages_go_through_the_folder_template(tiny):
+    messages = [{"role": "user", "content": "What is a list?"}]
+    done = tiny.complete(messages, greedy=True)
+    tokenizer = Tokenizer.FromFile(os.path.join(TINY, "tokenizer.json"))
+    # the template: BOS, "Q: <question>\nA:"; as a string prompt the tokenizer adds the BOS
+    assert done.result.prompt_ids[0] == tokenizer.Encode("Q: What is a list?\nA:")
+    assert done.result.prompt_ids[0][0] == 4001
+    assert done.text == tiny.generate("Q: What is a list?\nA:", greedy=True)
+    assert done.completion_tokens <= 24  # load(num_to_generate=24) is the default length
+
+
+def test_token_ids_are_a_prompt(gqa3):
+    prompt, prompt_ids, tokens = expected()
+    assert gqa3.complete(prompt_ids, max_new_tokens=8, greedy=True).result.generated_ids[0] \
+        == tokens[:8]
+
+
+def test_bad_calls_are_one_line_errors(gqa3, tiny):
+    with pytest.raises(CausalLMError, match="no chat template"):
+        gqa3.generate([{"role": "user", "content": "hi"}])
+    with pytest.raises(CausalLMError, match="max_new_tokens"):
+        gqa3.generate("hi", max_new_tokens=0)
+    with pytest.raises(CausalLMError, match="prompt must be"):
+        gqa3.generate(42)
+    with pytest.raises(CausalLMError, match="not an embedding model"):
+        gqa3.embed("hi")
+    with pytest.raises(CausalLMError, match="KV cache holds"):
+        tiny.generate("word " * 400)
+    with pytest.raises(CausalLMError, match="not a model folder"):
+        causallm.load(os.path.join(FIXTURES, "no-such-model"))
+    assert tiny.generate("hi", max_new_tokens=2)  # still usable after its errors
+
+
+def test_embed_gives_sentence_transformers_embeddings():
+    ref = np.load(os.path.join(BERT, "expected.npz"))
+    sentences = [str(s) for s in ref["sentences"]]
+    model = causallm.load(BERT)
+    got = model.embed(sentences)
+    assert got.shape == ref["embeddings"].shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref["embeddings"], atol=1e-5)
+    np.testing.assert_allclose(model.embed(sentences[1]), ref["embeddings"][1:2], atol=1e-5)
+    with pytest.raises(CausalLMError, match="does not generate"):
+        model.generate("hi")
+
+
+def test_readme_example_runs(monkeypatch, capsys):
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    example = re.search(r"## Python API\n+```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(ROOT)  # it names res/tiny-llama
+    scope = {}
+    exec(example.replace('"EMBEDDING_DIR"', repr(BERT)), scope)
+    assert isinstance(scope["model"], causallm.loader.LoadedModel)
+    assert capsys.readouterr().out  # the streamed pieces
+
+
+def test_images_go_with_the_prompt():
+    """Gemma 3's image-text fixture: the prompt with two images, transformers' greedy tokens;
+    the images are for that call only."""
+    ref = np.load(os.path.join(FIXTURES, "gemma3-vision", "expected.npz"))
+    model = causallm.load(os.path.join(FIXTURES, "gemma3-vision"), num_to_generate=64)
+    images = [os.path.join(ROOT, p) for p in ref["images"]]
+    done = model.complete(str(ref["prompt"]), max_new_tokens=32, greedy=True, images=images)
+    assert done.result.prompt_ids[0] == ref["prompt_ids"].tolist()
+    assert done.result.generated_ids[0] == ref["tokens"].tolist()
+    assert model.model.images == []
+    with pytest.raises(CausalLMError, match="takes no images"):
+        causallm.load(GQA3).generate("hi", images=images)

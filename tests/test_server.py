@@ -1,0 +1,389 @@
+"""``causallm serve``: the real server in a subprocess (``python main.py serve``) on a free port,
+driven by the official ``openai`` client and by raw httpx.
+
+res/tiny-llama (whose tokenizer_config.json carries a chat template) answers chat and text
+completions; greedy answers must equal what the CLI and the Python API give for the same prompt,
+streamed or not, one request at a time or several at once. bert-st-mean answers embeddings,
+checked against sentence-transformers' (its expected.npz). A client that drops its stream (or
+the connection of a request not streamed) stops its generation (``/health`` counts it) and the
+server answers the next request; every bad request is a 400 with OpenAI's error body, after
+which the server still serves.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+import causallm  # noqa: E402
+from causallm import main  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "res", "tiny-llama")
+BERT = os.path.join(ROOT, "tests", "fixtures", "bert-st-mean")
+PROMPTS = ["Strings are immutable sequences of", "The for statement", "A dictionary maps",
+           "Exceptions are raised when"]
+QUESTION = [{"role": "user", "content": "What is a list?"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir, log_path, *extra):
+    """``python main.py serve model_dir`` on a free port -> (process, base URL), once /health
+    answers."""
+    port = free_port()
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "main.py", "serve", model_dir, "--port", str(port),
+                             "--log-level", "warning", *extra], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {open(log_path).read()}")
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise AssertionError(f"the server did not come up: {open(log_path).read()}")
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # a KV cache of 256 + 1500 positions: room for a generation long enough to drop mid-way
+    proc, url = start_server(TINY, tmp_path_factory.mktemp("serve") / "server.log", "-n", "1500")
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def embedding_server(tmp_path_factory):
+    proc, url = start_server(BERT, tmp_path_factory.mktemp("serve") / "server.log",
+                             "--model-name", "bert")
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def local():
+    """The same model through the Python API, in this process."""
+    return causallm.load(TINY)
+
+
+def cli_text(capsys, prompt, n, *extra):
+    """``python main.py res/tiny-llama PROMPT --greedy -n N --json``'s text."""
+    capsys.readouterr()
+    assert main.main([TINY, prompt, "--greedy", "-n", str(n), "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out.splitlines()[-1])["text"]
+
+
+def complete(url, **body):
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny-llama", **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ------------------------------------------------------------------------------ answers
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    assert client.models.retrieve("tiny-llama").id == "tiny-llama"
+    health = httpx.get(server + "/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny-llama"
+
+
+def test_completion_equals_the_cli(client, capsys):
+    want = cli_text(capsys, PROMPTS[0], 40)
+    got = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=40,
+                                    temperature=0)
+    assert got.choices[0].text == want
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 40 and got.usage.prompt_tokens == 7
+    assert got.usage.total_tokens == 47 and got.model == "tiny-llama"
+
+
+def test_streamed_completion_equals_the_cli(client, capsys):
+    want = cli_text(capsys, PROMPTS[1], 30)
+    chunks = list(client.completions.create(model="any-name", prompt=PROMPTS[1], max_tokens=30,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 2 and "".join(texts) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+
+
+def test_chat_completion_equals_the_python_api_and_the_cli(client, local, capsys):
+    done = local.complete(QUESTION, greedy=True, max_new_tokens=48)
+    assert done.text == cli_text(capsys, QUESTION[0]["content"], 48, "--chat")
+    got = client.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=48,
+                                         temperature=0)
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == done.text
+    assert got.choices[0].finish_reason == done.finish_reason
+    assert got.usage.prompt_tokens == done.prompt_tokens
+    assert got.usage.completion_tokens == done.completion_tokens
+
+
+def test_streamed_chat_completion_equals_the_python_api(client, local):
+    want = local.generate(QUESTION, greedy=True, max_new_tokens=48)
+    stream = client.chat.completions.create(model="tiny-llama", messages=QUESTION,
+                                            max_completion_tokens=48, temperature=0,
+                                            stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(c.usage is None for c in chunks)  # no include_usage
+
+
+def test_text_parts_and_a_system_message(client, local):
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": [{"type": "text", "text": "What is "},
+                                             {"type": "text", "text": "a tuple?"}]}]
+    want = local.generate([messages[0], {"role": "user", "content": "What is a tuple?"}],
+                          greedy=True, max_new_tokens=20)
+    got = client.chat.completions.create(model="x", messages=messages, max_tokens=20,
+                                         temperature=0)
+    assert got.choices[0].message.content == want
+
+
+def test_stop_penalties_and_logit_bias_equal_the_python_api(client, local, capsys):
+    full = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30)
+    stop = full.split()[3]
+    got = client.completions.create(model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0,
+                                    stop=[stop, "zzz"])
+    assert got.choices[0].text == full[:full.index(stop)] == cli_text(
+        capsys, PROMPTS[1], 30, "--stop", stop)
+    assert got.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(model="x", messages=QUESTION, max_tokens=30,
+                                            temperature=0, stop="\n", stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        local.generate(QUESTION, greedy=True, max_new_tokens=30, stop="\n")
+    penalized = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30,
+                               presence_penalty=1.5, frequency_penalty=0.5)
+    assert penalized != full
+    assert client.completions.create(
+        model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0, presence_penalty=1.5,
+        frequency_penalty=0.5).choices[0].text == penalized
+    first = local.complete(PROMPTS[1], greedy=True, max_new_tokens=30).result.generated_ids[0][0]
+    banned = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30,
+                            bad_words_ids=[[first]])
+    assert banned != full
+    assert client.completions.create(
+        model="x", prompt=PROMPTS[1], max_tokens=30, temperature=0,
+        logit_bias={str(first): -100}).choices[0].text == banned
+
+
+def test_sampling_with_a_seed_repeats(client):
+    def sample():
+        return client.completions.create(model="x", prompt=PROMPTS[2], max_tokens=24,
+                                         temperature=1.3, top_p=0.95, seed=11).choices[0].text
+
+    first = sample()
+    assert sample() == first
+
+
+def test_concurrent_requests_each_get_their_own_answer(server):
+    alone = [complete(server, prompt=p, max_tokens=32, temperature=0)["choices"][0]["text"]
+             for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS) * 2) as pool:
+        answers = list(pool.map(
+            lambda p: complete(server, prompt=p, max_tokens=32, temperature=0)
+            ["choices"][0]["text"], PROMPTS * 2))
+    assert answers == alone * 2
+
+
+LONG = {"model": "x", "prompt": PROMPTS[1], "max_tokens": 1500, "temperature": 0}
+"""Greedy, this prompt runs 1500 tokens without an EOS: a generation that is counted as
+stopped was cut short."""
+
+
+def wait_for_stopped(server, count):
+    for _ in range(600):  # the server notices at its next token
+        if httpx.get(server + "/health").json()["generations_stopped"] >= count:
+            break
+        time.sleep(0.2)
+    assert httpx.get(server + "/health").json()["generations_stopped"] == count
+
+
+def test_a_dropped_stream_stops_its_generation(server, local):
+    before = httpx.get(server + "/health").json()["generations_stopped"]
+    with httpx.Client(timeout=300) as c:
+        with c.stream("POST", server + "/v1/completions", json={**LONG, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+    wait_for_stopped(server, before + 1)
+    want = local.generate(PROMPTS[3], greedy=True, max_new_tokens=16)
+    assert complete(server, prompt=PROMPTS[3], max_tokens=16,
+                    temperature=0)["choices"][0]["text"] == want
+
+
+def test_a_dropped_request_stops_its_generation(server, local):
+    """A non-streamed request whose connection closes while its answer is being generated."""
+    before = httpx.get(server + "/health").json()["generations_stopped"]
+    body = json.dumps(LONG).encode()
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for_stopped(server, before + 1)
+    want = local.generate(PROMPTS[2], greedy=True, max_new_tokens=16)
+    assert complete(server, prompt=PROMPTS[2], max_tokens=16,
+                    temperature=0)["choices"][0]["text"] == want
+
+
+# ------------------------------------------------------------------------------ embeddings
+def test_embeddings_equal_sentence_transformers(embedding_server):
+    ref = np.load(os.path.join(BERT, "expected.npz"))
+    sentences = [str(s) for s in ref["sentences"]]
+    client = openai.OpenAI(base_url=embedding_server + "/v1", api_key="unused", max_retries=0)
+    got = client.embeddings.create(model="bert", input=sentences)  # base64 on the wire
+    assert [d.index for d in got.data] == list(range(len(sentences)))
+    np.testing.assert_allclose(np.array([d.embedding for d in got.data]), ref["embeddings"],
+                               atol=1e-5)
+    assert got.usage.prompt_tokens == int(ref["lengths"].sum())
+    r = httpx.post(embedding_server + "/v1/embeddings",
+                   json={"model": "bert", "input": sentences[1], "encoding_format": "float"})
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], ref["embeddings"][1], atol=1e-5)
+    r = httpx.post(embedding_server + "/v1/completions", json={"prompt": "hi"})
+    assert r.status_code == 400 and "does not generate" in r.json()["error"]["message"]
+
+
+def test_a_language_model_does_not_embed(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="tiny-llama", input="hi")
+    assert e.value.status_code == 400
+    assert "does not embed" in e.value.body["message"]
+
+
+# ------------------------------------------------------------------------------ bad requests
+CHAT = {"model": "tiny-llama", "messages": QUESTION}
+BAD = {  # name -> (path, raw body or JSON object, the param named)
+    "malformed JSON": ("/v1/chat/completions", b'{"messages": [', None),
+    "not an object": ("/v1/chat/completions", [1, 2], None),
+    "no messages": ("/v1/chat/completions", {"model": "x"}, "messages"),
+    "messages not a list": ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    "message without role": ("/v1/chat/completions", {"messages": [{"content": "hi"}]},
+                             "messages[0]"),
+    "content a number": ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
+                         "messages[0].content"),
+    "image part": ("/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                   "messages[0].content"),
+    "role the template refuses": ("/v1/chat/completions",
+                                  {"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+    "max_tokens 0": ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, "max_tokens"),
+    "max_tokens beyond the cache": ("/v1/chat/completions", {**CHAT, "max_tokens": 10 ** 6},
+                                    "max_tokens"),
+    "max_tokens a string": ("/v1/completions", {"prompt": "x", "max_tokens": "10"},
+                            "max_tokens"),
+    "max_completion_tokens -1": ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -1},
+                                 "max_completion_tokens"),
+    "temperature -1": ("/v1/chat/completions", {**CHAT, "temperature": -1}, "temperature"),
+    "temperature a string": ("/v1/completions", {"prompt": "x", "temperature": "hot"},
+                             "temperature"),
+    "top_p 0": ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
+    "seed a float": ("/v1/completions", {"prompt": "x", "seed": 1.5}, "seed"),
+    "n 2": ("/v1/chat/completions", {**CHAT, "n": 2}, "n"),
+    "stream a string": ("/v1/chat/completions", {**CHAT, "stream": "yes"}, "stream"),
+    "stream_options without stream": ("/v1/chat/completions",
+                                      {**CHAT, "stream_options": {"include_usage": True}},
+                                      "stream_options"),
+    "stop a number": ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
+    "logit_bias not numbers": ("/v1/completions", {"prompt": "x", "logit_bias": {"5": "a"}},
+                               "logit_bias"),
+    "logit_bias other than -100": ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 3}},
+                                   "logit_bias"),
+    "logit_bias token out of range": ("/v1/completions",
+                                      {"prompt": "x", "logit_bias": {"99999": -100}},
+                                      "logit_bias"),
+    "presence_penalty 3": ("/v1/completions", {"prompt": "x", "presence_penalty": 3},
+                           "presence_penalty"),
+    "min_p 2": ("/v1/completions", {"prompt": "x", "min_p": 2}, "min_p"),
+    "empty stop string": ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop"),
+    "model a number": ("/v1/completions", {"prompt": "x", "model": 3}, "model"),
+    "no prompt": ("/v1/completions", {"model": "x"}, "prompt"),
+    "two prompts": ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    "token id out of range": ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
+    "logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
+    "tools": ("/v1/chat/completions",
+              {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    "prompt longer than the cache": ("/v1/completions", {"prompt": "word " * 2000}, "prompt"),
+    "streamed prompt longer than the cache": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "word " * 2000}], "stream": True},
+        "messages"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests_are_400_with_an_error_body(server, case):
+    path, body, param = BAD[case]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server + path, content=content, headers={"Content-Type": "application/json"},
+                   timeout=300)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+    if "longer than the cache" in case:
+        assert error["code"] == "context_length_exceeded"
+
+
+def test_errors_through_the_client_and_the_server_keeps_serving(client, server, local):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=QUESTION, max_tokens=0)
+    assert e.value.status_code == 400 and e.value.body["param"] == "max_tokens"
+    for path, method in (("/v1/nothing", "GET"), ("/v1/models", "POST"),
+                         ("/v1/models/other", "GET")):
+        r = httpx.request(method, server + path)
+        assert r.status_code in (404, 405) and set(r.json()["error"]) >= {"message", "type"}
+    want = local.generate(PROMPTS[2], greedy=True, max_new_tokens=12)
+    assert complete(server, prompt=PROMPTS[2], max_tokens=12,
+                    temperature=0)["choices"][0]["text"] == want
+
+
+def test_serve_without_the_extra_names_it(tmp_path):
+    """With starlette unimportable the command is one error line naming the extra."""
+    blocker = tmp_path / "starlette"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('blocked', name='starlette')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    p = subprocess.run([sys.executable, "main.py", "serve", TINY], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: causallm serve needs Starlette and uvicorn")
+    assert "causallm[serve]" in p.stderr and len(p.stderr.splitlines()) == 1
