@@ -20,6 +20,8 @@ TREES = ["models", "layers", os.path.join("res", "tiny-llama")]
 
 class BuildWithApplication(build_py):
     def run(self):
+        if not getattr(self, "editable_mode", False):  # no stale file of an earlier build
+            shutil.rmtree(os.path.join(self.build_lib, "causallm"), ignore_errors=True)
         super().run()
         if getattr(self, "editable_mode", False):
             return

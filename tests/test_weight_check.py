@@ -24,7 +24,7 @@ from causallm.errors import CausalLMError
 from causallm.io.nntr_bin import bin_nbytes
 from causallm.io.weight_check import scan
 from causallm.kernels.packed import PackedMatrix
-from causallm.kernels.scan import max_magnitude_bits
+from causallm.io.weight_check import max_magnitude_bits
 from causallm.factory import Factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,6 +206,16 @@ def test_scan_against_numpy(dtype):
     bits = rng.integers(0, 2**16, 777, dtype=np.uint16)
     assert max_magnitude_bits(bits, np.uint16(0x7FFF)) == (bits & 0x7FFF).max()
     assert max_magnitude_bits(bits[:0], np.uint16(0x7FFF)) == 0
+
+
+def test_scan_in_chunks_sees_every_chunk(monkeypatch):
+    from causallm.io import weight_check
+    monkeypatch.setattr(weight_check, "CHUNK", 100)
+    bits = np.zeros(777, np.uint32)
+    for at in (0, 99, 100, 699, 700, 776):  # either side of each boundary, and the short tail
+        bits[:] = 0
+        bits[at] = 0x7F800000 | 0x80000000  # -inf
+        assert max_magnitude_bits(bits, np.uint32(0x7FFFFFFF)) == 0x7F800000, at
 
 
 def test_scan_of_packed_matrices():
