@@ -273,23 +273,17 @@ class CausalLM(LanguageModel):
             return None, "its contents do not match its header's size and sha256"
         return data, ""
 
-    def load_kvcache(self, path: str, to: int, data: bytes | None = None) -> None:
-        """Read what ``save_kvcache(path, to)`` wrote back into rows [0, to) of the caches
-        (``data``: the file's bytes, already read)."""
-        if to > self.max_timestep:
-            raise CausalLMError(f"{path}: sys_prompt_token_size {to} exceeds the KV cache's "
-                                f"{self.max_timestep} rows (init_seq_len + num_to_generate)")
+    def load_kvcache(self, path: str, to: int, data: bytes) -> None:
+        """Put ``data``, the bytes of the cache file at ``path`` that ``read_kvcache`` vouched
+        for (``save_kvcache(path, to)`` wrote them), into rows [0, to) of the caches."""
         caches = self.model.getKVCaches("self")
         expected = sum(2 * c.key[:, :, :to].size for c in caches) * 2
-        found = os.path.getsize(path) if data is None else len(data)
-        if found != expected:
+        if to > self.max_timestep or len(data) != expected:
             raise CausalLMError(f"{path}: expected {expected} bytes for a {to}-token system "
-                                f"prompt cache, found {found} (remove the file to recompute it)")
-        data = np.fromfile(path, dtype=np.float16) if data is None else \
-            np.frombuffer(data, dtype=np.float16)
+                                f"prompt cache in {self.max_timestep} rows, found {len(data)}")
+        data = np.frombuffer(data, dtype=np.float16)
         if not np.isfinite(data).all():
-            raise CausalLMError(f"{path}: the system prompt cache holds non-finite values "
-                                f"(corrupt; remove the file to recompute it)")
+            raise CausalLMError(f"{path}: the system prompt cache holds non-finite values")
         offset = 0
         for cache in caches:
             B, n_kv, _, d = cache.key.shape
