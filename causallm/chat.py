@@ -352,7 +352,7 @@ class ChatSession:
         T = self.model.max_timestep
         if len(ids) >= T:
             raise CausalLMError(f"the conversation has {len(ids)} tokens but the KV cache holds "
-                                f"{T} positions (init_seq_len + num_to_generate)")
+                                f"{T} positions ({self.model.cacheSize()})")
         keep = 0
         while keep < min(len(ids) - 1, len(self.cached)) and ids[keep] == self.cached[keep]:
             keep += 1  # at least the last prompt token is fed, for the first reply token
