@@ -354,7 +354,8 @@ def serve(args: argparse.Namespace) -> int:
 
 def _chat_template(args: argparse.Namespace, model):
     """The model's chat template for --chat / --interactive (None without them); an error when
-    the folder has none, or when --interactive cannot run on the model."""
+    the folder (or GGUF) has none, or when --interactive cannot run on the model. Called once
+    the model is made and before it is initialized: nothing is allocated, no weight read."""
     if not (args.chat or args.interactive):
         return None
     from causallm.chat import ChatTemplate
@@ -368,10 +369,13 @@ def _chat_template(args: argparse.Namespace, model):
     if args.interactive and (model.BATCH_SIZE != 1 or model.NUM_BEAMS != 1):
         raise CausalLMError("--interactive generates one row with one beam (batch_size 1, "
                             "--num-beams 1)")
-    chat = ChatTemplate.fromFolder(args.model_dir)
+    gguf = getattr(getattr(model, "cfg", None), "gguf", None)  # read with the configs
+    chat = ChatTemplate.fromGGUF(gguf) if gguf is not None else \
+        ChatTemplate.fromFolder(args.model_dir)
     if chat is None:
-        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template (chat_template.jinja "
-                            f"or tokenizer_config.json's 'chat_template')")
+        where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf is not None else
+                 "chat_template.jinja or tokenizer_config.json's 'chat_template'")
+        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template ({where})")
     return chat
 
 

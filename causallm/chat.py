@@ -223,7 +223,12 @@ class ChatTemplate:
     def _fromGGUF(cls, path: str) -> "ChatTemplate | None":
         from causallm.io.gguf_file import GGUFFile
 
-        gguf = GGUFFile(path)
+        return cls.fromGGUF(GGUFFile(path))
+
+    @classmethod
+    def fromGGUF(cls, gguf) -> "ChatTemplate | None":
+        """The template of an open GGUF file (causallm.io.gguf_file.GGUFFile); None if its
+        metadata has none."""
         template = gguf.chat_template
         if not template:
             return None
@@ -234,7 +239,7 @@ class ChatTemplate:
             token_id = gguf.metadata.get(f"tokenizer.ggml.{name}_token_id")
             if token_id is not None and 0 <= int(token_id) < len(vocab):
                 tokens[key] = vocab[int(token_id)]
-        return cls(template, tokens, path)
+        return cls(template, tokens, gguf.path)
 
     # -- rendering --------------------------------------------------------------------------
     def template(self, tools: list | None = None) -> str:

