@@ -581,8 +581,7 @@ class Transformer:
             if fmt is not None:
                 held = convertWeight(value, fmt, transposed=not target.endswith(":Embedding"))
                 if held is not value:  # only the conversion is kept: give the file's pages back
-                    release_pages(*(value.data, value.scales)
-                                  if isinstance(value, PackedMatrix) else (value,))
+                    release_pages(value.data if isinstance(value, PackedMatrix) else value)
                 value = held
         self.model.setWeight(target, value)
 

@@ -1,21 +1,21 @@
 """Weights kept in their own precision (causallm/kernels/packed.py) against numpy twins: the
 quantizers against gguf-py's (ggml's reference quantizers in numpy, byte for byte), each
-format's matrix-vector kernel and prefill path against widen-then-multiply, the row gather
-of an embedding table, and NNTrainer's x86 Q4_0 .bin layout against the spec's recipe."""
-
-import os
-import subprocess
-import sys
+format's product through ``linear`` (decode and prefill) against widen-then-multiply or ggml's
+twin, the row gather of an embedding table and its tied head, and NNTrainer's x86 Q4_0 .bin
+layout against the spec's recipe. The block types' kernels themselves: tests/test_quant.py."""
 
 import gguf
 import numpy as np
 import pytest
 
+import ggml_reference as ref
 from causallm.io import nntr_bin
-from causallm.kernels import linear, quant
+from causallm.kernels import linear
 from causallm.kernels.packed import (
     FORMATS,
+    QUANTIZABLE,
     PackedMatrix,
+    ggml_blocks_to_rows,
     quantize_q4_0,
     quantize_q8_0,
     rows_to_ggml_blocks,
@@ -44,6 +44,7 @@ def test_quantizers_are_ggmls_byte_for_byte(fmt):
     ours = ggml_blocks(fmt, *quantize(rows))
     theirs = gguf.quants.quantize(rows, GGML[fmt])
     np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(PackedMatrix.fromFloat(fmt, rows).data, theirs)
     widened = PackedMatrix.fromFloat(fmt, rows, transposed=False).toFloat()
     np.testing.assert_array_equal(widened, gguf.quants.dequantize(theirs, GGML[fmt]))
 
@@ -59,23 +60,12 @@ def test_bf16_and_f16_keep_their_bits():
     np.testing.assert_array_equal(f16.rowsFloat(), rows.astype(np.float16).astype(np.float32))
 
 
-def q8_0_activations(x):
-    """x as the Q8_0 kernels see it: each row's blocks of 32 quantized by gguf-py's Q8_0
-    (ggml's reference: d = max|x| / 127, q = roundf(x / d)) and widened again with d unrounded
-    (the kernels keep the activations' d in float32, ggml rounds it to fp16)."""
-    blocks = x.reshape(-1, 32)
-    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
-    qs = gguf.quants.quantize(blocks, GGML["Q8_0"]).reshape(-1, 34)[:, 2:].view(np.int8)
-    return (qs * d).reshape(x.shape)
-
-
 @pytest.mark.parametrize("nrows", [1, 3, 17])      # 17 rows: BF16 / F16 widen then BLAS
 @pytest.mark.parametrize("N", [37, 2100])          # one task / the parallel kernel
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["BF16", "F16", *QUANTIZABLE])
 def test_linear_is_widen_then_multiply(fmt, N, nrows):
-    """BF16 / F16: x @ W of the widened W; Q8_0 / Q4_0: of x rounded to Q8_0 blocks, as ggml's
-    vec_dot_q8_0_q8_0 and vec_dot_q4_0_q8_0 compute (B * nrows = 2, 6, 34 rows: tiles of four
-    activation rows and the rest; N = 37: a last tile of 5 rows)."""
+    """BF16 / F16: x @ W of the widened W; Q8_0 / Q4_0: ggml's product, of x rounded to Q8_0
+    blocks (B * nrows = 2, 6, 34 rows; N = 37: a last group of one row)."""
     K, B = 96 if N < 100 else 256, 2
     w = PackedMatrix.fromFloat(fmt, rand(N, K, seed=3, scale=0.1))    # rows (N, K): W is (K, N)
     assert w.shape == (K, N) and w.transposed
@@ -83,69 +73,41 @@ def test_linear_is_widen_then_multiply(fmt, N, nrows):
     x = np.full((B, nrows + 3, K), np.nan, np.float32)
     x[:, 1:1 + nrows] = rand(B, nrows, K, seed=4)
     seen = x[:, 1:1 + nrows]
-    if fmt in ("Q8_0", "Q4_0"):
-        seen = q8_0_activations(seen)
     for bias in (np.zeros(0, np.float32), rand(N, seed=5)):
         y = np.full((B, nrows + 2, N), np.nan, np.float32)
         linear(x, w, bias, y, 1, 2, nrows)
-        want = seen.astype(np.float64) @ W + (bias if bias.size else 0)
+        if w.qtype is None:
+            want = seen.astype(np.float64) @ W
+        else:
+            want = ref.linear(fmt, w.data, seen.reshape(-1, K)).reshape(B, nrows, N)
+        want = want + (bias if bias.size else 0)
         np.testing.assert_allclose(y[:, 2:2 + nrows], want, rtol=2e-5, atol=2e-5)
         assert np.isnan(y[:, :2]).all()           # only the rows asked for are written
 
 
-def test_activations_round_as_ggml():
-    """The int8 kernels' activation rounding is ggml's Q8_0 (gguf-py's quants, byte for byte)."""
-    x = rand(3, 5, 96, seed=11)
-    x[0, 0, :32] = 0.0                                        # an all-zero block
-    x[1, 2] = np.round(x[1, 2] * 8) / 8                       # ties for roundf
-    T, nb = 3 * 4, 3
-    qx, dx, sx = np.empty((T, 96), np.int8), np.empty((T, nb), np.float32), \
-        np.empty((T, nb), np.int32)
-    quant.quantize_activations(x, 1, 4, qx, dx, sx)
-    rows = x[:, 1:5].reshape(T, 96)
-    theirs = gguf.quants.quantize(rows, GGML["Q8_0"]).reshape(T, nb, 34)
-    np.testing.assert_array_equal(qx.reshape(T, nb, 32), theirs[:, :, 2:].view(np.int8))
-    np.testing.assert_array_equal(dx, np.abs(rows.reshape(T, nb, 32)).max(axis=2)
-                                  / np.float32(127))
-    np.testing.assert_array_equal(sx, qx.reshape(T, nb, 32).astype(np.int32).sum(axis=2))
-
-
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-def test_tiles_hold_the_blocks(fmt):
-    """Tiles of 16 rows (quant.py's layout, written out here byte by byte) and back."""
-    R, C = 21, 64
-    qs, d = (quantize_q8_0 if fmt == "Q8_0" else quantize_q4_0)(rand(R, C, seed=12))
-    w = PackedMatrix.fromBlocks(fmt, qs, d)
-    chunks, nb = (8, 2) if fmt == "Q8_0" else (4, 2)
-    u = qs.view(np.uint8) ^ (0x80 if fmt == "Q8_0" else 0)
-    assert w.data.shape == (2, nb, 64 * chunks) and w.scales.shape == (2, nb, 16)
-    for r in range(32):
-        for b in range(nb):
-            for c in range(chunks):
-                got = w.data[r // 16, b, 64 * c + 4 * (r % 16):64 * c + 4 * (r % 16) + 4]
-                span = qs.shape[1] // nb
-                want = u[r, b * span + 4 * c:b * span + 4 * c + 4] if r < R else 0
-                np.testing.assert_array_equal(got, want)
-            scale = w.scales[r // 16, b, r % 16:r % 16 + 1].view(np.float16)[0]
-            assert scale == (d[r, b] if r < R else 0)
-    back_qs, back_d = w.blocks()
-    np.testing.assert_array_equal(back_qs, qs)
-    np.testing.assert_array_equal(back_d, d)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_embedding_rows_gather_and_the_tied_head(fmt):
-    V, D = 50, 64
-    table = PackedMatrix.fromFloat(fmt, rand(V, D, seed=6), transposed=False)
+    """A table in any format: gathered rows are its widened rows (gguf-py's dequantize for the
+    block types), and the tied head multiplies the same rows."""
+    V, D = 50, 256
+    if fmt in ("BF16", "F16", *QUANTIZABLE):
+        table = PackedMatrix.fromFloat(fmt, rand(V, D, seed=6), transposed=False)
+    else:
+        table = PackedMatrix(fmt, ref.random_blocks(fmt, V, D, seed=6), transposed=False)
     rows = table.rowsFloat()
+    if table.qtype is not None:
+        np.testing.assert_array_equal(rows, ref.dequantize(fmt, table.data, D))
     out = np.empty((4, D), np.float32)
     table.gather(np.array([3, 0, 49, 3]), out)
     np.testing.assert_array_equal(out, rows[[3, 0, 49, 3]])
     x = rand(1, 1, D, seed=7)
     y = np.zeros((1, 1, V), np.float32)
     linear(x, table.T, np.zeros(0, np.float32), y, 0, 0, 1)   # logits = x @ table^T
-    seen = q8_0_activations(x[0, 0]) if fmt in ("Q8_0", "Q4_0") else x[0, 0]
-    np.testing.assert_allclose(y[0, 0], rows @ seen, rtol=1e-5, atol=1e-5)
+    if table.qtype is None:
+        want = rows.astype(np.float64) @ x[0, 0]
+    else:
+        want = ref.linear(fmt, table.data, x[0])[0]
+    np.testing.assert_allclose(y[0, 0], want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
 def q4_0x8_by_the_spec(qs, d):
@@ -166,7 +128,7 @@ def q4_0x8_by_the_spec(qs, d):
 def test_q4_0_bin_layout_is_nntrainers_x86_repack(tmp_path):
     K, N = 64, 16                                         # a (K, N) fully connected weight
     w = PackedMatrix.fromFloat("Q4_0", rand(N, K, seed=8))
-    w_qs, w_d = w.blocks()
+    w_qs, w_d = ggml_blocks_to_rows("Q4_0", w.data, N, K)
     raw = nntr_bin.repack_q4_0x8(w_qs, w_d)
     np.testing.assert_array_equal(raw, q4_0x8_by_the_spec(w_qs, w_d))
     qs, d = nntr_bin.unpack_q4_0x8(raw, N, K)
@@ -182,26 +144,8 @@ def test_q4_0_bin_layout_is_nntrainers_x86_repack(tmp_path):
                                    ("norm:gamma", (3,), "FP32", False)])
     assert got[0].format == "Q4_0" and got[0].transposed
     np.testing.assert_array_equal(got[0].data, w.data)
-    np.testing.assert_array_equal(got[0].scales, w.scales)
     np.testing.assert_array_equal(got[1].rowsFloat(), table.rowsFloat())
     widened = nntr_bin.read_bin(path, [("fc:weight", (K, N), "Q4_0", False),
                                        ("emb:Embedding", (10, 32), "Q8_0", False),
                                        ("norm:gamma", (3,), "FP32", False)])
     np.testing.assert_array_equal(widened[0], w.toFloat())  # a float weight gets it widened
-
-
-def test_int8_kernels_without_vnni(tmp_path):
-    """On a CPU without AVX-512 VNNI (numba told to compile for Haswell), dpbusd is generic
-    vector IR: the Q8_0 / Q4_0 products still equal their twins."""
-    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CACHE_DIR": str(tmp_path),
-           "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        f"{__file__}::test_linear_is_widen_then_multiply", "-k", "Q8_0 or Q4_0",
-                        "--override-ini=addopts="], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "12 passed" in p.stdout, p.stdout
-    check = subprocess.run([sys.executable, "-c", "from causallm.kernels import simd; "
-                            "print(simd.VNNI)"], env=env, capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert check.stdout.strip() == "False", check.stderr

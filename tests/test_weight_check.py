@@ -23,9 +23,11 @@ from causallm import main
 from causallm.errors import CausalLMError
 from causallm.io.nntr_bin import bin_nbytes
 from causallm.io.weight_check import scan
-from causallm.kernels.packed import PackedMatrix
 from causallm.io.weight_check import max_magnitude_bits
 from causallm.factory import Factory
+from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.quant import QTYPES
+from ggml_reference import random_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -220,10 +222,28 @@ def test_scan_in_chunks_sees_every_chunk(monkeypatch):
 
 def test_scan_of_packed_matrices():
     rows = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
-    for fmt in ("BF16", "F16", "Q8_0", "Q4_0"):
+    for fmt in ("BF16", "F16"):
         packed = PackedMatrix.fromFloat(fmt, rows)
         assert scan(packed) == (True, True)
         assert scan(PackedMatrix.fromFloat(fmt, rows * 0)) == (True, False)
-        bits = packed.data if fmt in ("BF16", "F16") else packed.scales
+        bits = packed.data.copy()
         bits.flat[7] = 0x7F80 if fmt == "BF16" else 0x7C00  # an infinity
-        assert scan(packed) == (False, True)
+        assert scan(PackedMatrix(fmt, bits)) == (False, True)
+
+
+@pytest.mark.parametrize("fmt", list(QTYPES))
+def test_scan_of_ggml_blocks_reads_every_scale(fmt):
+    """A block type: finite and nonzero by its fp16 scales and mins; an infinity or a NaN in any
+    of them, in any block, is found; all scales zero is a zero matrix."""
+    qt = QTYPES[fmt]
+    data = random_blocks(fmt, 5, 512, seed=2)
+    assert scan(PackedMatrix(fmt, data)) == (True, True)
+    zero = data.copy().reshape(-1, qt.nbytes)
+    for o in qt.halves:
+        zero[:, o:o + 2] = 0
+    assert scan(PackedMatrix(fmt, zero.reshape(data.shape))) == (True, False)
+    for o in qt.halves:
+        for block, bad in ((0, 0x7C00), (zero.shape[0] - 1, 0xFE00)):  # +inf, a negative NaN
+            poked = data.copy().reshape(-1, qt.nbytes)
+            poked[block, o:o + 2] = np.array([bad], np.uint16).view(np.uint8)
+            assert scan(PackedMatrix(fmt, poked.reshape(data.shape))) == (False, True)

@@ -19,7 +19,7 @@ file is what llama.cpp's own converter writes for them:
   llama.cpp's converter does (each head's two rotary halves interleaved), Gemma's norm weights
   stored plus 1.
 
-Types: 2-D weight matrices as ``--type`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1;
+Types: 2-D weight matrices as ``--type`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4;
 default Q8_0), the token embedding as ``--embd-type`` (default: ``--type``), a matrix whose
 rows are not whole blocks as F16 (F32 for --type F32); norms and biases F32. ``--tensor-type
 REGEX=TYPE`` (repeatable, first match wins) sets the type of the GGUF tensors whose name the
@@ -50,10 +50,10 @@ from causallm.io.gguf_file import (  # noqa: E402
 from causallm.io.safetensors import Checkpoint  # noqa: E402
 
 ARCH_OF = {hf: arch for arch, hf in ARCHITECTURES.items()}
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")
 FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
               "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0",
-              "Q5_1": "MOSTLY_Q5_1"}
+              "Q5_1": "MOSTLY_Q5_1", "MXFP4": "MOSTLY_MXFP4_MOE"}
 PRE_NAMES = {PRE_TOKENIZER_SPLITS["llama-bpe"]: "llama-bpe", PRE_TOKENIZER_SPLITS["qwen2"]: "qwen2"}
 """The split regex of a tokenizer.json -> the ``tokenizer.ggml.pre`` llama.cpp knows it by."""
 

@@ -22,10 +22,11 @@ gguf-py supplies the constants and the tensor name maps, not the reading:
   are un-permuted (the converter interleaves the two halves of each head for its RoPE), Gemma's
   norm weights lose the 1 the converter added.
 
-Weights keep their precision: F32 as float32; F16, BF16, Q8_0 and Q4_0 as packed matrices with
-their own kernels (causallm/kernels/packed.py). A type without a kernel here (Q4_1, Q5_*, the
-K-quants, ...) is dequantized exactly and then, by default, held as Q8_0 (more precise than the
-source, a little larger); ``--dtype`` chooses otherwise.
+Weights keep their precision and stay views of the mapped file: F32 as float32; F16, BF16 and
+every ggml block type with a kernel (Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS:
+causallm/kernels/quant.py) as packed matrices of the file's bytes. Llama's q and k rows are
+copied into Hugging Face's order. A type without a kernel (the IQ2 / IQ3 / TQ types, ...) is
+dequantized exactly and then, by default, held as Q8_0; ``--dtype`` chooses otherwise.
 
 Supported ``general.architecture``: llama, qwen2, qwen3, gemma3 (text).
 """
@@ -40,7 +41,8 @@ from causallm.errors import CausalLMError
 from causallm.io.files import release_pages
 from causallm.io.gguf_reader import GGUFContents
 from causallm.io.weight_check import check_weight
-from causallm.kernels.packed import PackedMatrix, ggml_blocks_to_rows
+from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.quant import QTYPES
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -50,10 +52,8 @@ ARCHITECTURES = {
 }
 """GGUF ``general.architecture`` -> the Hugging Face architecture it is run as."""
 
-PACKED_TYPES = ("F16", "BF16", "Q8_0", "Q4_0")
 CONFIG_TENSORS = ("rope_freqs.weight",)
 """Tensors that hold configuration, read into config() rather than into a weight."""
-"""ggml types held as they are (a kernel reads them directly)."""
 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -420,9 +420,10 @@ class GGUFCheckpoint:
     with the checkpoint methods WeightTable.load reads (keys, shape, dtype, get, raw, file_of).
 
     ``get`` gives float32 (dequantized); ``raw`` gives a packable matrix as held: F32 as
-    float32, F16 / BF16 / Q8_0 / Q4_0 as a PackedMatrix of its rows, another quantized type
-    dequantized and packed as ``requantize`` (Q8_0 by default; None keeps the float32). A tensor
-    no name maps to keeps its GGUF name (and the weight table reports it as unused)."""
+    float32, F16 / BF16 / a type with a kernel as a PackedMatrix of the file's rows, another
+    quantized type dequantized and packed as ``requantize`` (Q8_0 by default; None keeps the
+    float32). A tensor no name maps to keeps its GGUF name (and the weight table reports it as
+    unused)."""
 
     def __init__(self, file: GGUFFile, hf_names, requantize: str | None = "Q8_0") -> None:
         gguf = _gguf()
@@ -527,26 +528,19 @@ class GGUFCheckpoint:
         if len(shape) != 2:
             return self._get(name)
         R, C = shape
-        perm = self._rows(name)
-        if kind in ("F16", "BF16"):
-            packed = PackedMatrix(kind, np.asarray(t.data).view(np.uint16).reshape(R, C),
+        if kind in ("F16", "BF16") or kind in QTYPES:
+            raw = np.asarray(t.data).view(np.uint8).reshape(R, -1)
+            packed = PackedMatrix(kind, raw.view(np.uint16) if kind in ("F16", "BF16") else raw,
                                   transposed=False)
-        elif kind in ("Q8_0", "Q4_0"):
-            qs, d = ggml_blocks_to_rows(kind, np.asarray(t.data), R, C)
-            if perm is not None:
-                qs, d = qs[perm], d[perm]
-            packed = PackedMatrix.fromBlocks(kind, qs, d, transposed=False)
-            release_pages(t.data)  # the tiles are a copy
-            return packed
-        elif kind != "F32" and self.requantize is not None and C % 32 == 0:
-            packed = PackedMatrix.fromFloat(self.requantize, self._get(name), transposed=False)
-            perm = None  # get() already put the rows in place
+            perm = self._rows(name)
+            if perm is None:
+                return packed  # the file's bytes, mapped
+            release_pages(raw)  # the rows in Hugging Face's order are a copy
+            return packed.takeRows(perm)
+        if kind != "F32" and self.requantize is not None and C % 32 == 0:
             self.requantized[kind] = self.requantized.get(kind, 0) + 1
-        else:
-            return self._get(name)
-        if perm is not None:
-            packed = PackedMatrix(packed.format, packed.data[perm], transposed=False)
-        return packed
+            return PackedMatrix.fromFloat(self.requantize, self._get(name), transposed=False)
+        return self._get(name)
 
 
 def is_gguf(path: str) -> bool:

@@ -17,7 +17,8 @@ theirs ``Embedding`` and save it their own way):
 - an embedding table (V, D): its rows in plain ``block_q4_0`` (fp16 d, 16 bytes qs) or
   ``block_q8_0``, no transpose, no repack.
 
-Read, a packable weight keeps its precision (FP16, Q4_0, Q8_0 as a ``PackedMatrix``); any
+Read, a packable weight keeps its precision (FP16, Q4_0, Q8_0 as a ``PackedMatrix``; plain
+ggml block rows stay views of the mapped file); any
 other weight is widened to float32. Q6_K is listed for the sizes only. Every weight read is
 checked (``io/weight_check.py``): a NaN or an infinity, or a fully connected, embedding or head
 weight of zeros (a zero-filled file has the right size), is an error naming the weight.
@@ -159,12 +160,12 @@ def _read_weight(name, shape, dtype, packable, raw, offset):
         rows = half.reshape(shape) if table else np.ascontiguousarray(half.reshape(shape).T)
         return PackedMatrix("F16", rows, transposed=not table)
     R, C = shape if table else (shape[1], shape[0])
-    if dtype == "Q4_0" and not table:
-        qs, d = unpack_q4_0x8(raw, R, C)
+    if dtype == "Q4_0" and not table:  # NNTrainer's x86 repack back to ggml's rows: a copy
+        data = rows_to_ggml_blocks(dtype, *unpack_q4_0x8(raw, R, C))
+        release_pages(raw)
     else:
-        qs, d = ggml_blocks_to_rows(dtype, raw, R, C)
-    packed = PackedMatrix.fromBlocks(dtype, qs, d, transposed=not table)
-    release_pages(raw)  # the tiles are a copy
+        data = raw.reshape(R, -1)  # ggml's own block rows: held as mapped
+    packed = PackedMatrix(dtype, data, transposed=not table)
     return packed if packable else _readonly(np.ascontiguousarray(packed.toFloat()))
 
 
@@ -243,10 +244,9 @@ def _blocks(name, a, dtype):
         rows = rows if table else rows.T
     packed = rows.to(dtype) if isinstance(rows, PackedMatrix) else \
         PackedMatrix.fromFloat(dtype, rows)
-    qs, d = packed.blocks()
     if dtype == "Q4_0" and not table:
-        return repack_q4_0x8(qs, d)
-    return rows_to_ggml_blocks(dtype, qs, d)
+        return repack_q4_0x8(*ggml_blocks_to_rows(dtype, packed.data, *packed.rows_shape))
+    return packed.data
 
 
 def _readonly(a):

@@ -7,7 +7,7 @@ a float tensor holds a NaN or an infinity, and, with ``zeros``, when all of it i
 - a float array: its values;
 - BF16 / F16 bits (a ``PackedMatrix``): an exponent of all ones is an infinity or a NaN; the bits
   other than the sign are zero only for a zero;
-- Q8_0 / Q4_0 blocks: their fp16 scales (a block is zero when its scale is).
+- ggml blocks (Q4_0 ... Q6_K): their fp16 scales and mins (a block is zero when they are).
 
 The rule for zeros (an NNTrainer ``.bin`` has no header, so a zero-filled file or one whose end
 was never written has the right size): a fully connected, embedding or head weight, the
@@ -46,9 +46,10 @@ _FLOATS = {np.dtype(np.float16): _F16, np.dtype(np.float32): (np.uint32, 0x7FFFF
 def scan(value) -> tuple[bool, bool]:
     """(every value finite, some value nonzero) of a float array or a PackedMatrix; (True,
     True) for anything else (integer tensors)."""
-    if isinstance(value, PackedMatrix):  # BF16 / F16 bits, or Q8_0 / Q4_0 fp16 scales
-        bits, (unsigned, mask, exponent) = ((value.data, _PACKED[value.format])
-                                            if value.format in _PACKED else (value.scales, _F16))
+    if isinstance(value, PackedMatrix) and value.qtype is not None:
+        return _scan_blocks(value.data, value.qtype)
+    if isinstance(value, PackedMatrix):  # BF16 / F16 bits
+        bits, (unsigned, mask, exponent) = value.data, _PACKED[value.format]
     elif isinstance(value, np.ndarray) and value.dtype in _FLOATS:
         bits, (unsigned, mask, exponent) = value, _FLOATS[value.dtype]
     else:
@@ -56,6 +57,20 @@ def scan(value) -> tuple[bool, bool]:
     flat = np.ascontiguousarray(bits.ravel(order="K")).view(unsigned)  # a view unless strided
     m = max_magnitude_bits(flat, unsigned(mask))
     return m < exponent, m > 0
+
+
+def _scan_blocks(data: np.ndarray, qtype) -> tuple[bool, bool]:
+    """``scan`` of ggml block rows: over the fp16 fields of every block, a chunk of blocks at a
+    time."""
+    blocks = data.reshape(-1, qtype.nbytes)
+    step = max(1, CHUNK // len(qtype.halves))
+    m = 0
+    for start in range(0, blocks.shape[0], step):
+        part = blocks[start:start + step]
+        for o in qtype.halves:
+            halves = np.ascontiguousarray(part[:, o:o + 2]).view(np.uint16).ravel()
+            m = max(m, max_magnitude_bits(halves, np.uint16(_F16[1])))
+    return m < _F16[2], m > 0
 
 
 def max_magnitude_bits(bits: np.ndarray, mask) -> int:

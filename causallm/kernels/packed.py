@@ -1,20 +1,16 @@
-"""Weights kept in their own precision: BF16, F16, and ggml's Q8_0 and Q4_0 blocks, with the
-matrix-vector kernels that widen them on the fly.
+"""Weights kept in their own precision: BF16, F16, and every ggml block type, with their kernels.
 
 A packed matrix has R rows of C values along C, as ggml and PyTorch store a Linear weight
-[out, in] and an embedding table [vocab, hidden]. The values::
+[out, in] and an embedding table [vocab, hidden]. Its ``data``::
 
-    BF16   bits uint16 (R, C):       w[r, c] = float32(bits << 16)
-    F16    bits uint16 (R, C):       w[r, c] = IEEE half bits
-    Q8_0   blocks of 32 values:      w[r, 32b + k] = d[r, b] * qs[r, 32b + k]       (qs int8)
-    Q4_0   blocks of 32 values:      w[r, 32b + k] = d[r, b] * (nibble k - 8), nibbles k and
-                                     k + 16 in byte k of the block's 16 bytes
+    BF16   bits uint16 (R, C):            w[r, c] = float32(bits << 16)
+    F16    bits uint16 (R, C):            w[r, c] = IEEE half bits
+    Q4_0, Q8_0, Q4_K, ... (quant.QTYPES)  uint8 (R, C / QK * block bytes): each row's ggml
+                                          blocks, exactly as a GGUF file stores them
 
-(ggml's ``block_q8_0`` / ``block_q4_0``; d is fp16.) BF16 and F16 are held as their rows of
-bits; Q8_0 and Q4_0 as tiles of 16 rows that the int8 kernels read (quant.py).
-``quantize_q8_0`` and ``quantize_q4_0`` round as ggml's reference quantizers do
-(``quantize_row_q8_0_ref``, ``quantize_row_q4_0_ref``), so a model quantized here equals one
-quantized by llama.cpp.
+so a memory-mapped tensor is held without a copy. ``quantize_q8_0`` and ``quantize_q4_0``
+round as ggml's reference quantizers do (``quantize_row_q8_0_ref``, ``quantize_row_q4_0_ref``),
+so a model quantized here equals one quantized by llama.cpp.
 
 ``PackedMatrix`` holds one and knows its logical shape: a fully connected weight is the logical
 (K, N) = [in, out] of rows (N, K) (``transposed``, as the transpose view of a PyTorch weight);
@@ -23,11 +19,11 @@ transposed packed weight::
 
     y[b, y_row + i] = x[b, x_row + i] @ W + bias          W = the logical (K, N)
 
-Q8_0 and Q4_0 multiply int8-quantized activations, for any number of rows (quant.py). BF16 and
-F16, for a few rows (decode, memory bound), stream the bits and widen them in registers,
-parallel over blocks of output rows; for many rows (prefill, compute bound) the matrix is
-widened into a reused float32 buffer and numpy's BLAS multiplies, as for float32 weights
-(``linear.BLAS_MIN_ROWS``).
+A block type multiplies activations rounded as ggml rounds them for that type, for any number
+of rows (quant.py). BF16 and F16, for a few rows (decode, memory bound), stream the bits and
+widen them in registers, parallel over blocks of output rows; for many rows (prefill, compute
+bound) the matrix is widened into a reused float32 buffer and numpy's BLAS multiplies, as for
+float32 weights (``linear.BLAS_MIN_ROWS``).
 """
 
 from __future__ import annotations
@@ -41,7 +37,8 @@ from causallm.kernels.simd import bf16_to_f32, f16_to_f32
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 BLOCK = 32  # values per Q8_0 / Q4_0 block
-FORMATS = ("BF16", "F16", "Q8_0", "Q4_0")
+FORMATS = ("BF16", "F16", *quant.QTYPES)
+"""Every format a PackedMatrix holds."""
 
 
 # -- decode kernels: columns [n0, n1) of y = x @ W + bias, W the packed (K, N) ------------------
@@ -153,9 +150,11 @@ def _quantize_q4_0(rows, qs, d):
 
 
 _PACK_CHUNK = 1024
-"""Rows widened and packed at a time (a multiple of quant.ROWS): a conversion's float32 copy
-stays one chunk (4 MiB at 1024 values a row), not the matrix (a 150k-token embedding table is
-600 MB in float32)."""
+"""Rows widened and packed at a time: a conversion's float32 copy stays one chunk (4 MiB at
+1024 values a row), not the matrix (a 150k-token embedding table is 600 MB in float32)."""
+
+QUANTIZABLE = ("Q8_0", "Q4_0")
+"""Block types a float matrix can be quantized to here."""
 
 
 def _quantize(fmt: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -170,20 +169,18 @@ def _quantize(fmt: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qs, d.astype(np.float16).astype(np.float32)
 
 
-def pack_rows(fmt: str, R: int, C: int, rows_of) -> tuple[np.ndarray, np.ndarray | None]:
-    """(data, scales) as a PackedMatrix of ``fmt`` holds them for the rows (R, C) that
-    ``rows_of(r0, r1)`` gives a chunk at a time as float32; BF16 rounds to nearest even (as
-    torch), F16 as numpy, Q8_0 / Q4_0 as ggml's reference quantizers (C a multiple of 32), then
-    in tiles (quant.py)."""
+def pack_rows(fmt: str, R: int, C: int, rows_of) -> np.ndarray:
+    """The data a PackedMatrix of ``fmt`` holds for the rows (R, C) that ``rows_of(r0, r1)``
+    gives a chunk at a time as float32: BF16 rounds to nearest even (as torch), F16 as numpy,
+    Q8_0 / Q4_0 as ggml's reference quantizers (C a multiple of 32)."""
     if fmt in ("BF16", "F16"):
         data = np.empty((R, C), dtype=np.uint16)
-        scales = None
-    else:
+    elif fmt in QUANTIZABLE:
         if C % BLOCK:
             raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got {C}")
-        G = (R + quant.ROWS - 1) // quant.ROWS
-        data = np.empty((G, C // BLOCK, quant.TILE_BYTES[fmt]), dtype=np.uint8)
-        scales = np.empty((G, C // BLOCK, quant.ROWS), dtype=np.uint16)
+        data = np.empty((R, quant.QTYPES[fmt].row_bytes(C)), dtype=np.uint8)
+    else:
+        raise ValueError(f"cannot quantize to {fmt} (only to {', '.join(QUANTIZABLE)})")
     for r0 in range(0, R, _PACK_CHUNK):
         r1 = min(R, r0 + _PACK_CHUNK)
         x = np.ascontiguousarray(rows_of(r0, r1), dtype=np.float32)
@@ -193,9 +190,8 @@ def pack_rows(fmt: str, R: int, C: int, rows_of) -> tuple[np.ndarray, np.ndarray
         elif fmt == "F16":
             data[r0:r1] = x.astype(np.float16).view(np.uint16)
         else:
-            g0, g1 = r0 // quant.ROWS, (r1 + quant.ROWS - 1) // quant.ROWS
-            data[g0:g1], scales[g0:g1] = quant.tile_blocks(fmt, *_quantize(fmt, x))
-    return data, scales
+            data[r0:r1] = rows_to_ggml_blocks(fmt, *_quantize(fmt, x))
+    return data
 
 
 def quantize_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,50 +250,49 @@ def _widened(w: "PackedMatrix") -> np.ndarray:
 class PackedMatrix:
     """A matrix of R rows of C values in one of FORMATS (module docstring), its logical shape
     (C, R) when ``transposed`` (a Linear weight [in, out]), else (R, C) (an embedding table).
+    ``data`` is read-only: often a view of a memory-mapped file."""
 
-    ``data`` holds BF16 / F16 rows as their bits (R, C), Q8_0 / Q4_0 rows as tiles with their
-    ``scales`` (quant.py); ``fromBlocks`` makes one of plain ggml block rows and ``blocks`` gives
-    them back."""
-
-    def __init__(self, fmt: str, data: np.ndarray, scales: np.ndarray | None = None,
-                 transposed: bool = True, rows: int | None = None) -> None:
+    def __init__(self, fmt: str, data: np.ndarray, transposed: bool = True) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown packed format {fmt!r}")
-        self.format, self.data, self.scales, self.transposed = fmt, data, scales, transposed
-        if fmt in quant.TILE_BYTES:
-            R = data.shape[0] * quant.ROWS if rows is None else rows
-            C = data.shape[1] * BLOCK
-        else:
-            R, C = data.shape
+        self.format, self.data, self.transposed = fmt, data, transposed
+        self.qtype = quant.QTYPES.get(fmt)
+        want = "uint16 bits" if self.qtype is None else "uint8 rows of whole blocks"
+        if data.ndim != 2 or data.dtype != (np.uint16 if self.qtype is None else np.uint8) \
+                or (self.qtype is not None and data.shape[1] % self.qtype.nbytes):
+            raise ValueError(f"{fmt} data must be {want} (R, ...), got {data.dtype} {data.shape}")
+        R, C = data.shape
+        if self.qtype is not None:
+            C = C // self.qtype.nbytes * self.qtype.qk
+        if data.flags.writeable:  # one compiled kernel for file views and arrays of our own
+            self.data = data = data.view()
+            data.flags.writeable = False
         self.rows_shape = (R, C)
         self.shape = (C, R) if transposed else (R, C)
         self.dtype = fmt
 
     @classmethod
-    def fromBlocks(cls, fmt: str, qs: np.ndarray, d: np.ndarray,
-                   transposed: bool = True) -> "PackedMatrix":
-        """A Q8_0 / Q4_0 matrix of plain ggml block rows: qs (R, C) int8 or (R, C/2) uint8
-        (nibbles j and j + 16 of a block in byte j), d (R, C/32) the fp16 scales' values."""
-        return cls(fmt, *quant.tile_blocks(fmt, qs, d), transposed, rows=d.shape[0])
-
-    @classmethod
     def fromFloat(cls, fmt: str, rows: np.ndarray, transposed: bool = True) -> "PackedMatrix":
         """Float rows (R, C) (any strides) packed as ``fmt`` (pack_rows)."""
         R, C = rows.shape
-        return cls(fmt, *pack_rows(fmt, R, C, lambda r0, r1: rows[r0:r1]), transposed, R)
+        return cls(fmt, pack_rows(fmt, R, C, lambda r0, r1: rows[r0:r1]), transposed)
 
     def to(self, fmt: str) -> "PackedMatrix":
         """The same matrix packed as ``fmt``: its rows widened a chunk at a time."""
         if fmt == self.format:
             return self
         R, C = self.rows_shape
-        return PackedMatrix(fmt, *pack_rows(fmt, R, C, self.rowsFloat), self.transposed, R)
+        return PackedMatrix(fmt, pack_rows(fmt, R, C, self.rowsFloat), self.transposed)
 
     def oriented(self, transposed: bool) -> "PackedMatrix":
         """The same rows read as a Linear weight (``transposed``) or as a table."""
         if transposed == self.transposed:
             return self
-        return PackedMatrix(self.format, self.data, self.scales, transposed, self.rows_shape[0])
+        return PackedMatrix(self.format, self.data, transposed)
+
+    def takeRows(self, index: np.ndarray) -> "PackedMatrix":
+        """A new matrix of rows ``index`` (a copy of their bytes, as stored)."""
+        return PackedMatrix(self.format, np.ascontiguousarray(self.data[index]), self.transposed)
 
     @property
     def T(self) -> "PackedMatrix":
@@ -305,20 +300,16 @@ class PackedMatrix:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
-
-    def blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        """A Q8_0 / Q4_0 matrix's rows as plain ggml blocks (qs, d), as ``fromBlocks`` takes."""
-        return quant.untile_blocks(self.format, self.data, self.scales, 0, self.rows_shape[0])
+        return self.data.nbytes
 
     def rowsFloat(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """The rows [r0, r1) (all by default) as a new float32 array."""
         r1 = self.rows_shape[0] if r1 is None else r1
         out = np.empty((r1 - r0, self.rows_shape[1]), dtype=np.float32)
-        if self.scales is None:
+        if self.qtype is None:
             _widen_bits(self.format, self.data[r0:r1], out)
         else:
-            quant.gather_rows(self.format, self.data, self.scales, np.arange(r0, r1), out)
+            quant.dequantize_rows(self.qtype, self.data, np.arange(r0, r1), out)
         return out
 
     def toFloat(self) -> np.ndarray:
@@ -335,18 +326,18 @@ class PackedMatrix:
 
     def gather(self, index: np.ndarray, out: np.ndarray) -> None:
         """Rows ``index`` (int array) as float32 into ``out`` (len(index), C)."""
-        if self.scales is None:
+        if self.qtype is None:
             _widen_bits(self.format, self.data[index], out)
         else:
-            quant.gather_rows(self.format, self.data, self.scales, index, out)
+            quant.dequantize_rows(self.qtype, self.data, index, out)
 
 
 def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     """``linear`` for a transposed packed weight (module docstring)."""
     N = w.rows_shape[0]
     fmt, a = w.format, w.data
-    if w.scales is not None:
-        quant.tiles_linear(fmt, a, w.scales, N, x, bias, y, x_row, y_row, nrows)
+    if w.qtype is not None:
+        quant.linear(w.qtype, a, x, bias, y, x_row, y_row, nrows)
         return
     if nrows >= BLAS_MIN_ROWS:
         W = _widened(w).T

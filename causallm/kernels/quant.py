@@ -1,271 +1,715 @@
-"""Q8_0 and Q4_0 weights in row tiles, multiplied by int8-quantized activations.
+"""ggml's quantized types, multiplied on the bytes as a GGUF file stores them.
 
-ggml's Q8_0 / Q4_0 cut each row into blocks of 32 values with one scale ``d`` per block. Here a
-matrix of R rows is held as tiles of 16 rows: tile (g, b) holds block b of rows 16g .. 16g + 15,
-interleaved four bytes at a time so that one 64-byte vector holds four bytes of each of the 16
-rows (the role of ggml's and NNTrainer's q4_0x8 repack, for 16 rows)::
+A quantized matrix of R rows of C values is a uint8 array (R, C / QK * BYTES): each row is
+C / QK blocks of one ggml type (ggml-common.h), laid out as in the file, so a memory-mapped
+tensor is used without a copy. The types (QK values and BYTES bytes a block; the activation
+blocks each is multiplied with)::
 
-    scales  uint16 (G, nb, 16)   fp16 bits of d for rows 16g + r, r < 16
-    Q8_0    data uint8 (G, nb, 512): byte 64c + 4r + j = qs[16g + r, 32b + 4c + j] + 128  (c < 8)
-    Q4_0    data uint8 (G, nb, 256): byte 64c + 4r + j = qs[16g + r, 16b + 4c + j]         (c < 4)
-            (a Q4_0 byte holds two values: low nibble 32b + 4c + j, high nibble 32b + 16 + 4c + j)
+    type    QK   BYTES  value of element j of a block                         activations
+    Q4_0    32   18     d * (q_j - 8),  q_j a nibble (j < 16 low, else high)  Q8_0
+    Q4_1    32   20     d * q_j + m                                           Q8_1
+    Q5_0    32   22     d * (q_j - 16), q_j = nibble | high bit j << 4        Q8_0
+    Q5_1    32   24     d * q_j + m,    q_j = nibble | high bit j << 4        Q8_1
+    Q8_0    32   34     d * q_j,        q_j int8                              Q8_0
+    IQ4_NL  32   18     d * T[q_j],     T the 16 non-uniform levels           Q8_0
+    Q2_K    256  84     d * s_k * q - dmin * m_k   (2-bit q, 4-bit s, m a 16)  Q8_K
+    Q3_K    256  110    d * (s_k - 32) * (q - 4 (+4 with its high bit))       Q8_K
+    Q4_K    256  144    d * s_k * q - dmin * m_k   (4-bit q, 6-bit s, m a 32)  Q8_K
+    Q5_K    256  176    the same with 5-bit q                                 Q8_K
+    Q6_K    256  210    d * s_k * (q - 32)         (6-bit q, int8 s a 16)      Q8_K
+    IQ4_XS  256  136    d * (s_k - 32) * T[q]      (6-bit s a 32)              Q8_K
 
-G = ceil(R / 16), nb = C / 32; rows past R are zeros with d = 0. A Q8_0 value is stored plus
-128 so that every weight byte is unsigned.
+(d, dmin, m: fp16; the exact bit layouts are in the dequantizers below.) As ggml does, a row of
+activations x is first rounded to blocks of its type's activation format, one per block of the
+weights (``quantize_activations``)::
 
-``tiles_linear`` computes y = x @ W + bias for W the logical (K, N) of rows (N, K), as ggml's
-``vec_dot_q4_0_q8_0`` / ``vec_dot_q8_0_q8_0`` do: each row of x is first quantized to Q8_0
-blocks (``quantize_activations``: dx = max|x| / 127 in float32, qx = round(x / dx)), then for
-every block one exact integer dot product of bytes, scaled::
+    Q8_0   blocks of 32: d = fp16(max|x| / 127), q = round(x * 127 / max|x|)  (ties to even)
+    Q8_1   the same, and s = fp16(d * sum q) (before d is rounded)
+    Q8_K   blocks of 256: d = 1 / (-127 / x_m), q = min(127, round(-127 / x_m * x)), x_m the
+           value of largest magnitude; and bsums, the sums of q over each 16
 
-    y[t, n] = sum_b d[n, b] * dx[t, b] * (sum_k u[n, 32b + k] * qx[t, 32b + k] - o * sx[t, b])
+(ggml's x86 ``quantize_row_q8_0`` / ``q8_1`` and ``quantize_row_q8_K_ref``), then every output
+is the blocks' exact integer dot products, scaled::
 
-with u the unsigned weight byte (Q4_0: the nibble, o = 8; Q8_0: q + 128, o = 128) and sx[t, b]
-the sum of the block's qx. The integer sums run 64 bytes at a time (``simd.dpbusd_bcast``): the
-16 lanes of one vector are the 16 rows of a tile, so a tile's partial sums never leave a
-register and a lane ends as one output. Prefill multiplies a tile by four activation rows at a
-time, reusing its unpacked weights. The activations' rounding is the only difference from a
-float product of the dequantized weights, and is the same as llama.cpp's.
+    y[t, n] = sum_b dw[n, b] * dx[t, b] * sum_j qw[n, b, j] * qx[t, b, j]  (+ the offset terms)
+
+so a result equals ggml's ``vec_dot_<type>_<activation>`` to float rounding. The sub-block
+scales of the K types multiply the int16 pair sums (``madd``), their offsets and mins meet the
+activation sums (s, bsums), all in integers. ``linear`` runs it for every row of a call, parallel
+over blocks of output rows for a large matrix; ``dequantize_rows`` widens rows (an embedding
+lookup, or a check).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import njit, prange
+from numba.core.errors import NumbaIRAssumptionWarning
+from numba.core import types
+from numba.extending import overload
 
 from causallm.kernels.simd import (
-    dpbusd_bcast,
-    f16_to_f32,
-    fma_scaled,
-    lane,
-    load_u8x64,
-    nibbles_hi,
-    nibbles_lo,
-    splat_i32x16,
-    zero_f32x16,
+    band,
+    bits32,
+    bor,
+    bshl,
+    bshr,
+    bsub,
+    dot,
+    dot_signed,
+    f16,
+    fma,
+    hsum,
+    load32,
+    lookup,
+    madd,
+    maddubs,
+    nibbles,
+    round_f16,
+    splat16,
+    splat16x2,
+    table16,
+    zero32,
+    zerof,
+    add32,
 )
 
-BLOCK = 32  # values per block
-ROWS = 16   # rows per tile
-TILE_BYTES = {"Q8_0": 512, "Q4_0": 256}
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
+# numba's own consistency check flags the loops of a block function inlined into the row loop
+# ("variable ... is not in scope"); the code it compiles is right (every kernel is checked
+# against its twin), and inlining is what keeps the four rows' sums in registers.
+warnings.filterwarnings("ignore", category=NumbaIRAssumptionWarning)
 
-# -- layout ------------------------------------------------------------------------------------
+# ggml type ids (GGMLQuantizationType), the kernels' compile-time switch
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+IQ4_NL, IQ4_XS = 20, 23
 
-def _chunks(fmt: str) -> int:
-    return 8 if fmt == "Q8_0" else 4
-
-
-def tile_blocks(fmt: str, qs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Plain block rows (qs (R, C) int8 or (R, C/2) uint8, d (R, C/32) fp16 values) as tiles
-    (data, scales) of the module docstring."""
-    R, nb = d.shape
-    G = (R + ROWS - 1) // ROWS
-    q = np.zeros((G * ROWS, qs.shape[1]), dtype=np.uint8)
-    q[:R] = qs.view(np.uint8)
-    if fmt == "Q8_0":
-        q[:R] ^= 0x80                     # q + 128 as an unsigned byte
-    s = np.zeros((G * ROWS, nb), dtype=np.float16)
-    s[:R] = d
-    data = q.reshape(G, ROWS, nb, _chunks(fmt), 4).transpose(0, 2, 3, 1, 4)
-    return (np.ascontiguousarray(data).reshape(G, nb, TILE_BYTES[fmt]),
-            np.ascontiguousarray(s.reshape(G, ROWS, nb).transpose(0, 2, 1)).view(np.uint16))
+# activation formats
+ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = 0, 1, 2
 
 
-def untile_blocks(fmt: str, data: np.ndarray, scales: np.ndarray, r0: int, r1: int):
-    """Rows [r0, r1) of tiles back to plain block rows (qs, d float32)."""
-    G, nb = scales.shape[:2]
-    g0, g1 = r0 // ROWS, (r1 + ROWS - 1) // ROWS
-    q = data[g0:g1].reshape(g1 - g0, nb, _chunks(fmt), ROWS, 4).transpose(0, 3, 1, 2, 4)
-    q = q.reshape((g1 - g0) * ROWS, -1)[r0 - g0 * ROWS:r1 - g0 * ROWS]
-    d = scales[g0:g1].view(np.float16).transpose(0, 2, 1).reshape((g1 - g0) * ROWS, nb)
-    d = d[r0 - g0 * ROWS:r1 - g0 * ROWS].astype(np.float32)
-    if fmt == "Q8_0":
-        return (q ^ np.uint8(0x80)).view(np.int8), d
-    return np.ascontiguousarray(q), d
+class QType:
+    """A ggml block type: its id, values and bytes a block, its activations' format, and where
+    in a block its fp16 scales are (byte offsets)."""
+
+    def __init__(self, name: str, kind: int, qk: int, nbytes: int, act: int,
+                 halves: tuple[int, ...]) -> None:
+        self.name, self.kind, self.qk, self.nbytes, self.act = name, kind, qk, nbytes, act
+        self.halves = halves
+        self._kernels = None
+
+    @property
+    def kernels(self):
+        """(rows, rows_parallel, widen): this type's compiled entry points."""
+        if self._kernels is None:
+            self._kernels = _entry_points(self.kind, self.qk)
+        return self._kernels
+
+    def row_bytes(self, C: int) -> int:
+        return C // self.qk * self.nbytes
 
 
-@njit(cache=True)
-def _gather(data, scales, q4, index, out):
-    """out[i] = row index[i] of the tiles, dequantized."""
-    nb = scales.shape[1]
-    for i in range(index.shape[0]):
-        g, r = index[i] // ROWS, index[i] % ROWS
-        for b in range(nb):
-            d = f16_to_f32(scales[g, b, r])
-            o = out[i, b * BLOCK:(b + 1) * BLOCK]
-            if q4:
-                for c in range(4):
-                    for j in range(4):
-                        v = np.int32(data[g, b, 64 * c + 4 * r + j])
-                        o[4 * c + j] = d * np.float32((v & 15) - 8)
-                        o[16 + 4 * c + j] = d * np.float32((v >> 4) - 8)
-            else:
-                for c in range(8):
-                    for j in range(4):
-                        o[4 * c + j] = d * np.float32(np.int32(data[g, b, 64 * c + 4 * r + j]) - 128)
+QTYPES = {t.name: t for t in (
+    QType("Q4_0", Q4_0, 32, 18, ACT_Q8_0, (0,)), QType("Q4_1", Q4_1, 32, 20, ACT_Q8_1, (0, 2)),
+    QType("Q5_0", Q5_0, 32, 22, ACT_Q8_0, (0,)), QType("Q5_1", Q5_1, 32, 24, ACT_Q8_1, (0, 2)),
+    QType("Q8_0", Q8_0, 32, 34, ACT_Q8_0, (0,)), QType("IQ4_NL", IQ4_NL, 32, 18, ACT_Q8_0, (0,)),
+    QType("Q2_K", Q2_K, 256, 84, ACT_Q8_K, (80, 82)), QType("Q3_K", Q3_K, 256, 110, ACT_Q8_K, (108,)),
+    QType("Q4_K", Q4_K, 256, 144, ACT_Q8_K, (0, 2)), QType("Q5_K", Q5_K, 256, 176, ACT_Q8_K, (0, 2)),
+    QType("Q6_K", Q6_K, 256, 210, ACT_Q8_K, (208,)), QType("IQ4_XS", IQ4_XS, 256, 136, ACT_Q8_K, (0,)),
+)}
+"""Every quantized type with a kernel, by ggml's name."""
 
-
-def gather_rows(fmt: str, data, scales, index: np.ndarray, out: np.ndarray) -> None:
-    """Rows ``index`` of the tiles as float32 into ``out`` (len(index), C)."""
-    _gather(data, scales, fmt == "Q4_0", np.asarray(index, dtype=np.int64), out)
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.int8)
+"""ggml's ``kvalues_iq4nl``: the 16 levels of IQ4_NL / IQ4_XS."""
 
 
 # -- activations ---------------------------------------------------------------------------------
 
+@njit(cache=True, fastmath={"contract"})
+def _q8_block(x, o, n, q):
+    """Elements [o, o + n) of x as Q8_0 / Q8_1 (module docstring): q, and (d unrounded, sum)."""
+    amax = np.float32(0.0)
+    for j in range(o, o + n):
+        amax = max(amax, abs(x[j]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    total = 0
+    for j in range(o, o + n):
+        v = np.int32(np.rint(x[j] * inv))
+        q[j] = v
+        total += v
+    return d, total
+
+
 @njit(cache=True)
-def _quantize_row(x, qx, dx, sx):
-    """One row as Q8_0 blocks: dx = max|x| / 127, qx = roundf(x / dx) (half away from zero, 0
-    when dx is 0), sx = the block's sum of qx."""
-    for b in range(x.shape[0] // BLOCK):
-        amax = np.float32(0.0)
-        for j in range(b * BLOCK, b * BLOCK + BLOCK):
-            amax = max(amax, abs(x[j]))
-        db = amax / np.float32(127.0)
-        inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
+def _q8k_block(x, o, q, bsums, bo):
+    """Elements [o, o + 256) of x as Q8_K: q, the 16 sums, and d (module docstring)."""
+    amax = np.float32(0.0)
+    xm = np.float32(0.0)
+    for j in range(o, o + 256):
+        if abs(x[j]) > amax:
+            amax = abs(x[j])
+            xm = x[j]
+    if amax == 0:
+        for j in range(o, o + 256):
+            q[j] = 0
+        for k in range(16):
+            bsums[bo + k] = 0
+        return np.float32(0.0)
+    iscale = np.float32(-127.0) / xm
+    for k in range(16):
         s = 0
-        for j in range(b * BLOCK, b * BLOCK + BLOCK):
-            v = x[j] * inv
-            q = np.int32(np.trunc(v + (np.float32(0.5) if v >= 0 else np.float32(-0.5))))
-            qx[j] = q
-            s += q
-        dx[b] = db
-        sx[b] = s
+        for j in range(o + 16 * k, o + 16 * k + 16):
+            v = min(127, np.int32(np.rint(iscale * x[j])))
+            q[j] = v
+            s += v
+        bsums[bo + k] = s
+    return np.float32(1.0) / iscale
 
 
 @njit(cache=True)
-def _quantize_serial(x, x_row, nrows, qx, dx, sx):
+def _quantize_row(act, x, q, d, s, u):
+    """One row x (K,) into q (K,) int8 and its scales d, s (float32) and sums u (int32)."""
+    K = x.shape[0]
+    if act == ACT_Q8_K:
+        for b in range(K // 256):
+            d[b] = _q8k_block(x, 256 * b, q, u, 16 * b)
+        return
+    for b in range(K // 32):
+        db, total = _q8_block(x, 32 * b, 32, q)
+        d[b] = round_f16(db)
+        u[b] = total
+        s[b] = round_f16(db * np.float32(total))
+
+
+@njit(cache=True)
+def _quantize_serial(act, x, x_row, nrows, q, d, s, u):
     for t in range(x.shape[0] * nrows):
-        _quantize_row(x[t // nrows, x_row + t % nrows], qx[t], dx[t], sx[t])
+        _quantize_row(act, x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
 
 
 @njit(cache=True, parallel=True)
-def _quantize_parallel(x, x_row, nrows, qx, dx, sx):
+def _quantize_parallel(act, x, x_row, nrows, q, d, s, u):
     for t in prange(x.shape[0] * nrows):
-        _quantize_row(x[t // nrows, x_row + t % nrows], qx[t], dx[t], sx[t])
+        _quantize_row(act, x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
 
 
-def quantize_activations(x, x_row, nrows, qx, dx, sx) -> None:
-    """Rows [x_row, x_row + nrows) of every batch of x (B, H, K) as Q8_0 blocks, batch-major into
-    qx int8 (B * nrows, K), dx float32 and sx int32 (B * nrows, K / 32) (``_quantize_row``)."""
-    if x.shape[0] * nrows >= 8:
-        _quantize_parallel(x, x_row, nrows, qx, dx, sx)
+class Activations:
+    """Reused buffers of quantized activation rows: q int8 (T, K); d (T, K / 32) float32 (the
+    block scales); s (T, K / 32) float32 (Q8_1's d * sum); u (T, K / 16) int32 (Q8_0's block
+    sums, Q8_K's bsums)."""
+
+    def __init__(self) -> None:
+        self._q = np.empty(0, np.int8)
+        self._d = np.empty(0, np.float32)
+        self._s = np.empty(0, np.float32)
+        self._u = np.empty(0, np.int32)
+
+    def take(self, T: int, K: int):
+        if self._q.size < T * K:
+            self._q = np.empty(T * K, np.int8)
+            self._d = np.empty(T * K // 32 + 1, np.float32)
+            self._s = np.empty(T * K // 32 + 1, np.float32)
+            self._u = np.empty(T * K // 16 + 1, np.int32)
+        return (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
+                self._s[:T * (K // 32)].reshape(T, K // 32),
+                self._u[:T * (K // 16)].reshape(T, K // 16))
+
+
+_activations = Activations()
+
+
+def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations = _activations):
+    """Rows [x_row, x_row + nrows) of every batch of x (B, H, K), batch-major, as ``act``
+    blocks: (q, d, s, u) as ``Activations`` holds them."""
+    T, K = x.shape[0] * nrows, x.shape[2]
+    q, d, s, u = bufs.take(T, K)
+    (_quantize_parallel if T >= 8 else _quantize_serial)(act, x, x_row, nrows, q, d, s, u)
+    return q, d, s, u
+
+
+# -- one row of weights with one row of activations ----------------------------------------------
+
+@njit(cache=True, inline="always")
+def _scale_min_k4(w, o, j):
+    """Sub-block j's 6-bit scale and min of a Q4_K / Q5_K block's 12 scale bytes at ``o``."""
+    if j < 4:
+        return np.int32(w[o + j] & 63), np.int32(w[o + j + 4] & 63)
+    return (np.int32((w[o + j + 4] & 15) | ((w[o + j - 4] >> 6) << 4)),
+            np.int32((w[o + j + 4] >> 4) | ((w[o + j] >> 6) << 4)))
+
+
+@njit(cache=True, inline="always")
+def _scale_q3(w, o, k):
+    """Scale k (0..15) of a Q3_K block's 12 scale bytes at ``o``, minus 32."""
+    b = k % 4
+    if k < 4:
+        v = (w[o + b] & 15) | ((w[o + 8 + b] & 3) << 4)
+    elif k < 8:
+        v = (w[o + 4 + b] & 15) | (((w[o + 8 + b] >> 2) & 3) << 4)
+    elif k < 12:
+        v = (w[o + b] >> 4) | (((w[o + 8 + b] >> 4) & 3) << 4)
     else:
-        _quantize_serial(x, x_row, nrows, qx, dx, sx)
+        v = (w[o + 4 + b] >> 4) | (((w[o + 8 + b] >> 6) & 3) << 4)
+    return np.int32(v) - 32
 
 
-# -- the product ---------------------------------------------------------------------------------
+# Each ``_block_<type>(acc, mins, w, b, x, d, s, u)``: block b of row w (its blocks' bytes)
+# times the same block of activation row x (q int8; d, s, u as quantized for the type), added
+# into a vector accumulator and a scalar one (the offsets and mins), as ggml's
+# ``vec_dot_<type>_<activation>`` sums it; the row's product is hsum(acc) + mins.
 
 @njit(cache=True, inline="always")
-def _unpacked(data, o, q4):
-    """The eight unsigned 64-byte vectors of a tile's block at flat offset ``o``: vector c meets
-    activation bytes 4c .. 4c + 3 of the block in every lane."""
-    if q4:
-        v0 = load_u8x64(data, o)
-        v1 = load_u8x64(data, o + 64)
-        v2 = load_u8x64(data, o + 128)
-        v3 = load_u8x64(data, o + 192)
-        return (nibbles_lo(v0), nibbles_lo(v1), nibbles_lo(v2), nibbles_lo(v3),
-                nibbles_hi(v0), nibbles_hi(v1), nibbles_hi(v2), nibbles_hi(v3))
-    return (load_u8x64(data, o), load_u8x64(data, o + 64), load_u8x64(data, o + 128),
-            load_u8x64(data, o + 192), load_u8x64(data, o + 256), load_u8x64(data, o + 320),
-            load_u8x64(data, o + 384), load_u8x64(data, o + 448))
+def _block_q8_0(acc, mins, w, b, x, d, s, u):
+    o = 34 * b
+    return fma(acc, dot_signed(zero32(), load32(w, o + 2), load32(x, 32 * b)),
+               f16(w, o) * d[b]), mins
 
 
 @njit(cache=True, inline="always")
-def _dot(w, qx, xo, start):
-    """start + the block's integer dot products, a lane per row."""
-    acc = dpbusd_bcast(start, w[0], qx, xo)
-    acc = dpbusd_bcast(acc, w[1], qx, xo + 4)
-    acc = dpbusd_bcast(acc, w[2], qx, xo + 8)
-    acc = dpbusd_bcast(acc, w[3], qx, xo + 12)
-    acc = dpbusd_bcast(acc, w[4], qx, xo + 16)
-    acc = dpbusd_bcast(acc, w[5], qx, xo + 20)
-    acc = dpbusd_bcast(acc, w[6], qx, xo + 24)
-    return dpbusd_bcast(acc, w[7], qx, xo + 28)
+def _block_q4_0(acc, mins, w, b, x, d, s, u):
+    o = 18 * b
+    qw = bsub(nibbles(w, o + 2), 8)
+    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
 
 
 @njit(cache=True, inline="always")
-def _store(acc, y, t, nrows, y_row, bias, n0, N):
-    b, i = t // nrows, y_row + t % nrows
-    for r in range(min(ROWS, N - n0)):
-        v = lane(acc, r)
-        y[b, i, n0 + r] = v + bias[n0 + r] if bias.shape[0] > 0 else v
+def _block_q5_0(acc, mins, w, b, x, d, s, u):
+    o = 22 * b
+    qw = bsub(bor(nibbles(w, o + 6), band(bits32(w, o + 2), 16)), 16)
+    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
 
+
+@njit(cache=True, inline="always")
+def _block_iq4_nl(acc, mins, w, b, x, d, s, u):
+    o = 18 * b
+    qw = lookup(table16(IQ4_LEVELS, 0), nibbles(w, o + 2))
+    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
+
+
+@njit(cache=True, inline="always")
+def _block_q4_1(acc, mins, w, b, x, d, s, u):
+    o = 20 * b
+    acc = fma(acc, dot(zero32(), nibbles(w, o + 4), load32(x, 32 * b)), f16(w, o) * d[b])
+    return acc, mins + f16(w, o + 2) * s[b]
+
+
+@njit(cache=True, inline="always")
+def _block_q5_1(acc, mins, w, b, x, d, s, u):
+    o = 24 * b
+    qw = bor(nibbles(w, o + 8), band(bits32(w, o + 4), 16))
+    acc = fma(acc, dot(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b])
+    return acc, mins + f16(w, o + 2) * s[b]
+
+
+@njit(cache=True, inline="always")
+def _block_q4_k(acc, mins, w, i, x, d, s, u):
+    o, xo, uo = 144 * i, 256 * i, 16 * i
+    total = zero32()
+    msum = 0
+    for j in range(4):
+        q = load32(w, o + 16 + 32 * j)
+        sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
+        sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+        total = add32(total, madd(maddubs(band(q, 15), load32(x, xo + 64 * j)), splat16(sc0)))
+        total = add32(total, madd(maddubs(bshr(q, 4), load32(x, xo + 64 * j + 32)),
+                                  splat16(sc1)))
+        msum += (m0 * (u[uo + 4 * j] + u[uo + 4 * j + 1])
+                 + m1 * (u[uo + 4 * j + 2] + u[uo + 4 * j + 3]))
+    acc = fma(acc, total, f16(w, o) * d[i])
+    return acc, mins - f16(w, o + 2) * d[i] * np.float32(msum)
+
+
+@njit(cache=True, inline="always")
+def _block_q5_k(acc, mins, w, i, x, d, s, u):
+    o, xo, uo = 176 * i, 256 * i, 16 * i
+    hb = load32(w, o + 16)
+    total = zero32()
+    msum = 0
+    for j in range(4):
+        q = load32(w, o + 48 + 32 * j)
+        lo = bor(band(q, 15), bshl(band(bshr(hb, 2 * j), 1), 4))
+        hi = bor(bshr(q, 4), bshl(band(bshr(hb, 2 * j + 1), 1), 4))
+        sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
+        sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+        total = add32(total, madd(maddubs(lo, load32(x, xo + 64 * j)), splat16(sc0)))
+        total = add32(total, madd(maddubs(hi, load32(x, xo + 64 * j + 32)), splat16(sc1)))
+        msum += (m0 * (u[uo + 4 * j] + u[uo + 4 * j + 1])
+                 + m1 * (u[uo + 4 * j + 2] + u[uo + 4 * j + 3]))
+    acc = fma(acc, total, f16(w, o) * d[i])
+    return acc, mins - f16(w, o + 2) * d[i] * np.float32(msum)
+
+
+@njit(cache=True, inline="always")
+def _block_q6_k(acc, mins, w, i, x, d, s, u):
+    o, xo, uo = 210 * i, 256 * i, 16 * i
+    total = zero32()
+    for h in range(2):
+        q1 = load32(w, o + 64 * h)
+        q2 = load32(w, o + 64 * h + 32)
+        qh = load32(w, o + 128 + 32 * h)
+        so, xh = o + 192 + 8 * h, xo + 128 * h
+        v0 = bor(band(q1, 15), bshl(band(qh, 3), 4))
+        v1 = bor(band(q2, 15), bshl(band(qh, 12), 2))
+        v2 = bor(bshr(q1, 4), band(qh, 48))
+        v3 = bor(bshr(q2, 4), bshr(band(qh, 192), 2))
+        total = add32(total, madd(maddubs(v0, load32(x, xh)),
+                                  splat16x2(np.int8(w[so]), np.int8(w[so + 1]))))
+        total = add32(total, madd(maddubs(v1, load32(x, xh + 32)),
+                                  splat16x2(np.int8(w[so + 2]), np.int8(w[so + 3]))))
+        total = add32(total, madd(maddubs(v2, load32(x, xh + 64)),
+                                  splat16x2(np.int8(w[so + 4]), np.int8(w[so + 5]))))
+        total = add32(total, madd(maddubs(v3, load32(x, xh + 96)),
+                                  splat16x2(np.int8(w[so + 6]), np.int8(w[so + 7]))))
+    offset = 0
+    for k in range(16):
+        offset += np.int32(np.int8(w[o + 192 + k])) * u[uo + k]
+    dd = f16(w, o + 208) * d[i]
+    return fma(acc, total, dd), mins - dd * np.float32(32 * offset)
+
+
+@njit(cache=True, inline="always")
+def _block_q3_k(acc, mins, w, i, x, d, s, u):
+    o, xo, uo = 110 * i, 256 * i, 16 * i
+    hm = load32(w, o)
+    total = zero32()
+    offset = 0
+    for h in range(2):
+        q = load32(w, o + 32 + 32 * h)
+        for j in range(4):
+            v = bor(band(bshr(q, 2 * j), 3), bshl(band(bshr(hm, 4 * h + j), 1), 2))
+            k = 8 * h + 2 * j
+            sa, sb = _scale_q3(w, o + 96, k), _scale_q3(w, o + 96, k + 1)
+            total = add32(total, madd(maddubs(v, load32(x, xo + 128 * h + 32 * j)),
+                                      splat16x2(sa, sb)))
+            offset += sa * u[uo + k] + sb * u[uo + k + 1]
+    dd = f16(w, o + 108) * d[i]
+    return fma(acc, total, dd), mins - dd * np.float32(4 * offset)
+
+
+@njit(cache=True, inline="always")
+def _block_q2_k(acc, mins, w, i, x, d, s, u):
+    o, xo, uo = 84 * i, 256 * i, 16 * i
+    total = zero32()
+    msum = 0
+    for h in range(2):
+        q = load32(w, o + 16 + 32 * h)
+        for j in range(4):
+            k = 8 * h + 2 * j
+            sa, sb = np.int32(w[o + k]), np.int32(w[o + k + 1])
+            total = add32(total, madd(maddubs(band(bshr(q, 2 * j), 3),
+                                              load32(x, xo + 128 * h + 32 * j)),
+                                      splat16x2(sa & 15, sb & 15)))
+            msum += (sa >> 4) * u[uo + k] + (sb >> 4) * u[uo + k + 1]
+    acc = fma(acc, total, f16(w, o + 80) * d[i])
+    return acc, mins - f16(w, o + 82) * d[i] * np.float32(msum)
+
+
+@njit(cache=True, inline="always")
+def _block_iq4_xs(acc, mins, w, i, x, d, s, u):
+    o, xo = 136 * i, 256 * i
+    table = table16(IQ4_LEVELS, 0)
+    dd = f16(w, o) * d[i]
+    sh = np.int32(w[o + 2]) | (np.int32(w[o + 3]) << 8)
+    for j in range(8):
+        ls = ((np.int32(w[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        qw = lookup(table, nibbles(w, o + 8 + 16 * j))
+        acc = fma(acc, dot_signed(zero32(), qw, load32(x, xo + 32 * j)), dd * np.float32(ls - 32))
+    return acc, mins
+
+
+_BLOCKS = {Q4_0: _block_q4_0, Q4_1: _block_q4_1, Q5_0: _block_q5_0, Q5_1: _block_q5_1,
+           Q8_0: _block_q8_0, IQ4_NL: _block_iq4_nl, Q2_K: _block_q2_k, Q3_K: _block_q3_k,
+           Q4_K: _block_q4_k, Q5_K: _block_q5_k, Q6_K: _block_q6_k, IQ4_XS: _block_iq4_xs}
+
+
+def _block(kind, acc, mins, w, b, x, d, s, u):
+    """``_block_<type>`` of the type ``kind`` (a literal: only that type's code is compiled)."""
+
+
+@overload(_block, inline="always")
+def _block_of(kind, acc, mins, w, b, x, d, s, u):
+    if not isinstance(kind, types.IntegerLiteral):
+        return None  # typed again with the literal the entry points pass
+    fn = _BLOCKS[kind.literal_value]
+
+    def impl(kind, acc, mins, w, b, x, d, s, u):
+        return fn(acc, mins, w, b, x, d, s, u)
+    return impl
+
+
+@njit(cache=True, inline="always")
+def _dot4(kind, qk, w0, w1, w2, w3, x, d, s, u):
+    """Rows w0..w3 times activation row x: four independent sums, block by block (each block
+    of x loaded once for the four rows)."""
+    a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
+    m0 = m1 = m2 = m3 = np.float32(0.0)
+    for b in range(x.shape[0] // qk):
+        a0, m0 = _block(kind, a0, m0, w0, b, x, d, s, u)
+        a1, m1 = _block(kind, a1, m1, w1, b, x, d, s, u)
+        a2, m2 = _block(kind, a2, m2, w2, b, x, d, s, u)
+        a3, m3 = _block(kind, a3, m3, w3, b, x, d, s, u)
+    return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
+
+
+# -- widening ---------------------------------------------------------------------------------------
+# Each ``_widen_<type>(w, out)``: row w (its blocks' bytes) as float32 into out (C,), as ggml's
+# ``dequantize_row_<type>``.
+
+@njit(cache=True)
+def _widen_q4_0(w, out):
+    for b in range(out.shape[0] // 32):
+        dd = f16(w, 18 * b)
+        for j in range(16):
+            v = np.int32(w[18 * b + 2 + j])
+            out[32 * b + j] = dd * np.float32((v & 15) - 8)
+            out[32 * b + 16 + j] = dd * np.float32((v >> 4) - 8)
+
+
+@njit(cache=True)
+def _widen_iq4_nl(w, out):
+    for b in range(out.shape[0] // 32):
+        dd = f16(w, 18 * b)
+        for j in range(16):
+            v = np.int32(w[18 * b + 2 + j])
+            out[32 * b + j] = dd * np.float32(IQ4_LEVELS[v & 15])
+            out[32 * b + 16 + j] = dd * np.float32(IQ4_LEVELS[v >> 4])
+
+
+@njit(cache=True)
+def _widen_q4_1(w, out):
+    for b in range(out.shape[0] // 32):
+        dd, m = f16(w, 20 * b), f16(w, 20 * b + 2)
+        for j in range(16):
+            v = np.int32(w[20 * b + 4 + j])
+            out[32 * b + j] = dd * np.float32(v & 15) + m
+            out[32 * b + 16 + j] = dd * np.float32(v >> 4) + m
+
+
+@njit(cache=True)
+def _high_bits(w, o):
+    """The 32 high bits of a Q5_0 / Q5_1 block at byte ``o`` (little-endian)."""
+    return (np.int64(w[o]) | (np.int64(w[o + 1]) << 8) | (np.int64(w[o + 2]) << 16)
+            | (np.int64(w[o + 3]) << 24))
+
+
+@njit(cache=True)
+def _widen_q5_0(w, out):
+    for b in range(out.shape[0] // 32):
+        o = 22 * b
+        dd, qh = f16(w, o), _high_bits(w, o + 2)
+        for j in range(16):
+            v = np.int64(w[o + 6 + j])
+            out[32 * b + j] = dd * np.float32(((v & 15) | (((qh >> j) & 1) << 4)) - 16)
+            out[32 * b + 16 + j] = dd * np.float32(((v >> 4) | (((qh >> (j + 16)) & 1) << 4))
+                                                   - 16)
+
+
+@njit(cache=True)
+def _widen_q5_1(w, out):
+    for b in range(out.shape[0] // 32):
+        o = 24 * b
+        dd, m, qh = f16(w, o), f16(w, o + 2), _high_bits(w, o + 4)
+        for j in range(16):
+            v = np.int64(w[o + 8 + j])
+            out[32 * b + j] = dd * np.float32((v & 15) | (((qh >> j) & 1) << 4)) + m
+            out[32 * b + 16 + j] = dd * np.float32((v >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m
+
+
+@njit(cache=True)
+def _widen_q8_0(w, out):
+    for b in range(out.shape[0] // 32):
+        dd = f16(w, 34 * b)
+        for j in range(32):
+            out[32 * b + j] = dd * np.float32(np.int8(w[34 * b + 2 + j]))
+
+
+@njit(cache=True)
+def _widen_q4_k(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 144 * i
+        dd, dmin = f16(w, o), f16(w, o + 2)
+        for j in range(4):
+            sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
+            sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+            for l in range(32):
+                v = np.int32(w[o + 16 + 32 * j + l])
+                out[256 * i + 64 * j + l] = (dd * np.float32(sc0) * np.float32(v & 15)
+                                             - dmin * np.float32(m0))
+                out[256 * i + 64 * j + 32 + l] = (dd * np.float32(sc1) * np.float32(v >> 4)
+                                                  - dmin * np.float32(m1))
+
+
+@njit(cache=True)
+def _widen_q5_k(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 176 * i
+        dd, dmin = f16(w, o), f16(w, o + 2)
+        for j in range(4):
+            sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
+            sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+            for l in range(32):
+                v, h = np.int32(w[o + 48 + 32 * j + l]), np.int32(w[o + 16 + l])
+                lo = (v & 15) | (((h >> (2 * j)) & 1) << 4)
+                hi = (v >> 4) | (((h >> (2 * j + 1)) & 1) << 4)
+                out[256 * i + 64 * j + l] = (dd * np.float32(sc0) * np.float32(lo)
+                                             - dmin * np.float32(m0))
+                out[256 * i + 64 * j + 32 + l] = (dd * np.float32(sc1) * np.float32(hi)
+                                                  - dmin * np.float32(m1))
+
+
+@njit(cache=True)
+def _widen_q6_k(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 210 * i
+        dd = f16(w, o + 208)
+        for h in range(2):
+            for l in range(32):
+                q1, q2 = np.int32(w[o + 64 * h + l]), np.int32(w[o + 64 * h + 32 + l])
+                qh = np.int32(w[o + 128 + 32 * h + l])
+                sc = o + 192 + 8 * h + l // 16
+                v = 256 * i + 128 * h + l
+                out[v] = dd * np.float32(np.int8(w[sc])) * \
+                    np.float32(((q1 & 15) | ((qh & 3) << 4)) - 32)
+                out[v + 32] = dd * np.float32(np.int8(w[sc + 2])) * \
+                    np.float32(((q2 & 15) | (((qh >> 2) & 3) << 4)) - 32)
+                out[v + 64] = dd * np.float32(np.int8(w[sc + 4])) * \
+                    np.float32(((q1 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                out[v + 96] = dd * np.float32(np.int8(w[sc + 6])) * \
+                    np.float32(((q2 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+
+
+@njit(cache=True)
+def _widen_q3_k(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 110 * i
+        dd = f16(w, o + 108)
+        for h in range(2):
+            for j in range(4):
+                for half in range(2):
+                    dl = dd * np.float32(_scale_q3(w, o + 96, 8 * h + 2 * j + half))
+                    for l in range(16 * half, 16 * half + 16):
+                        q = (np.int32(w[o + 32 + 32 * h + l]) >> (2 * j)) & 3
+                        high = (np.int32(w[o + l]) >> (4 * h + j)) & 1
+                        out[256 * i + 128 * h + 32 * j + l] = dl * np.float32(q - 4 + 4 * high)
+
+
+@njit(cache=True)
+def _widen_q2_k(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 84 * i
+        dd, dmin = f16(w, o + 80), f16(w, o + 82)
+        for h in range(2):
+            for j in range(4):
+                for half in range(2):
+                    sc = np.int32(w[o + 8 * h + 2 * j + half])
+                    dl, ml = dd * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                    for l in range(16 * half, 16 * half + 16):
+                        q = (np.int32(w[o + 16 + 32 * h + l]) >> (2 * j)) & 3
+                        out[256 * i + 128 * h + 32 * j + l] = dl * np.float32(q) - ml
+
+
+@njit(cache=True)
+def _widen_iq4_xs(w, out):
+    for i in range(out.shape[0] // 256):
+        o = 136 * i
+        dd = f16(w, o)
+        sh = np.int32(w[o + 2]) | (np.int32(w[o + 3]) << 8)
+        for j in range(8):
+            ls = ((np.int32(w[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | \
+                (((sh >> (2 * j)) & 3) << 4)
+            dl = dd * np.float32(ls - 32)
+            for l in range(16):
+                v = np.int32(w[o + 8 + 16 * j + l])
+                out[256 * i + 32 * j + l] = dl * np.float32(IQ4_LEVELS[v & 15])
+                out[256 * i + 32 * j + 16 + l] = dl * np.float32(IQ4_LEVELS[v >> 4])
+
+
+_WIDENS = {Q4_0: _widen_q4_0, Q4_1: _widen_q4_1, Q5_0: _widen_q5_0, Q5_1: _widen_q5_1,
+           Q8_0: _widen_q8_0, IQ4_NL: _widen_iq4_nl, Q2_K: _widen_q2_k, Q3_K: _widen_q3_k,
+           Q4_K: _widen_q4_k, Q5_K: _widen_q5_k, Q6_K: _widen_q6_k, IQ4_XS: _widen_iq4_xs}
+
+
+def _row_widen(kind, w, out):
+    """``_widen_<type>`` of the type ``kind`` (a literal)."""
+
+
+@overload(_row_widen)
+def _row_widen_of(kind, w, out):
+    if not isinstance(kind, types.IntegerLiteral):
+        return None
+    fn = _WIDENS[kind.literal_value]
+
+    def impl(kind, w, out):
+        fn(w, out)
+    return impl
+
+
+# -- entry points -----------------------------------------------------------------------------------
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _tiles(data, scales, q4, N, qx, dx, sx, bias, y, y_row, nrows, g0, g1):
-    """Tiles [g0, g1) of y = x @ W + bias (module docstring), for the T = B * nrows quantized
-    activation rows: four rows at a time, then the rest one by one."""
-    nb = scales.shape[1]
-    T, K = qx.shape
-    step = data.shape[2]
-    off = np.int32(8 if q4 else 128)
-    T4 = T - T % 4
-    for g in range(g0, g1):
-        for t in range(0, T4, 4):
-            a0 = zero_f32x16()
-            a1 = zero_f32x16()
-            a2 = zero_f32x16()
-            a3 = zero_f32x16()
-            for b in range(nb):
-                w = _unpacked(data, (g * nb + b) * step, q4)
-                so = (g * nb + b) * ROWS
-                xo = t * K + b * BLOCK
-                a0 = fma_scaled(a0, _dot(w, qx, xo, splat_i32x16(-off * sx[t, b])),
-                                scales, so, dx[t, b])
-                a1 = fma_scaled(a1, _dot(w, qx, xo + K, splat_i32x16(-off * sx[t + 1, b])),
-                                scales, so, dx[t + 1, b])
-                a2 = fma_scaled(a2, _dot(w, qx, xo + 2 * K, splat_i32x16(-off * sx[t + 2, b])),
-                                scales, so, dx[t + 2, b])
-                a3 = fma_scaled(a3, _dot(w, qx, xo + 3 * K, splat_i32x16(-off * sx[t + 3, b])),
-                                scales, so, dx[t + 3, b])
-            _store(a0, y, t, nrows, y_row, bias, g * ROWS, N)
-            _store(a1, y, t + 1, nrows, y_row, bias, g * ROWS, N)
-            _store(a2, y, t + 2, nrows, y_row, bias, g * ROWS, N)
-            _store(a3, y, t + 3, nrows, y_row, bias, g * ROWS, N)
-        for t in range(T4, T):
-            acc = zero_f32x16()
-            for b in range(nb):
-                w = _unpacked(data, (g * nb + b) * step, q4)
-                acc = fma_scaled(acc, _dot(w, qx, t * K + b * BLOCK,
-                                           splat_i32x16(-off * sx[t, b])),
-                                 scales, (g * nb + b) * ROWS, dx[t, b])
-            _store(acc, y, t, nrows, y_row, bias, g * ROWS, N)
+def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+    """Outputs [n0, n1) of every activation row t = b * nrows + i, four at a time (the last
+    group repeats its last row)."""
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1, 4):
+        r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
+        for t in range(q.shape[0]):
+            v0, v1, v2, v3 = _dot4(kind, qk, w[n], w[r1], w[r2], w[r3], q[t], d[t], s[t], u[t])
+            out = y[t // nrows, y_row + t % nrows]
+            if has_bias:
+                v0, v1, v2, v3 = v0 + bias[n], v1 + bias[r1], v2 + bias[r2], v3 + bias[r3]
+            out[n] = v0
+            out[r1] = v1
+            out[r2] = v2
+            out[r3] = v3
 
 
-@njit(cache=True, parallel=True)
-def _tiles_parallel(data, scales, q4, N, qx, dx, sx, bias, y, y_row, nrows):
-    for g in prange(data.shape[0]):
-        _tiles(data, scales, q4, N, qx, dx, sx, bias, y, y_row, nrows, g, g + 1)
+ROWS_PER_TASK = 16
 
 
-# Weights (K * N) below which one thread multiplies: a parallel region costs ~10-50 us.
-PARALLEL_MIN_WEIGHTS = 1 << 19
+def _entry_points(kind: int, qk: int):
+    """The compiled entry points of one type: ``kind`` is a constant of each (numba compiles
+    only that type's code, and caches each type's apart)."""
 
-_buffers: dict[str, np.ndarray] = {}
+    @njit(cache=True)
+    def rows(w, q, d, s, u, bias, y, y_row, nrows):
+        _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, 0, w.shape[0])
+
+    @njit(cache=True, parallel=True)
+    def rows_parallel(w, q, d, s, u, bias, y, y_row, nrows):
+        N = w.shape[0]
+        for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
+                  min(N, task * ROWS_PER_TASK + ROWS_PER_TASK))
+
+    @njit(cache=True)
+    def widen(w, index, out):
+        for r in range(index.shape[0]):
+            _row_widen(kind, w[index[r]], out[r])
+
+    return rows, rows_parallel, widen
 
 
-def _scratch(name: str, n: int, dtype) -> np.ndarray:
-    """A reused buffer of at least n elements (the quantized activations of a call)."""
-    a = _buffers.get(name)
-    if a is None or a.size < n:
-        a = _buffers[name] = np.empty(max(n, 1), dtype=dtype)
-    return a[:n]
+PARALLEL_MIN_BYTES = 1 << 18
+"""Weight bytes (times activation rows) below which one thread multiplies: a parallel region
+costs ~10-50 us."""
 
 
-def tiles_linear(fmt, data, scales, N, x, bias, y, x_row, y_row, nrows) -> None:
-    """y[b, y_row + i] = x[b, x_row + i] @ W + bias for W the logical (K, N) whose N rows are
-    the tiles (module docstring), every batch b and i < nrows."""
-    B, K = x.shape[0], x.shape[2]
-    T, nb = B * nrows, K // BLOCK
-    qx = _scratch("qx", T * K, np.int8).reshape(T, K)
-    dx = _scratch("dx", T * nb, np.float32).reshape(T, nb)
-    sx = _scratch("sx", T * nb, np.int32).reshape(T, nb)
-    quantize_activations(x, x_row, nrows, qx, dx, sx)
-    q4 = fmt == "Q4_0"
-    if N * K * max(1, T // 4) >= PARALLEL_MIN_WEIGHTS:
-        _tiles_parallel(data, scales, q4, N, qx, dx, sx, bias, y, y_row, nrows)
-    else:
-        _tiles(data, scales, q4, N, qx, dx, sx, bias, y, y_row, nrows, 0, data.shape[0])
+def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> None:
+    """y[b, y_row + i] = x[b, x_row + i] @ W + bias for the W (K, N) whose N rows of K values
+    are ``w``'s blocks (uint8 (N, row bytes)), every batch b and i < nrows."""
+    q, d, s, u = quantize_activations(qtype.act, x, x_row, nrows)
+    rows, rows_parallel, _ = qtype.kernels
+    (rows_parallel if w.nbytes * q.shape[0] >= PARALLEL_MIN_BYTES else rows)(
+        w, q, d, s, u, bias, y, y_row, nrows)
+
+
+def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``index`` of the blocks ``w`` as float32 into ``out`` (len(index), C)."""
+    qtype.kernels[2](w, np.asarray(index, dtype=np.int64), out)

@@ -1,24 +1,46 @@
-"""Vectors in registers for the packed-weight kernels: a numba type per LLVM vector and the few
-operations the kernels need, each one LLVM instruction or intrinsic.
+"""Vectors in registers for the quantized kernels: a numba type per 256-bit LLVM vector and the
+few operations ggml's block dot products are made of, each one instruction or a short sequence.
 
-numba vectorizes plain loops well, but two things it cannot reach from Python code: integer dot
-products of bytes (its integer arithmetic widens to 64 bits) and keeping a partial sum per output
-row in one register across a loop. These intrinsics give the kernels both, so a kernel stays a
-plain numba loop over arrays that passes vectors between a handful of calls::
+numba vectorizes plain float loops well, but not integer dot products of bytes (its integer
+arithmetic widens to 64 bits), so the quantized kernels (qdot.py) pass these vectors between a
+handful of intrinsics instead::
 
-    float32  one value                bf16_to_f32, f16_to_f32 (widening scalars)
-    U8x64    64 bytes                 load_u8x64, nibbles_lo, nibbles_hi
-    I32x16   16 int32 lanes           splat_i32x16, dpbusd_bcast
-    F32x16   16 float32 lanes         zero_f32x16, fma_scaled, lane
+    Bytes32   <32 x i8>     32 bytes, read unsigned or signed as the operation says
+    I16x16    <16 x i16>
+    I32x8     <8 x i32>
+    F32x8     <8 x float>
 
-``dpbusd_bcast(acc, u, x, off)`` is the int8 dot product at the heart of ggml's quantized
-kernels: lane i gets ``acc[i] + sum_j<4 u[4i + j] * x[off + j]`` (u unsigned bytes, x signed
-bytes, the same four x bytes in every lane). Where the CPU has AVX-512 VNNI it is one
-``vpdpbusd`` with the x dword broadcast from memory; elsewhere LLVM gets the same arithmetic in
-plain vector IR (widen, multiply, add the four products), exact but slower.
+The operations, with ``u`` bytes read unsigned and ``s`` signed::
 
-Arrays are addressed by flat element offsets from their first element, so they must be
-C-contiguous; loads are unaligned.
+    load32(a, o)            the 32 bytes a[o : o + 32]
+    nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
+                            their high nibbles (ggml's order in a block of 32)
+    table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
+    bits32(a, o)            the 32 bits of a[o : o + 4] (little-endian) as bytes 0xFF / 0x00
+    band, bor, bsub         bytewise and, or, subtract (another vector or a constant)
+    bshr, bshl              bytewise shifts
+    lookup(t, i)            t[i] for each byte i < 16 (a table16)
+    maddubs(u, s)           16 lanes: u[2j] s[2j] + u[2j+1] s[2j+1]
+    madd(a, b)              8 lanes: a[2j] b[2j] + a[2j+1] b[2j+1] of two I16x16
+    dot(acc, u, s)          acc + 8 lanes of sum_k<4 u[4j+k] s[4j+k]
+    dot_signed(acc, a, b)   the same with both operands signed (|a| moved onto b's sign)
+    splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, zero32
+    f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
+    fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32)
+    zerof(), hsum(f), hsum32(v)
+
+maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
+16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
+
+How an operation is lowered depends on the CPU numba compiles for (``LEVEL``): "vnni" (AVX-512
+VNNI with VL, or AVX-VNNI: ``dot`` is one ``vpdpbusd``), "avx2" (``pmaddubsw`` / ``pmaddwd`` /
+``psignb`` / ``pshufb``), else "generic" (plain vector IR, exact, slower). The CPU is the host's,
+or the one NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name (numba keys its kernel cache by that target,
+so a cached kernel always matches its path). Arrays are addressed by flat element offsets from
+their first element, so they must be C-contiguous; loads are unaligned.
+
+``bf16_to_f32`` and ``f16_to_f32`` widen one scalar (the BF16 / F16 kernels, packed.py);
+``round_f16`` rounds one to half precision (ggml's fp16 scales).
 """
 
 from __future__ import annotations
@@ -31,43 +53,64 @@ from numba.extending import intrinsic, models, register_model
 
 def _target_features() -> set[str]:
     """The CPU features numba compiles for: the host's, or NUMBA_CPU_FEATURES when
-    NUMBA_CPU_NAME asks for another target (a portable cache)."""
+    NUMBA_CPU_NAME asks for another target."""
     if config.CPU_NAME:
         return {f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+")}
     return {name for name, on in llvm.get_host_cpu_features().items() if on}
 
 
-VNNI = {"avx512f", "avx512bw", "avx512vnni"} <= _target_features()
-"""``dpbusd_bcast`` is one ``vpdpbusd`` (AVX-512 VNNI) rather than generic vector IR."""
+def _level(features: set[str]) -> str:
+    if {"avx2", "avx512vnni", "avx512vl"} <= features or {"avx2", "avxvnni"} <= features:
+        return "vnni"
+    return "avx2" if "avx2" in features else "generic"
+
+
+LEVEL = _level(_target_features())
+"""How the vector operations are lowered: "vnni", "avx2" or "generic" (module docstring)."""
+
+F16C = "f16c" in _target_features()
+"""Half-precision conversions are instructions (else integer code: LLVM's libcalls for them are
+not in numba's JIT)."""
 
 
 class SimdVector(types.Type):
-    """An LLVM vector of ``lanes`` values of ``kind`` ("u8", "i32" or "f32"), held by value."""
+    """An LLVM vector of ``lanes`` values of ``bits`` bits (float when ``kind`` is "f"), held by
+    value."""
 
-    def __init__(self, kind: str, lanes: int) -> None:
-        self.kind, self.lanes = kind, lanes
-        super().__init__(name=f"SimdVector({kind}x{lanes})")
+    def __init__(self, kind: str, bits: int, lanes: int) -> None:
+        self.kind, self.bits, self.lanes = kind, bits, lanes
+        super().__init__(name=f"SimdVector({kind}{bits}x{lanes})")
 
 
-_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-_ELEMENT = {"u8": _I8, "i32": _I32, "f32": _F32}
+def _ir_type(t: SimdVector) -> ir.VectorType:
+    element = ir.FloatType() if t.kind == "f" else ir.IntType(t.bits)
+    return ir.VectorType(element, t.lanes)
 
 
 @register_model(SimdVector)
 class _SimdVectorModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, ir.VectorType(_ELEMENT[fe_type.kind], fe_type.lanes))
+        super().__init__(dmm, fe_type, _ir_type(fe_type))
 
 
-U8x64 = SimdVector("u8", 64)
-I32x16 = SimdVector("i32", 16)
-F32x16 = SimdVector("f32", 16)
+Bytes32 = SimdVector("i", 8, 32)
+I16x16 = SimdVector("i", 16, 16)
+I32x8 = SimdVector("i", 32, 8)
+F32x8 = SimdVector("f", 32, 8)
+
+_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+_V8, _V16, _V32, _VF = (ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8),
+                        ir.VectorType(_F32, 8))
 
 
 def _pointer(context, builder, array_type, array, offset, pointee):
     """Address of element ``offset`` of ``array`` as a ``pointee`` pointer."""
     data = context.make_array(array_type)(context, builder, array).data
     return builder.bitcast(builder.gep(data, [offset]), pointee.as_pointer())
+
+
+def _const(vt: ir.VectorType, value) -> ir.Constant:
+    return ir.Constant(vt, [value] * vt.count if not isinstance(value, list) else value)
 
 
 def _splat(builder, value, lanes):
@@ -77,94 +120,357 @@ def _splat(builder, value, lanes):
                                   ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
 
 
+def _half_to_float(builder, h):
+    """float32 of IEEE half bits h (an i16), exactly: with F16C one instruction, else the
+    exponent rebiased in integers (zeros, subnormals, infinities and NaNs included)."""
+    if F16C:
+        return builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
+    h = builder.zext(h, _I32)
+    sign = builder.shl(builder.and_(h, ir.Constant(_I32, 0x8000)), ir.Constant(_I32, 16))
+    o = builder.shl(builder.and_(h, ir.Constant(_I32, 0x7FFF)), ir.Constant(_I32, 13))
+    exp = builder.and_(o, ir.Constant(_I32, 0x0F800000))
+    o = builder.add(o, ir.Constant(_I32, (127 - 15) << 23))
+    special = builder.icmp_unsigned("==", exp, ir.Constant(_I32, 0x0F800000))  # inf / NaN
+    o = builder.select(special, builder.add(o, ir.Constant(_I32, (128 - 16) << 23)), o)
+    tiny = builder.icmp_unsigned("==", exp, ir.Constant(_I32, 0))  # zero / subnormal
+    renorm = builder.fsub(builder.bitcast(builder.add(o, ir.Constant(_I32, 1 << 23)), _F32),
+                          ir.Constant(_F32, 6.103515625e-05))
+    value = builder.select(tiny, renorm, builder.bitcast(o, _F32))
+    return builder.bitcast(builder.or_(builder.bitcast(value, _I32), sign), _F32)
+
+
+def _float_to_half(builder, f):
+    """f (float32) rounded to the nearest IEEE half, ties to even, as float32: with F16C two
+    instructions, else in integers (overflow to infinity, subnormals, NaN kept a NaN)."""
+    if F16C:
+        return builder.fpext(builder.fptrunc(f, ir.HalfType()), _F32)
+    u = builder.bitcast(f, _I32)
+    sign = builder.and_(u, ir.Constant(_I32, 0x80000000))
+    a = builder.xor(u, sign)
+    c = lambda v: ir.Constant(_I32, v)  # noqa: E731
+    big = builder.icmp_unsigned(">=", a, c((127 + 16) << 23))
+    inf_or_nan = builder.select(builder.icmp_unsigned(">", a, c(255 << 23)), c(0x7E00), c(0x7C00))
+    magic = c(((127 - 15) + (23 - 10) + 1) << 23)
+    sub = builder.sub(builder.bitcast(builder.fadd(builder.bitcast(a, _F32),
+                                                   builder.bitcast(magic, _F32)), _I32), magic)
+    odd = builder.and_(builder.lshr(a, c(13)), c(1))
+    normal = builder.lshr(builder.add(builder.add(a, c(((15 - 127) << 23) + 0xFFF)), odd), c(13))
+    h = builder.select(big, inf_or_nan,
+                       builder.select(builder.icmp_unsigned("<", a, c(113 << 23)), sub, normal))
+    h = builder.or_(h, builder.lshr(sign, c(16)))
+    return _half_to_float(builder, builder.trunc(h, _I16))
+
+
+def _x86(builder, name, ret, *args):
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, list(args))
+
+
+# -- loads ---------------------------------------------------------------------------------------
+
 @intrinsic
-def load_u8x64(typingctx, array, offset):
-    """The 64 bytes of ``array`` (any 1-byte dtype) from element ``offset``."""
+def load32(typingctx, array, offset):
+    """The 32 bytes of ``array`` (a 1-byte dtype) from element ``offset``."""
     def codegen(context, builder, sig, args):
-        p = _pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I8, 64))
-        return builder.load(p, align=1)
-    return U8x64(array, offset), codegen
+        return builder.load(_pointer(context, builder, sig.args[0], *args, _V8), align=1)
+    return Bytes32(array, offset), codegen
 
 
-@intrinsic
-def nibbles_lo(typingctx, v):
-    """Each byte's low four bits."""
-    def codegen(context, builder, sig, args):
-        return builder.and_(args[0], ir.Constant(ir.VectorType(_I8, 64), [15] * 64))
-    return U8x64(v), codegen
-
-
-@intrinsic
-def nibbles_hi(typingctx, v):
-    """Each byte's high four bits."""
-    def codegen(context, builder, sig, args):
-        return builder.lshr(args[0], ir.Constant(ir.VectorType(_I8, 64), [4] * 64))
-    return U8x64(v), codegen
-
-
-@intrinsic
-def splat_i32x16(typingctx, value):
-    """int32(value) in every lane."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 16)
-    return I32x16(value), codegen
-
-
-@intrinsic
-def zero_f32x16(typingctx):
-    """0.0 in every lane."""
-    def codegen(context, builder, sig, args):
-        return ir.Constant(ir.VectorType(_F32, 16), None)
-    return F32x16(), codegen
-
-
-@intrinsic
-def dpbusd_bcast(typingctx, acc, u, x, offset):
-    """acc[i] + sum_j<4 u[4i + j] * x[offset + j]: u unsigned bytes, x an int8 array whose four
-    bytes from ``offset`` meet every lane (module docstring)."""
-    def codegen(context, builder, sig, args):
-        acc, u, array, offset = args
-        dword = builder.load(_pointer(context, builder, sig.args[2], array, offset, _I32), align=1)
-        xs = _splat(builder, dword, 16)
-        if VNNI:
-            v16 = ir.VectorType(_I32, 16)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
-                                                "llvm.x86.avx512.vpdpbusd.512")
-            return builder.call(fn, [acc, builder.bitcast(u, v16), xs])
-        wide = ir.VectorType(_I32, 64)
-        products = builder.mul(builder.zext(u, wide),
-                               builder.sext(builder.bitcast(xs, ir.VectorType(_I8, 64)), wide))
-        for j in range(4):
-            picked = ir.Constant(ir.VectorType(_I32, 16), [4 * i + j for i in range(16)])
-            acc = builder.add(acc, builder.shuffle_vector(products, products, picked))
-        return acc
-    return I32x16(acc, u, x, offset), codegen
+def _load16(context, builder, sig, args):
+    return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1],
+                                 ir.VectorType(_I8, 16)), align=1)
 
 
 @intrinsic
-def fma_scaled(typingctx, acc, ints, halves, offset, scale):
-    """acc + float32(ints) * float32(halves[offset:offset + 16]) * scale, ``halves`` a uint16
-    array of IEEE half bits (16 per-lane scales), ``scale`` one float for every lane."""
+def nibbles(typingctx, array, offset):
+    """The 16 bytes from ``offset`` as 32 values: low nibbles of bytes 0..15, then their high
+    nibbles."""
     def codegen(context, builder, sig, args):
-        acc, ints, array, offset, scale = args
-        v16 = ir.VectorType(_F32, 16)
-        p = _pointer(context, builder, sig.args[2], array, offset, ir.VectorType(ir.HalfType(), 16))
-        d = builder.fpext(builder.load(p, align=2), v16)
-        s = _splat(builder, context.cast(builder, scale, sig.args[4], types.float32), 16)
-        flags = ("contract", "reassoc")
-        return builder.fadd(acc, builder.fmul(builder.sitofp(ints, v16),
-                                              builder.fmul(d, s, flags=flags), flags=flags),
-                            flags=flags)
-    return F32x16(acc, ints, halves, offset, scale), codegen
+        v = _load16(context, builder, sig, args)
+        both = builder.shuffle_vector(v, builder.lshr(v, _const(v.type, 4)),
+                                      ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        return builder.and_(both, _const(_V8, 15))
+    return Bytes32(array, offset), codegen
 
 
 @intrinsic
-def lane(typingctx, v, i):
-    """Lane ``i`` of a float vector."""
+def table16(typingctx, array, offset):
+    """The 16 bytes from ``offset`` in both halves (a table for ``lookup``)."""
     def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1],
-                                                             types.int32))
-    return types.float32(v, i), codegen
+        v = _load16(context, builder, sig, args)
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32),
+                                                        list(range(16)) * 2))
+    return Bytes32(array, offset), codegen
+
+
+@intrinsic
+def bits32(typingctx, array, offset):
+    """Byte j is 0xFF when bit j of the little-endian 32 bits at ``offset`` is set, else 0."""
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], *args, _I32), align=1)
+        masks = ir.Constant(ir.VectorType(_I32, 32), [1 << j for j in range(32)])
+        picked = builder.and_(_splat(builder, word, 32), masks)
+        return builder.sext(builder.icmp_unsigned("!=", picked, ir.Constant(picked.type, None)),
+                            _V8)
+    return Bytes32(array, offset), codegen
+
+
+@intrinsic
+def f16(typingctx, array, offset):
+    """float32 of the IEEE half at bytes ``offset``, ``offset + 1`` (little-endian)."""
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], *args, _I16)
+        return _half_to_float(builder, builder.load(p, align=1))
+    return types.float32(array, offset), codegen
+
+
+# -- bytes -----------------------------------------------------------------------------------------
+
+def _bytes_operand(context, builder, value, typ):
+    if isinstance(typ, SimdVector):
+        return value
+    return _splat(builder, context.cast(builder, value, typ, types.int8), 32)
+
+
+@intrinsic
+def band(typingctx, a, b):
+    """Bytewise a & b (b a vector or a constant)."""
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, b), codegen
+
+
+@intrinsic
+def bor(typingctx, a, b):
+    """Bytewise a | b (b a vector or a constant)."""
+    def codegen(context, builder, sig, args):
+        return builder.or_(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, b), codegen
+
+
+@intrinsic
+def bsub(typingctx, a, b):
+    """Bytewise a - b (wrapping; b a vector or a constant)."""
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, b), codegen
+
+
+@intrinsic
+def bshr(typingctx, a, n):
+    """Each byte shifted right by ``n`` (logical)."""
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, n), codegen
+
+
+@intrinsic
+def bshl(typingctx, a, n):
+    """Each byte shifted left by ``n``."""
+    def codegen(context, builder, sig, args):
+        return builder.shl(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, n), codegen
+
+
+@intrinsic
+def lookup(typingctx, table, index):
+    """table[index[j]] for every byte (index < 16, table a ``table16``)."""
+    def codegen(context, builder, sig, args):
+        t, i = args
+        if LEVEL != "generic":
+            return _x86(builder, "llvm.x86.avx2.pshuf.b", _V8, t, i)
+        out = ir.Constant(_V8, ir.Undefined)
+        for j in range(32):
+            k = builder.extract_element(i, ir.Constant(_I32, j))
+            value = builder.extract_element(t, builder.zext(k, _I32))
+            out = builder.insert_element(out, value, ir.Constant(_I32, j))
+        return out
+    return Bytes32(table, index), codegen
+
+
+# -- integer products ------------------------------------------------------------------------------
+
+def _maddubs(builder, u, s):
+    if LEVEL != "generic":
+        return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16, u, s)
+    wide = ir.VectorType(_I16, 32)
+    p = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+    even = builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(_I32, 16), list(range(0, 32, 2))))
+    odd = builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(_I32, 16), list(range(1, 32, 2))))
+    sat = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, _V16]),
+                                         "llvm.sadd.sat.v16i16")
+    return builder.call(sat, [even, odd])
+
+
+def _madd(builder, a, b):
+    if LEVEL != "generic":
+        return _x86(builder, "llvm.x86.avx2.pmadd.wd", _V32, a, b)
+    wide = ir.VectorType(_I32, 16)
+    p = builder.mul(builder.sext(a, wide), builder.sext(b, wide))
+    even = builder.shuffle_vector(p, p, ir.Constant(_V32, list(range(0, 16, 2))))
+    odd = builder.shuffle_vector(p, p, ir.Constant(_V32, list(range(1, 16, 2))))
+    return builder.add(even, odd)
+
+
+def _dot(builder, acc, u, s):
+    if LEVEL == "vnni":
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V32, acc,
+                    builder.bitcast(u, _V32), builder.bitcast(s, _V32))
+    return builder.add(acc, _madd(builder, _maddubs(builder, u, s), _const(_V16, 1)))
+
+
+@intrinsic
+def maddubs(typingctx, u, s):
+    """16 int16 lanes: u[2j] * s[2j] + u[2j + 1] * s[2j + 1] (u unsigned, s signed)."""
+    def codegen(context, builder, sig, args):
+        return _maddubs(builder, *args)
+    return I16x16(u, s), codegen
+
+
+@intrinsic
+def madd(typingctx, a, b):
+    """8 int32 lanes: a[2j] * b[2j] + a[2j + 1] * b[2j + 1] of two I16x16."""
+    def codegen(context, builder, sig, args):
+        return _madd(builder, *args)
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def dot(typingctx, acc, u, s):
+    """acc + 8 lanes of sum_k<4 u[4j + k] * s[4j + k] (u unsigned, s signed bytes)."""
+    def codegen(context, builder, sig, args):
+        return _dot(builder, *args)
+    return I32x8(acc, u, s), codegen
+
+
+@intrinsic
+def dot_signed(typingctx, acc, a, b):
+    """``dot`` of two signed byte vectors: |a| times b with a's sign (b's values in
+    [-127, 127])."""
+    def codegen(context, builder, sig, args):
+        acc, a, b = args
+        if LEVEL != "generic":
+            abs_a = _x86(builder, "llvm.x86.avx2.psign.b", _V8, a, a)
+            signed_b = _x86(builder, "llvm.x86.avx2.psign.b", _V8, b, a)
+        else:
+            zero = ir.Constant(_V8, None)
+            neg = builder.icmp_signed("<", a, zero)
+            abs_a = builder.select(neg, builder.neg(a), a)
+            signed_b = builder.select(neg, builder.neg(b),
+                                      builder.select(builder.icmp_signed("==", a, zero), zero, b))
+        return _dot(builder, acc, abs_a, signed_b)
+    return I32x8(acc, a, b), codegen
+
+
+@intrinsic
+def splat16(typingctx, x):
+    """int16(x) in all 16 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int16), 16)
+    return I16x16(x), codegen
+
+
+@intrinsic
+def splat16x2(typingctx, lo, hi):
+    """int16(lo) in lanes 0..7 and int16(hi) in lanes 8..15 (a scale per 16 bytes of a
+    ``maddubs``)."""
+    def codegen(context, builder, sig, args):
+        a = _splat(builder, context.cast(builder, args[0], sig.args[0], types.int16), 16)
+        b = _splat(builder, context.cast(builder, args[1], sig.args[1], types.int16), 16)
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 16),
+                                                        [*range(8), *range(24, 32)]))
+    return I16x16(lo, hi), codegen
+
+
+@intrinsic
+def splat32(typingctx, x):
+    """int32(x) in all 8 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 8)
+    return I32x8(x), codegen
+
+
+@intrinsic
+def zero32(typingctx):
+    """0 in all 8 int32 lanes."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V32, None)
+    return I32x8(), codegen
+
+
+@intrinsic
+def add32(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(*args)
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def sub32(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.sub(*args)
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def hsum32(typingctx, v):
+    """The sum of the 8 int32 lanes."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V32]),
+                                            "llvm.vector.reduce.add.v8i32")
+        return builder.call(fn, [args[0]])
+    return types.int32(v), codegen
+
+
+# -- floats ----------------------------------------------------------------------------------------
+
+_FLAGS = ("contract", "reassoc")
+
+
+@intrinsic
+def zerof(typingctx):
+    """0.0 in all 8 lanes."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VF, None)
+    return F32x8(), codegen
+
+
+@intrinsic
+def fma(typingctx, acc, v, x):
+    """acc + float32(v) * x: v an I32x8, x one float32 for every lane."""
+    def codegen(context, builder, sig, args):
+        acc, v, x = args
+        s = _splat(builder, context.cast(builder, x, sig.args[2], types.float32), 8)
+        return builder.fadd(acc, builder.fmul(builder.sitofp(v, _VF), s, flags=_FLAGS),
+                            flags=_FLAGS)
+    return F32x8(acc, v, x), codegen
+
+
+@intrinsic
+def hsum(typingctx, v):
+    """The sum of the 8 float lanes (in any order)."""
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3]))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 4), [4, 5, 6, 7]))
+        s = builder.fadd(lo, hi, flags=_FLAGS)
+        s2 = builder.fadd(s, builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, 4),
+                                                                     [2, 3, 2, 3])),
+                          flags=_FLAGS)
+        return builder.fadd(builder.extract_element(s2, ir.Constant(_I32, 0)),
+                            builder.extract_element(s2, ir.Constant(_I32, 1)), flags=_FLAGS)
+    return types.float32(v), codegen
+
+
+# -- scalars ---------------------------------------------------------------------------------------
+
+@intrinsic
+def round_f16(typingctx, x):
+    """float32 x rounded to the nearest IEEE half (ties to even), as float32."""
+    def codegen(context, builder, sig, args):
+        return _float_to_half(builder, args[0])
+    return types.float32(types.float32), codegen
 
 
 @intrinsic
@@ -179,5 +485,5 @@ def bf16_to_f32(typingctx, bits):
 def f16_to_f32(typingctx, bits):
     """float32 of IEEE half bits (a uint16)."""
     def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
+        return _half_to_float(builder, args[0])
     return types.float32(types.uint16), codegen

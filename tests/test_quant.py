@@ -1,0 +1,164 @@
+"""ggml's block types on their stored bytes (causallm/kernels/quant.py) against numpy twins built on
+gguf-py's dequantize (tests/ggml_reference.py): the type table, widening, the activation
+rounding, and every type's product, on shapes that are not multiples of the kernels' groups
+(4 rows, 16-row tasks) and on each vector path this CPU can run."""
+
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from numba import njit
+
+import ggml_reference as ref
+from causallm.kernels import quant, simd
+
+TYPES = list(quant.QTYPES)
+
+
+def test_the_types_are_ggmls():
+    for name, qt in quant.QTYPES.items():
+        assert (qt.qk, qt.nbytes) == ref.block_size(name), name
+        assert qt.kind == int(ref.qtype(name)), name
+        assert qt.halves == ref.HALVES[name], name
+        assert qt.act == {"Q8_0": quant.ACT_Q8_0, "Q8_1": quant.ACT_Q8_1,
+                          "Q8_K": quant.ACT_Q8_K}[ref.ACTIVATIONS.get(name, "Q8_K")], name
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_widening_is_gguf_pys_dequantize(name):
+    R, C = 7, 512
+    blocks = ref.random_blocks(name, R, C, seed=1)
+    out = np.empty((3, C), np.float32)
+    quant.dequantize_rows(quant.QTYPES[name], blocks, np.array([6, 0, 3]), out)
+    np.testing.assert_array_equal(out, ref.dequantize(name, blocks, C)[[6, 0, 3]])
+
+
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])
+def test_activations_round_as_ggml(act):
+    """The rounded activations, their scales and sums are the twin's (ggml's rounding)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4, 512)).astype(np.float32)
+    x[0, 1, :256] = 0.0                         # an all-zero block
+    x[1, 2] = np.round(x[1, 2] * 8) / 8         # values whose scaled copies tie
+    x[1, 3, 300] = -40.0                        # a block led by a negative value
+    code = {"Q8_0": quant.ACT_Q8_0, "Q8_1": quant.ACT_Q8_1, "Q8_K": quant.ACT_Q8_K}[act]
+    q, d, s, u = quant.quantize_activations(code, x, 1, 3)
+    rows = x[:, 1:4].reshape(6, 512)
+    want, want_s = ref.round_activations(act, rows)
+    n = 256 if act == "Q8_K" else 32
+    got = q.astype(np.float32).reshape(6, -1, n) * d[:, :512 // n, None]
+    np.testing.assert_array_equal(got.reshape(6, 512), want)
+    sums = q.astype(np.int32).reshape(6, -1, 16).sum(axis=2)
+    if act == "Q8_K":
+        np.testing.assert_array_equal(u, sums)
+    else:
+        np.testing.assert_array_equal(u[:, :16], sums.reshape(6, 16, 2).sum(axis=2))
+    if act == "Q8_1":
+        np.testing.assert_array_equal(s, want_s)
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("N,K,B,nrows", [(37, 512, 1, 1), (11, 768, 2, 3), (300, 1024, 1, 5)])
+def test_product_is_ggmls(name, N, K, B, nrows):
+    """y = x @ W (+ bias) of the stored blocks equals the twin's to float rounding: N rows not a
+    multiple of 4 or 16, several batches and rows at offsets, and a matrix large enough for the
+    parallel kernel (300 x 1024 x 5 rows)."""
+    qt = quant.QTYPES[name]
+    blocks = ref.random_blocks(name, N, K, seed=3)
+    rng = np.random.default_rng(4)
+    x = np.full((B, nrows + 2, K), np.nan, np.float32)
+    x[:, 1:1 + nrows] = rng.standard_normal((B, nrows, K))
+    x[0, 1, :256] = 0.0
+    for bias in (np.zeros(0, np.float32), rng.standard_normal(N).astype(np.float32)):
+        y = np.full((B, nrows + 3, N), np.nan, np.float32)
+        quant.linear(qt, blocks, x, bias, y, 1, 2, nrows)
+        want = ref.linear(name, blocks, x[:, 1:1 + nrows].reshape(-1, K)).reshape(B, nrows, N)
+        if bias.size:
+            want = want + bias
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(y[:, 2:2 + nrows], want, rtol=0, atol=2e-6 * scale)
+        assert np.isnan(y[:, :2]).all() and np.isnan(y[:, 2 + nrows:]).all()
+
+
+@njit
+def _halves_to_floats(bits, out):
+    for i in range(out.shape[0]):
+        out[i] = simd.f16(bits, 2 * i)
+
+
+@njit
+def _round_to_halves(x, out):
+    for i in range(x.shape[0]):
+        out[i] = simd.round_f16(x[i])
+
+
+def test_half_conversions_are_exact():
+    """Every half widens to its float32 value; float32 values (normal, subnormal, ties,
+    overflowing, infinite, NaN) round to the nearest half as numpy rounds them."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    out = np.empty(bits.size, np.float32)
+    _halves_to_floats(bits.view(np.uint8), out)
+    halves = bits.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(out, halves)
+    finite = halves[np.isfinite(halves)]
+    finite.sort()
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(20000).astype(np.float32) * np.float32(s)
+                        for s in (1e-8, 1e-6, 1e-4, 1, 100, 6e4, 1e6)]
+                       + [finite, (finite[:-1] + finite[1:]) / 2,
+                          np.array([np.inf, -np.inf, np.nan, 65504, 65520, 65519.99],
+                                   np.float32)]).astype(np.float32)
+    got = np.empty_like(x)
+    _round_to_halves(x, got)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got, x.astype(np.float16).astype(np.float32))
+
+
+def test_the_vector_path_is_the_cpus():
+    features = {name for name, on in __import__("llvmlite.binding").binding
+                .get_host_cpu_features().items() if on}
+    assert simd.LEVEL == simd._level(features)
+
+
+PATHS = {  # NUMBA_CPU_NAME, NUMBA_CPU_FEATURES, the host features it needs
+    "generic": ("x86-64", "+sse2", set()),
+    "avx2": ("haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi2", {"avx2", "fma", "f16c"}),
+    "vnni": ("icelake-server", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi2,+avx512f,+avx512bw,"
+             "+avx512vl,+avx512dq,+avx512vnni", {"avx512f", "avx512bw", "avx512vl",
+                                                  "avx512vnni"}),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_each_vector_path_the_cpu_can_run(path, tmp_path):
+    """numba told to compile for a CPU with (or without) AVX2 / AVX-512 VNNI lowers the vector
+    operations that way; every type's product still equals its twin. A path whose
+    instructions this CPU lacks is skipped."""
+    import llvmlite.binding as llvm
+    cpu, features, needs = PATHS[path]
+    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    if not needs <= host:
+        pytest.skip(f"this CPU cannot run the {path} path ({', '.join(sorted(needs - host))})")
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features,
+           "NUMBA_CACHE_DIR": str(tmp_path)}
+    here = os.path.dirname(__file__)
+    check = subprocess.run([sys.executable, "-c", "from causallm.kernels import simd; "
+                            "print(simd.LEVEL)"], env=env, capture_output=True, text=True,
+                           cwd=os.path.dirname(here))
+    assert check.stdout.strip() == path, check.stderr
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"{__file__}::test_product_is_ggmls",
+                        f"{__file__}::test_half_conversions_are_exact", "-k",
+                        "37-512 or half", "--override-ini=addopts="], env=env,
+                       capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(here))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"{len(TYPES) + 1} passed" in p.stdout, p.stdout[-2000:]
+
+
+def test_gguf_py_agrees_on_every_type_we_hold():
+    """Every block type with a kernel is one gguf-py can dequantize (the twins' ground)."""
+    for name in TYPES:
+        assert gguf.GGMLQuantizationType[name] in gguf.GGML_QUANT_SIZES
