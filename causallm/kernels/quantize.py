@@ -58,7 +58,6 @@ for the K-quants (ggml's reference code, one thread: 0.4-1.5 s and 8-20 s).
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -986,10 +985,12 @@ QUANTIZERS = {
 }
 """fmt -> fn(rows float32 (R, C) C-contiguous, out uint8 (R, row_bytes(fmt, C))): fills out."""
 
-QK = {f: GGML_QUANT_SIZES[GGMLQuantizationType[f]][0] for f in QUANTIZERS}
-"""Values per block."""
-BLOCK_BYTES = {f: GGML_QUANT_SIZES[GGMLQuantizationType[f]][1] for f in QUANTIZERS}
-"""Bytes per block."""
+QK = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32,
+      "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+"""Values per block (ggml-common.h's QK*; gguf's GGML_QUANT_SIZES, tests/test_quantize.py)."""
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24,
+               "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+"""Bytes per block (sizeof(block_*))."""
 
 
 def row_bytes(fmt: str, C: int) -> int:
