@@ -50,9 +50,10 @@ K-quants with one sub-block per lane, so each lane runs the C's operations for i
 the branches become selects. Inputs the vector code cannot vouch for (values not finite, a
 scale whose inverse overflows, a rounding outside nearest_int's domain) go block by block to the
 plain scalar code, which follows the C line by line. ``quantize_rows(fmt, rows)`` is the entry
-point; ``QUANTIZERS[fmt](rows, out)`` the kernels, each parallel over rows. On two Zen 3 cores a
-150k x 1024 float32 table takes about 0.2 s for the 32-value types, 0.8 s (Q6_K) to 1.3 s (Q4_K)
-for the K-quants (ggml's reference code, one thread: 0.4-1.5 s and 8-20 s).
+point; ``QUANTIZERS[fmt](rows, out)`` the kernels, each parallel over rows. A 150k x 1024
+float32 table (Zen 3) takes 0.3-0.7 CPU-seconds for the 32-value types, 1.9 (Q6_K), 2.7 (Q5_K)
+and 3.3 (Q4_K) for the K-quants, spread over the cores; ggml's reference code, which runs on one
+thread, 0.4-1.6 s and 8-29 s. The first call of a kind compiles for tens of seconds (cached).
 """
 
 from __future__ import annotations
