@@ -22,6 +22,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL_DIR = os.path.join(HERE, "res", "tiny-llama")
+WEIGHT_FORMATS = ["FP32", "BF16", "FP16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+                  "Q6_K"]
+"""``--dtype``'s choices: models/transformer.py's WEIGHT_FORMATS, spelled out so that parsing
+the command line imports no kernel."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,8 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
                    help="new tokens to generate (nntr_config num_to_generate)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
-    p.add_argument("--dtype", type=str.upper, default=None,
-                   choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
+    p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
                    help="hold the fully connected, embedding and head weights in this format "
                         "(converted at load); default: as the weight file stores them")
     p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
@@ -308,8 +311,7 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
     p.add_argument("--model-name", default=None,
                    help="the model id responses and /v1/models show (default: the folder name)")
-    p.add_argument("--dtype", type=str.upper, default=None,
-                   choices=["FP32", "BF16", "FP16", "Q8_0", "Q4_0"],
+    p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
                    help="hold the packable weights in this format (converted at load)")
     p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
                    help="precision of the KV cache")

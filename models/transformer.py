@@ -29,7 +29,8 @@ from causallm.io.files import release_pages
 from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
-from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.packed import QUANTIZABLE, PackedMatrix
+from causallm.kernels.quant import QTYPES
 from causallm.progress import files_size, progress
 from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
@@ -621,22 +622,22 @@ class Transformer:
                             f"CausalLM or SentenceTransformer")
 
 
-WEIGHT_FORMATS = ("FP32", "BF16", "FP16", "Q8_0", "Q4_0")
+WEIGHT_FORMATS = ("FP32", "BF16", "FP16", *QUANTIZABLE)
 """What ``--dtype`` and the nntr_config dtype keys may hold a packable weight as."""
-_PACKED_NAME = {"BF16": "BF16", "FP16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q4_0"}
+_PACKED_NAME = {"BF16": "BF16", "FP16": "F16", **{q: q for q in QUANTIZABLE}}
 
 
 def convertWeight(value, fmt: str, transposed: bool):
     """A weight (float32 array of its logical shape, or a PackedMatrix) held as ``fmt``:
     float32 for FP32, else a PackedMatrix whose rows are the logical (K, N)'s columns
-    (``transposed``: a fully connected weight) or rows (an embedding). A Q8_0 / Q4_0 weight
-    whose rows are not a multiple of 32 values stays as it is."""
+    (``transposed``: a fully connected weight) or rows (an embedding). A weight whose rows are
+    not whole blocks of a quantized type stays as it is."""
     if fmt == "FP32":
         return value.toFloat() if isinstance(value, PackedMatrix) else value
     packed = _PACKED_NAME.get(fmt)
     if packed is None:
         raise CausalLMError(f"weight format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    if packed in ("Q8_0", "Q4_0") and value.shape[0 if transposed else 1] % 32:
+    if packed in QTYPES and value.shape[0 if transposed else 1] % QTYPES[packed].qk:
         return value
     if isinstance(value, PackedMatrix):
         return value.to(packed)

@@ -238,6 +238,35 @@ def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head,
     assert generate[0] == generate[1]
 
 
+def test_q6_k_tied_embedding_bin_runs_the_default_model(tmp_path):
+    """The embedded model (hidden 256) with its tied embedding in Q6_K, as nntr_quantize
+    --embd_dtype Q6_K and NNTrainer's tied embedding write it: 210 bytes per 256 values of
+    plain block_q6_K rows, read back as the bytes quantizing at load makes, used as both the
+    table and the head; the greedy text follows transformers' float32 run."""
+    folder = tmp_path / "tiny"
+    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), folder)
+    r = hf_to_bin.convert(str(folder), None, "FP32", True, "Q6_K")
+    params = read_hf(str(folder))
+    table = params["model.embed_tokens.weight"]
+    rest = sum(a.size for k, a in params.items() if k != "model.embed_tokens.weight")
+    assert r.nbytes == table.size // 256 * 210 + 4 * rest
+    config = json.loads((folder / "nntr_config.json").read_text())
+    assert config["embedding_dtype"] == "Q6_K" and config["model_tensor_type"] == "FP32-FP32"
+    from causallm.factory import Factory
+    model = Factory.Instance().createFromFolder(str(folder), init_seq_len=32,
+                                                num_to_generate=16)
+    model.initialize()
+    model.load_weight()
+    held = model.model.getWeight("embedding0:Embedding")
+    assert held.format == "Q6_K" and not held.transposed
+    from causallm.kernels.packed import PackedMatrix
+    np.testing.assert_array_equal(held.data, PackedMatrix.fromFloat("Q6_K", table,
+                                                                    transposed=False).data)
+    ref = json.loads(open(os.path.join(FIXTURES, "tiny-llama-default.json")).read())
+    got = model.generate_tokens([ref["prompt_ids"]], max_new_tokens=16, do_sample=False)
+    assert got.generated_ids[0] == ref["generated_ids"][:16]
+
+
 # ----------------------------------------------------------------------------- save and load
 
 @pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])

@@ -547,3 +547,10 @@ def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
     assert record["model_dir"] == str(target / "causallm" / "res" / "tiny-llama")
     assert record["generated_ids"] == [1082, 308, 256, 1517, 290, 664]
 
+
+
+def test_dtype_choices_are_every_weight_format():
+    """--dtype's literal choices (no kernel imported to parse the command line) are the formats
+    the models hold weights in."""
+    from causallm.models.transformer import WEIGHT_FORMATS
+    assert tuple(main.WEIGHT_FORMATS) == WEIGHT_FORMATS

@@ -1,8 +1,9 @@
-"""Weights kept in their own precision (causallm/kernels/packed.py) against numpy twins: the
-quantizers against gguf-py's (ggml's reference quantizers in numpy, byte for byte), each
-format's product through ``linear`` (decode and prefill) against widen-then-multiply or ggml's
-twin, the row gather of an embedding table and its tied head, and NNTrainer's x86 Q4_0 .bin
-layout against the spec's recipe. The block types' kernels themselves: tests/test_quant.py."""
+"""Weights kept in their own precision (causallm/kernels/packed.py) against numpy twins: BF16 /
+F16 bits, each format's product through ``linear`` (decode and prefill) against
+widen-then-multiply or ggml's twin, the row gather of an embedding table and its tied head,
+and the .bin round trip of every quantized layout (NNTrainer's x86 Q4_0 repack against the
+spec's recipe). The block types' kernels: tests/test_quant.py; the quantizers:
+tests/test_quantize.py."""
 
 import gguf
 import numpy as np
@@ -11,42 +12,11 @@ import pytest
 import ggml_reference as ref
 from causallm.io import nntr_bin
 from causallm.kernels import linear
-from causallm.kernels.packed import (
-    FORMATS,
-    QUANTIZABLE,
-    PackedMatrix,
-    ggml_blocks_to_rows,
-    quantize_q4_0,
-    quantize_q8_0,
-    rows_to_ggml_blocks,
-)
-
-GGML = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
+from causallm.kernels.packed import FORMATS, QUANTIZABLE, PackedMatrix
 
 
 def rand(*shape, seed, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
-
-
-def ggml_blocks(fmt, qs, d):
-    """Our (qs, d) rows as ggml block bytes (fp16 d, then qs), for comparison."""
-    return rows_to_ggml_blocks(fmt, qs, d)
-
-
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-def test_quantizers_are_ggmls_byte_for_byte(fmt):
-    rows = rand(7, 96, seed=1)
-    rows[0, :32] = 0.0                         # an all-zero block: d = 0
-    rows[1, 5] = 40.0                          # a block dominated by one value
-    rows[2, 33] = -40.0                        # ... by a negative one (Q4_0 keeps the sign)
-    rows[3] = np.round(rows[3] * 4) / 4        # ties for roundf
-    quantize = quantize_q8_0 if fmt == "Q8_0" else quantize_q4_0
-    ours = ggml_blocks(fmt, *quantize(rows))
-    theirs = gguf.quants.quantize(rows, GGML[fmt])
-    np.testing.assert_array_equal(ours, theirs)
-    np.testing.assert_array_equal(PackedMatrix.fromFloat(fmt, rows).data, theirs)
-    widened = PackedMatrix.fromFloat(fmt, rows, transposed=False).toFloat()
-    np.testing.assert_array_equal(widened, gguf.quants.dequantize(theirs, GGML[fmt]))
 
 
 def test_bf16_and_f16_keep_their_bits():
@@ -64,9 +34,9 @@ def test_bf16_and_f16_keep_their_bits():
 @pytest.mark.parametrize("N", [37, 2100])          # one task / the parallel kernel
 @pytest.mark.parametrize("fmt", ["BF16", "F16", *QUANTIZABLE])
 def test_linear_is_widen_then_multiply(fmt, N, nrows):
-    """BF16 / F16: x @ W of the widened W; Q8_0 / Q4_0: ggml's product, of x rounded to Q8_0
-    blocks (B * nrows = 2, 6, 34 rows; N = 37: a last group of one row)."""
-    K, B = 96 if N < 100 else 256, 2
+    """BF16 / F16: x @ W of the widened W; a block type: ggml's product, of x rounded to its
+    activation blocks (B * nrows = 2, 6, 34 rows; N = 37: a last group of one row)."""
+    K, B = 256 if N < 100 else 512, 2
     w = PackedMatrix.fromFloat(fmt, rand(N, K, seed=3, scale=0.1))    # rows (N, K): W is (K, N)
     assert w.shape == (K, N) and w.transposed
     W = w.rowsFloat().T.astype(np.float64)
@@ -110,42 +80,54 @@ def test_embedding_rows_gather_and_the_tied_head(fmt):
     np.testing.assert_allclose(y[0, 0], want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
-def q4_0x8_by_the_spec(qs, d):
-    """NNTrainer's x86 Q4_0 bytes written from the porting spec's words (§7.3), in loops: for
-    each group of 8 rows and each K-block, the 8 fp16 scales, then 16 chunks of 8 bytes, chunk i
-    = bytes (i // 8) * 8 .. + 8 of row i % 8's qs, XOR 0x88."""
-    N, nb = d.shape
+def q4_0x8_by_the_spec(rows):
+    """NNTrainer's x86 Q4_0 bytes written from the porting spec's words (§7.3), in loops, from
+    plain block_q4_0 rows (N, K / 32 * 18): for each group of 8 rows and each K-block, the 8
+    fp16 scales, then 16 chunks of 8 bytes, chunk i = bytes (i // 8) * 8 .. + 8 of row i % 8's
+    qs, XOR 0x88."""
+    N, nb = rows.shape[0], rows.shape[1] // 18
+    blocks = rows.reshape(N, nb, 18)
     out = bytearray()
     for g in range(0, N, 8):
         for blk in range(nb):
-            out += np.array([d[g + r, blk] for r in range(8)], dtype="<f2").tobytes()
+            for r in range(8):
+                out += blocks[g + r, blk, :2].tobytes()
             for i in range(16):
-                src = qs[g + i % 8, blk * 16 + (i // 8) * 8:blk * 16 + (i // 8) * 8 + 8]
+                src = blocks[g + i % 8, blk, 2 + (i // 8) * 8:2 + (i // 8) * 8 + 8]
                 out += bytes(int(b) ^ 0x88 for b in src)
     return np.frombuffer(bytes(out), dtype=np.uint8)
 
 
-def test_q4_0_bin_layout_is_nntrainers_x86_repack(tmp_path):
+def test_q4_0_bin_layout_is_nntrainers_x86_repack():
     K, N = 64, 16                                         # a (K, N) fully connected weight
     w = PackedMatrix.fromFloat("Q4_0", rand(N, K, seed=8))
-    w_qs, w_d = ggml_blocks_to_rows("Q4_0", w.data, N, K)
-    raw = nntr_bin.repack_q4_0x8(w_qs, w_d)
-    np.testing.assert_array_equal(raw, q4_0x8_by_the_spec(w_qs, w_d))
-    qs, d = nntr_bin.unpack_q4_0x8(raw, N, K)
-    np.testing.assert_array_equal(qs, w_qs)
-    np.testing.assert_array_equal(d, w_d)
-    table = PackedMatrix.fromFloat("Q8_0", rand(10, 32, seed=9), transposed=False)
+    raw = nntr_bin.block_rows_to_bin("fc:weight", (K, N), "Q4_0", w.data)
+    np.testing.assert_array_equal(raw, q4_0x8_by_the_spec(w.data))
+    np.testing.assert_array_equal(nntr_bin.bin_to_block_rows("fc:weight", (K, N), "Q4_0", raw),
+                                  w.data)
+
+
+@pytest.mark.parametrize("fc,table", [("Q4_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_0"),
+                                      ("Q8_0", "Q6_K")])
+def test_quantized_bin_round_trip(tmp_path, fc, table):
+    """A fully connected weight and a table in NNTrainer's quantized layouts: written, read back
+    as the same block rows (plain rows as views of the mapped file), and widened on request."""
+    K, N, V, D = 512, 16, 10, 256
+    w = PackedMatrix.fromFloat(fc, rand(N, K, seed=8))
+    t = PackedMatrix.fromFloat(table, rand(V, D, seed=9), transposed=False)
     path = tmp_path / "q.bin"
-    nntr_bin.write_bin(path, [w, table, rand(3, seed=10)], ["Q4_0", "Q8_0", "FP32"],
+    nntr_bin.write_bin(path, [w, t, rand(3, seed=10)], [fc, table, "FP32"],
                        ["fc:weight", "emb:Embedding", "norm:gamma"])
-    assert path.stat().st_size == N * K // 32 * 18 + 10 * 34 + 12
-    got = nntr_bin.read_bin(path, [("fc:weight", (K, N), "Q4_0", True),
-                                   ("emb:Embedding", (10, 32), "Q8_0", True),
-                                   ("norm:gamma", (3,), "FP32", False)])
-    assert got[0].format == "Q4_0" and got[0].transposed
+    assert path.stat().st_size == (nntr_bin.bin_nbytes((K, N), fc)
+                                   + nntr_bin.bin_nbytes((V, D), table) + 12)
+    specs = [("fc:weight", (K, N), fc), ("emb:Embedding", (V, D), table),
+             ("norm:gamma", (3,), "FP32")]
+    got = nntr_bin.read_bin(path, [(*s, True) for s in specs[:2]] + [(*specs[2], False)])
+    assert (got[0].format, got[0].transposed, got[1].format, got[1].transposed) == \
+        (fc, True, table, False)
     np.testing.assert_array_equal(got[0].data, w.data)
-    np.testing.assert_array_equal(got[1].rowsFloat(), table.rowsFloat())
-    widened = nntr_bin.read_bin(path, [("fc:weight", (K, N), "Q4_0", False),
-                                       ("emb:Embedding", (10, 32), "Q8_0", False),
-                                       ("norm:gamma", (3,), "FP32", False)])
+    np.testing.assert_array_equal(got[1].data, t.data)
+    assert not got[1].data.flags.owndata             # a table's plain rows: the mapped file
+    widened = nntr_bin.read_bin(path, [(*s, False) for s in specs])
     np.testing.assert_array_equal(widened[0], w.toFloat())  # a float weight gets it widened
+    np.testing.assert_array_equal(widened[1], t.toFloat())

@@ -303,8 +303,11 @@ def test_bin_dtype_errors(tmp_path):
         read_bin(path, [("emb", (256,), "Q6_K")])
     with pytest.raises(CausalLMError, match="weight 'x' has dtype 'INT8', not one of"):
         read_bin(path, [("x", (2,), "INT8")])
-    with pytest.raises(CausalLMError, match=r"weight #0: dtype 'Q6_K' is not supported"):
-        write_bin(path, [np.zeros(256)], ["Q6_K"])
+    with pytest.raises(CausalLMError, match=r"weight #0: dtype 'Q2_K' is not supported"):
+        write_bin(path, [np.zeros((8, 256))], ["Q2_K"])
+    with pytest.raises(CausalLMError, match=r"weight 'emb:Embedding' \(2, 256\) cannot be Q4_K: "
+                                            r"NNTrainer has no Q4_K table"):
+        write_bin(path, [np.zeros((2, 256))], ["Q4_K"], ["emb:Embedding"])
     with pytest.raises(CausalLMError, match=r"weight 'fc:weight' \(20, 3\) cannot be Q8_0: it "
                                             r"needs rows of a multiple of 32 values along its"):
         write_bin(path, [np.zeros((20, 3))], ["Q8_0"], ["fc:weight"])

@@ -1,7 +1,7 @@
 """Convert a Hugging Face safetensors model folder into an NNTrainer .bin (no torch).
 
-    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16|Q8_0|Q4_0]
-        [--embd-dtype FP32|FP16|Q8_0|Q4_0] [--lmhead-dtype ...] [--write-nntr-config]
+    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16|Q8_0|Q4_0|Q4_K|Q6_K]
+        [--embd-dtype FP32|FP16|Q8_0|Q4_0|Q6_K] [--lmhead-dtype ...] [--write-nntr-config]
 
 The model is built from MODEL_DIR's config.json (and generation_config.json / nntr_config.json)
 through the Factory, as main.py builds it, but with ``model_tensor_type = "<dtype>-FP32"`` and
@@ -21,10 +21,15 @@ dtype its layer requested (porting spec 7.1, 2.2, 7.5):
                 Q4_0 is plain ``block_q4_0`` rows, as nntrainer writes tables.
     Q8_0-FP32   FC weights as plain ggml ``block_q8_0`` rows (34 bytes per 32 values). Our
                 extension: nntrainer has no Q8_0 type, so only this project reads these files.
+    Q4_K-FP32   FC weights as ggml Q4_K blocks (144 bytes per 256 values) after a 2-byte
+                QScheme (3), in nntrainer's ``block_q4_Kx8`` repack (nntrainer has no Q4_K
+                table). Q6_K: plain ``block_q6_K`` rows (210 bytes per 256 values), what
+                ``nntr_quantize --embd_dtype Q6_K`` and nntrainer's tied embedding write.
 
-Quantizing needs rows of a multiple of 32 values (and, for a Q4_0 FC weight, a multiple of 8
-outputs); a weight that is not gets a one-line error naming it. No torch is needed: the
-quantizers are numba's, byte-identical to ggml's.
+Quantizing needs rows of a multiple of 32 values (256 for Q4_K / Q6_K; and, for a Q4_0 or Q4_K
+FC weight, a multiple of 8 outputs); a weight that is not gets a one-line error naming it. No
+torch is needed: the quantizers are numba's, byte-identical to ggml's
+(causallm/kernels/quantize.py).
 
 FC weights are stored [in, out] (the PyTorch [out, in] transposed), the embedding [vocab, hidden];
 a tied LM head shares the embedding and adds no bytes. The .bin is written atomically.
@@ -54,7 +59,7 @@ from causallm.io.config import load_json  # noqa: E402
 from causallm.io.files import write_json_atomic  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes, block_shape_error  # noqa: E402
 
-BIN_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0")
+BIN_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
 
 # nntr_config keys that do not change the .bin layout; kept small so building the graph for a
 # conversion allocates no large KV cache or activation buffers.

@@ -8,9 +8,9 @@ A packed matrix has R rows of C values along C, as ggml and PyTorch store a Line
     Q4_0, Q8_0, Q4_K, ... (quant.QTYPES)  uint8 (R, C / QK * block bytes): each row's ggml
                                           blocks, exactly as a GGUF file stores them
 
-so a memory-mapped tensor is held without a copy. ``quantize_q8_0`` and ``quantize_q4_0``
-round as ggml's reference quantizers do (``quantize_row_q8_0_ref``, ``quantize_row_q4_0_ref``),
-so a model quantized here equals one quantized by llama.cpp.
+so a memory-mapped tensor is held without a copy. A float matrix is quantized by ggml's
+reference quantizers (kernels/quantize.py), so a model quantized here equals one quantized by
+llama.cpp.
 
 ``PackedMatrix`` holds one and knows its logical shape: a fully connected weight is the logical
 (K, N) = [in, out] of rows (N, K) (``transposed``, as the transpose view of a PyTorch weight);
@@ -32,11 +32,11 @@ import numpy as np
 from numba import njit, prange
 
 from causallm.kernels import quant
+from causallm.kernels.quantize import QUANTIZERS, quantize_rows
 from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
 from causallm.kernels.simd import bf16_to_f32, f16_to_f32
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-BLOCK = 32  # values per Q8_0 / Q4_0 block
 FORMATS = ("BF16", "F16", *quant.QTYPES)
 """Every format a PackedMatrix holds."""
 
@@ -102,83 +102,26 @@ def _widen_bits(fmt: str, a: np.ndarray, out: np.ndarray) -> None:
         out[...] = a.view(np.float16)
 
 
-# -- quantizing, as ggml's reference quantizers -------------------------------------------------
-
-@njit(cache=True, parallel=True)
-def _quantize_q8_0(rows, qs, d):
-    """Q8_0 blocks of float32 rows (R, C) into qs (R, C) and the unrounded d (R, C/32), in
-    float32 as ggml's reference: d = amax / 127, q = roundf(x * (1 / d)) (0 when d is 0)."""
-    R, C = rows.shape
-    for r in prange(R):
-        x = rows[r]
-        for b in range(C // BLOCK):
-            amax = np.float32(0.0)
-            for j in range(b * BLOCK, b * BLOCK + BLOCK):
-                amax = max(amax, abs(x[j]))
-            db = amax / np.float32(127.0)
-            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
-            for j in range(b * BLOCK, b * BLOCK + BLOCK):
-                v = x[j] * inv
-                half = np.float32(0.5) if v >= 0 else np.float32(-0.5)
-                qs[r, j] = np.int8(np.trunc(v + half))  # roundf: half away from zero
-            d[r, b] = db
-
-
-@njit(cache=True, parallel=True)
-def _quantize_q4_0(rows, qs, d):
-    """Q4_0 blocks of float32 rows (R, C) into qs (R, C/2) and the unrounded d (R, C/32), as
-    ggml's reference: m = the first value of largest magnitude, d = m / -8,
-    q = min(15, trunc(x * (1 / d) + 8.5)) (8 when d is 0), nibbles j and j + 16 in byte j."""
-    R, C = rows.shape
-    for r in prange(R):
-        x = rows[r]
-        for b in range(C // BLOCK):
-            o = b * BLOCK
-            amax = np.float32(0.0)
-            m = np.float32(0.0)
-            for j in range(o, o + BLOCK):
-                if abs(x[j]) > amax:
-                    amax = abs(x[j])
-                    m = x[j]
-            db = m / np.float32(-8.0)
-            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
-            for j in range(16):
-                lo = min(15, np.int32(x[o + j] * inv + np.float32(8.5)))
-                hi = min(15, np.int32(x[o + 16 + j] * inv + np.float32(8.5)))
-                qs[r, b * 16 + j] = np.uint8(lo | (hi << 4))
-            d[r, b] = db
-
-
 _PACK_CHUNK = 1024
 """Rows widened and packed at a time: a conversion's float32 copy stays one chunk (4 MiB at
 1024 values a row), not the matrix (a 150k-token embedding table is 600 MB in float32)."""
 
-QUANTIZABLE = ("Q8_0", "Q4_0")
-"""Block types a float matrix can be quantized to here."""
-
-
-def _quantize(fmt: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Float32 rows (R, C) as plain ggml blocks (qs, d): d rounded to fp16 as ggml stores it."""
-    R, C = x.shape
-    if fmt == "Q8_0":
-        qs = np.empty((R, C), dtype=np.int8)
-    else:
-        qs = np.empty((R, C // 2), dtype=np.uint8)
-    d = np.empty((R, C // BLOCK), dtype=np.float32)
-    (_quantize_q8_0 if fmt == "Q8_0" else _quantize_q4_0)(x, qs, d)
-    return qs, d.astype(np.float16).astype(np.float32)
+QUANTIZABLE = tuple(QUANTIZERS)
+"""Block types a float matrix can be quantized to (kernels/quantize.py, ggml's reference
+quantizers byte for byte)."""
 
 
 def pack_rows(fmt: str, R: int, C: int, rows_of) -> np.ndarray:
     """The data a PackedMatrix of ``fmt`` holds for the rows (R, C) that ``rows_of(r0, r1)``
-    gives a chunk at a time as float32: BF16 rounds to nearest even (as torch), F16 as numpy,
-    Q8_0 / Q4_0 as ggml's reference quantizers (C a multiple of 32)."""
+    gives a chunk at a time as float32: BF16 rounds to nearest even (as torch), F16 as numpy, a
+    block type as ggml's reference quantizer (C a multiple of its block)."""
     if fmt in ("BF16", "F16"):
         data = np.empty((R, C), dtype=np.uint16)
     elif fmt in QUANTIZABLE:
-        if C % BLOCK:
-            raise ValueError(f"{fmt} needs rows of a multiple of {BLOCK} values, got {C}")
-        data = np.empty((R, quant.QTYPES[fmt].row_bytes(C)), dtype=np.uint8)
+        qt = quant.QTYPES[fmt]
+        if C % qt.qk:
+            raise ValueError(f"{fmt} needs rows of a multiple of {qt.qk} values, got {C}")
+        data = np.empty((R, qt.row_bytes(C)), dtype=np.uint8)
     else:
         raise ValueError(f"cannot quantize to {fmt} (only to {', '.join(QUANTIZABLE)})")
     for r0 in range(0, R, _PACK_CHUNK):
@@ -190,44 +133,8 @@ def pack_rows(fmt: str, R: int, C: int, rows_of) -> np.ndarray:
         elif fmt == "F16":
             data[r0:r1] = x.astype(np.float16).view(np.uint16)
         else:
-            data[r0:r1] = rows_to_ggml_blocks(fmt, *_quantize(fmt, x))
+            data[r0:r1] = quantize_rows(fmt, x)
     return data
-
-
-def quantize_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(qs int8 (R, C), d float32 (R, C/32)) of float rows (R, C): per block d = amax / 127
-    (stored as fp16), q = roundf(x / d) (half away from zero)."""
-    return _quantize("Q8_0", np.ascontiguousarray(rows, dtype=np.float32))
-
-
-def quantize_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(qs uint8 (R, C/2), d float32 (R, C/32)) of float rows (R, C): per block the value of
-    largest magnitude m gives d = m / -8 (stored as fp16), q = min(15, int8(x / d + 8.5))."""
-    return _quantize("Q4_0", np.ascontiguousarray(rows, dtype=np.float32))
-
-
-# -- ggml's block bytes ------------------------------------------------------------------------
-
-BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
-"""Bytes of a ggml block of 32 values: the fp16 scale d, then the quants."""
-
-
-def rows_to_ggml_blocks(fmt: str, qs: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Rows of (qs, d) as ggml block bytes (R, nb * BLOCK_BYTES) uint8."""
-    R, nb = d.shape
-    out = np.empty((R, nb, BLOCK_BYTES[fmt]), dtype=np.uint8)
-    out[:, :, :2] = d.astype("<f2").view(np.uint8).reshape(R, nb, 2)
-    out[:, :, 2:] = qs.view(np.uint8).reshape(R, nb, -1)
-    return out.reshape(R, -1)
-
-
-def ggml_blocks_to_rows(fmt: str, raw: np.ndarray, R: int, C: int):
-    """ggml block bytes of R rows of C values back to (qs, d)."""
-    nb = C // BLOCK
-    b = raw.reshape(R, nb, BLOCK_BYTES[fmt])
-    d = np.ascontiguousarray(b[:, :, :2]).view("<f2").reshape(R, nb).astype(np.float32)
-    qs = np.ascontiguousarray(b[:, :, 2:]).reshape(R, -1)
-    return (qs.view(np.int8) if fmt == "Q8_0" else qs), d
 
 
 # -- the matrix ---------------------------------------------------------------------------------
