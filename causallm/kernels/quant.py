@@ -457,6 +457,18 @@ def _dot4(kind, qk, w0, w1, w2, w3, x, d, s, u):
     return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
 
 
+@njit(cache=True, inline="always")
+def _dot1(kind, qk, w, x, d, s, u):
+    """Row w times activation row x, its blocks read in order: one stream from memory, which
+    the prefetcher follows (four rows at a time, as _dot4 reads them, streamed at half the
+    rate)."""
+    a0 = zerof()
+    m0 = np.float32(0.0)
+    for b in range(x.shape[0] // qk):
+        a0, m0 = _block(kind, a0, m0, w, b, x, d, s, u)
+    return hsum(a0) + m0
+
+
 # -- widening ---------------------------------------------------------------------------------------
 # Each ``_widen_<type>(w, out)``: row w (its blocks' bytes) as float32 into out (C,), as ggml's
 # ``dequantize_row_<type>``.
@@ -654,9 +666,17 @@ def _row_widen_of(kind, w, out):
 
 @njit(cache=True, fastmath=_FASTMATH)
 def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    """Outputs [n0, n1) of every activation row t = b * nrows + i, four at a time (the last
-    group repeats its last row)."""
+    """Outputs [n0, n1) of every activation row t = b * nrows + i: for one row (decode), each
+    weight row read once in order; for several, four weight rows at a time, each block of
+    them used for every activation row while it is in cache (the last group repeats its last
+    row)."""
     has_bias = bias.shape[0] > 0
+    if q.shape[0] == 1:
+        out = y[0, y_row]
+        for n in range(n0, n1):
+            v = _dot1(kind, qk, w[n], q[0], d[0], s[0], u[0])
+            out[n] = v + bias[n] if has_bias else v
+        return
     for n in range(n0, n1, 4):
         r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
         for t in range(q.shape[0]):

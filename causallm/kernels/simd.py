@@ -206,13 +206,18 @@ def table16(typingctx, array, offset):
 
 @intrinsic
 def bits32(typingctx, array, offset):
-    """Byte j is 0xFF when bit j of the little-endian 32 bits at ``offset`` is set, else 0."""
+    """Byte j is 0xFF when bit j of the little-endian 32 bits at ``offset`` is set, else 0:
+    byte j gets source byte j // 8 (a byte shuffle), all its bits but bit j % 8 set, and
+    equals 0xFF when that bit is set (ggml's ``bytes_from_bits_32``)."""
     def codegen(context, builder, sig, args):
-        word = builder.load(_pointer(context, builder, sig.args[0], *args, _I32), align=1)
-        masks = ir.Constant(ir.VectorType(_I32, 32), [1 << j for j in range(32)])
-        picked = builder.and_(_splat(builder, word, 32), masks)
-        return builder.sext(builder.icmp_unsigned("!=", picked, ir.Constant(picked.type, None)),
-                            _V8)
+        p = _pointer(context, builder, sig.args[0], *args, ir.VectorType(_I8, 4))
+        word = builder.load(p, align=1)
+        spread = builder.shuffle_vector(word, ir.Constant(word.type, ir.Undefined),
+                                        ir.Constant(ir.VectorType(_I32, 32),
+                                                    [j // 8 for j in range(32)]))
+        others = ir.Constant(_V8, [0xFF ^ (1 << (j % 8)) for j in range(32)])
+        full = builder.icmp_unsigned("==", builder.or_(spread, others), _const(_V8, 0xFF))
+        return builder.sext(full, _V8)
     return Bytes32(array, offset), codegen
 
 
