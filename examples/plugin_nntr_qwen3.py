@@ -93,7 +93,8 @@ class NNTRQwen3CausalLM(Qwen3CausalLM):
             withKey("name", QKV), withKey("q_unit", head_dim * n_heads),
             withKey("k_unit", head_dim * n_heads // self.GQA_SIZE),
             withKey("v_unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("input_layers", query_name)]))
+            withKey("input_layers", query_name),
+            withKey("weight_dtype", self.FC_LAYER_DTYPE)]))  # held as every projection
 
         # K-reshaped-norm layer: k_norm(k_proj.view(hidden_shape))
         layers.append(createLayer("reshaped_rms_norm", [
@@ -109,9 +110,7 @@ class NNTRQwen3CausalLM(Qwen3CausalLM):
         layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
 
         # O layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "true"),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(O, self.DIM, A))
         return layers
 
     def registerCustomLayers(self) -> None:

@@ -133,7 +133,7 @@ class ExpertsOnFileMixin:
                 slices[spec.full_name] = part
             else:
                 nb = bin_nbytes(spec.shape, spec.dtype)
-                self.model.setWeight(spec.full_name, read_weight(
+                self.storeWeight(spec.full_name, read_weight(
                     spec.full_name, spec.shape, spec.dtype, spec.packable,
                     mm[part.offset:part.offset + nb].view(np.ndarray), part.offset, weight_path))
         self.attachExpertSources(slices)

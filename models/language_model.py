@@ -29,6 +29,7 @@ from causallm.generation.generator import GenerationResult, Generator, Performan
 from causallm.generation.processors import GenerationSettings
 from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
+from causallm.io.weights import HEAD
 from causallm.models.transformer import Transformer
 
 GENERATION_KEYS = ("eos_token_id", "bos_token_id", "decoder_start_token_id", "pad_token_id",
@@ -69,7 +70,7 @@ class LanguageModel(Transformer):
         self.BAD_WORD_IDS = nntr_cfg.get_int_list("bad_word_ids", [])
         if any(not 0 <= t < self.NUM_VOCAB for t in self.BAD_WORD_IDS):
             raise nntr_cfg.error("bad_word_ids", f"token ids in [0, {self.NUM_VOCAB})")
-        self.LMHEAD_DTYPE = nntr_cfg.get_str("lmhead_dtype", self.EMBEDDING_DTYPE)
+        self.LMHEAD_DTYPE = self.precision.dtype(HEAD)  # lmhead_dtype, else embedding_dtype
 
         if generation_cfg.contains("eos_token_id") and generation_cfg["eos_token_id"] != []:
             self.EOS_TOKEN_ID = generation_cfg.get_int_list("eos_token_id")

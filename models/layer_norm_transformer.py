@@ -58,18 +58,12 @@ class LayerNormTransformer(Transformer):
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:
         p = prefix or f"layer{layer_id}"
-        fc = [withKey("disable_bias", "false" if self.MLP_BIAS else "true"),
-              withKey("weight_initializer", "ones")]
         return [
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
+            self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name, self.MLP_BIAS),
             createLayer("activation", [withKey("name", f"{p}_ffn_act"),
                                        withKey("activation", self.HIDDEN_ACT),
                                        withKey("input_layers", f"{p}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_down"),
-                                            withKey("unit", dim),
-                                            withKey("input_layers", f"{p}_ffn_act"), *fc]),
+            self.createFullyConnected(f"{p}_ffn_down", dim, f"{p}_ffn_act", self.MLP_BIAS),
         ]
 
     def registerCustomLayers(self) -> None:

@@ -192,6 +192,8 @@ class SentenceTransformer(Transformer):
                 props.append(withKey(key, text))
         if component == "Dense" and "activation_function" not in config:
             props.append(withKey("activation", "tanh"))  # sentence-transformers' default
+        if layer_type == "fully_connected":  # held as the model's projections are
+            props.append(withKey("weight_dtype", self.FC_LAYER_DTYPE))
         try:
             layer = createLayer(layer_type, props)
         except CausalLMError as e:

@@ -4,7 +4,8 @@
 ``createTransformerDecoderBlock`` (pre-norm attention + pre-norm SwiGLU MLP, each with a residual
 add) -> ``output_norm``. Subclasses override ``setupParameters``, ``createAttention``,
 ``createMlp``, ``createTransformerDecoderBlock`` and ``registerCustomLayers`` like their C++ twins,
-and the hooks the C++ writes inline: ``createNorm`` (the norm layer), ``layerSlidingWindow`` and
+and the hooks the C++ writes inline: ``createNorm`` (the norm layer), ``layerSlidingWindow``,
+``createFullyConnected`` (every projection, held in ``fc_layer_dtype``) and
 ``attentionCoreProperties`` (the one ``mha_core`` property block, which families override by
 value). ``createAttention`` and ``createMlp`` take a name prefix (``layer{i}`` by default) and
 an attention kind, so an encoder-decoder's stacks build their blocks with the same methods.
@@ -13,25 +14,23 @@ Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
 ``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama
 configs give the projections their biases; the tokenizer path is resolved against the model
 folder (G34); a Hugging Face safetensors folder loads directly through the family's weight
-table (``getHFWeightTable``, causallm/io/weight_table.py).
+table (``getHFWeightTable``, causallm/io/weight_table.py); ``fc_layer_dtype`` holds every
+family's projections, not only Gemma 3's (G24). The load path and the precision policy are
+causallm/io/weights.py; the weight methods here delegate to it.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
-from causallm.io.files import release_pages
-from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
-from causallm.io.safetensors import Checkpoint, float_dtype
+from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
-from causallm.kernels.packed import QUANTIZABLE, PackedMatrix
-from causallm.kernels.quant import QTYPES
-from causallm.progress import files_size, progress
+from causallm.io.weights import (EMBEDDING, FULLY_CONNECTED, WeightLoader, WeightPrecision,
+                                 checkpoint_folder, held_types, stored_precision)
 from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
@@ -139,8 +138,10 @@ class Transformer:
                                             minimum=1)
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
         self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
-        self.EMBEDDING_DTYPE = nntr_cfg.get_str("embedding_dtype", d["embedding_dtype"])
-        self.FC_LAYER_DTYPE = nntr_cfg.get_str("fc_layer_dtype", d["fc_layer_dtype"])
+        # the weights' precision (causallm/io/weights.py): nntr_config's dtype of each kind
+        self.precision = WeightPrecision(nntr_cfg)
+        self.EMBEDDING_DTYPE = self.precision.dtype(EMBEDDING)
+        self.FC_LAYER_DTYPE = self.precision.dtype(FULLY_CONNECTED)
         self.KV_CACHE_DTYPE = None  # kvCacheDtype() decides
         if nntr_cfg.contains("kv_cache_dtype"):
             self.KV_CACHE_DTYPE = nntr_cfg.get_str("kv_cache_dtype").upper()
@@ -256,6 +257,7 @@ class Transformer:
                 f"{self.nntr_cfg.origin('num_to_generate')}: not enough memory for the KV cache "
                 f"and buffers of batch_size {self.BATCH_SIZE}, init_seq_len {self.INIT_SEQ_LEN} "
                 f"and num_to_generate {self.NUM_TO_GENERATE} ({e})") from None
+        self.loader = WeightLoader(self.model, self.precision, type(self).__name__)
         self.is_initialized = True
 
     def constructModel(self) -> None:
@@ -340,29 +342,31 @@ class Transformer:
         prefix = prefix or f"layer{layer_id}"
         Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
         A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-        no_bias = "false" if self.ATTENTION_BIAS else "true"
+        bias = self.ATTENTION_BIAS
+        kv_unit = head_dim * n_heads // self.GQA_SIZE
 
-        layers.append(createLayer("fully_connected", [
-            withKey("name", Q), withKey("unit", head_dim * n_heads),
-            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
-            withKey("weight_initializer", "ones")]))
-
-        layers.append(createLayer("fully_connected", [
-            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
-            withKey("weight_initializer", "ones")]))
-
-        layers.append(createLayer("fully_connected", [
-            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
-            withKey("weight_initializer", "ones")]))
-
+        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias))
+        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias))
+        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias))
         layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
-
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(O, self.DIM, A, bias))
         return layers
+
+    def createFullyConnected(self, name: str, unit: int, input_name: str, bias: bool = False,
+                             shared_from: str | None = None):
+        """The ``fully_connected`` layer ``name``: ``unit`` outputs over ``input_name``, a bias
+        when ``bias``, the weight of ``shared_from`` when given. Every projection of every
+        family comes from here, so all are held alike: ``weight_dtype`` FC_LAYER_DTYPE
+        (nntr_config's ``fc_layer_dtype``, else ``model_tensor_type``'s weight part;
+        causallm/io/weights.py). The C++ writes the property block inline; only Gemma 3's
+        sets ``weight_dtype`` (spec G24)."""
+        props = [withKey("name", name), withKey("unit", unit),
+                 withKey("disable_bias", "false" if bias else "true"),
+                 withKey("input_layers", input_name), withKey("weight_initializer", "ones"),
+                 withKey("weight_dtype", self.FC_LAYER_DTYPE)]
+        if shared_from:
+            props.append(withKey("shared_from", shared_from))
+        return createLayer("fully_connected", props)
 
     def createAttentionCore(self, name: str, layer_id: int, n_heads: int, input_layers: list,
                             kind: str = SELF_ATTENTION):
@@ -404,23 +408,15 @@ class Transformer:
         ``_ffn_swiglu``, ``_ffn_down`` (prefix: ``layer{i}`` when empty)."""
         p = prefix or f"layer{layer_id}"
         layers = []
-        no_bias = "false" if self.MLP_BIAS else "true"
-        layers.append(createLayer("fully_connected", [
-            withKey("name", f"{p}_ffn_up"), withKey("unit", hidden_dim),
-            withKey("disable_bias", no_bias), withKey("input_layers", input_name),
-            withKey("weight_initializer", "ones")]))
-        layers.append(createLayer("fully_connected", [
-            withKey("name", f"{p}_ffn_gate"), withKey("unit", hidden_dim),
-            withKey("disable_bias", no_bias), withKey("input_layers", input_name),
-            withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name,
+                                                self.MLP_BIAS))
+        layers.append(self.createFullyConnected(f"{p}_ffn_gate", hidden_dim, input_name,
+                                                self.MLP_BIAS))
         layers.append(createLayer("swiglu", [
             withKey("name", f"{p}_ffn_swiglu"),
             withKey("input_layers", f"{p}_ffn_gate,{p}_ffn_up")]))
-        layers.append(createLayer("fully_connected", [
-            withKey("name", f"{p}_ffn_down"), withKey("unit", dim),
-            withKey("disable_bias", no_bias),
-            withKey("input_layers", f"{p}_ffn_swiglu"),
-            withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(f"{p}_ffn_down", dim, f"{p}_ffn_swiglu",
+                                                self.MLP_BIAS))
         return layers
 
     def registerCustomLayers(self) -> None:
@@ -456,7 +452,8 @@ class Transformer:
 
     def load_weight(self, weight_path: str | None = None) -> None:
         """Load an NNTrainer .bin file, a Hugging Face safetensors file or folder, or a GGUF
-        file (by default ``defaultWeightPath()``; kept as ``weight_path``)."""
+        file (by default ``defaultWeightPath()``; kept as ``weight_path``), each weight held as
+        the precision policy says (causallm/io/weights.py)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
         if weight_path is None:
@@ -467,15 +464,7 @@ class Transformer:
         elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
             self.load_hf_weight(weight_path)
         else:
-            self.model.load(weight_path, ModelFormat.MODEL_FORMAT_BIN)
-            fmt = getattr(self, "WEIGHT_FORMAT", None)
-            if fmt is not None:
-                packable = [s.full_name for s in self.model.getWeightSpecs() if s.packable]
-                with progress(len(packable), f"converting weights to {fmt}", "tensor",
-                              files_size([weight_path])) as bar:
-                    for name in packable:
-                        self.storeWeight(name, self.model.getWeight(name))
-                        bar.update()
+            self.loader.loadBin(weight_path)
         self.model.warmup()
 
     def openHFCheckpoint(self, folder: str) -> Checkpoint:
@@ -486,41 +475,32 @@ class Transformer:
     def load_hf_weight(self, path: str) -> None:
         """Map every tensor of a safetensors checkpoint onto a layer weight through the weight
         table; every weight must be covered and every tensor used (the error names the ones
-        that are not). Weights are held as ``weightFormat`` says."""
-        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        self.loadCheckpoint(self.openHFCheckpoint(folder))
+        that are not)."""
+        self.loadCheckpoint(self.openHFCheckpoint(checkpoint_folder(path)))
 
     def load_gguf_weight(self, path: str) -> None:
         """The weights of a GGUF file under the Hugging Face names of the weight table
-        (causallm/io/gguf_file.py): quantized types without a kernel become Q8_0 unless a
-        weight format is set."""
-        gguf = getattr(self.cfg, "gguf", None)
-        if gguf is None or os.path.abspath(gguf.path) != os.path.abspath(path):
-            gguf = GGUFFile(path)
+        (causallm/io/gguf_file.py)."""
         weight_map = self.getHFWeightMap()
         names = [*weight_map, *self.getHFWeightTable().aliasMap(weight_map)]
-        requantize = None if getattr(self, "WEIGHT_FORMAT", None) else "Q8_0"
-        ckpt = GGUFCheckpoint(gguf, names, requantize)
+        ckpt = self.loader.openGGUF(path, getattr(self.cfg, "gguf", None), names)
         self.loadCheckpoint(ckpt)
-        for kind, n in ckpt.requantized.items():
-            print(f"[gguf] {n} {kind} tensor(s) held as {requantize} (no {kind} kernel; --dtype "
-                  f"chooses another format)", file=sys.stderr)
+        self.loader.reportRequantized(ckpt)
 
     def loadCheckpoint(self, ckpt) -> None:
-        """Every weight from ``ckpt`` through the weight table, held as ``storeWeight`` says."""
-        packable = {s.full_name: not s.full_name.endswith(":Embedding")
-                    for s in self.model.getWeightSpecs() if s.packable}
-        self.getHFWeightTable().load(ckpt, self.getHFWeightMap(), self.storeWeight,
-                                     type(self).__name__, packable)
+        """Every weight from ``ckpt`` through the weight table (WeightLoader.loadCheckpoint)."""
+        self.loader.loadCheckpoint(ckpt, self.getHFWeightTable(), self.getHFWeightMap())
 
-    # -- weight precision -------------------------------------------------------------------
+    def storeWeight(self, target: str, value) -> None:
+        """``model.setWeight`` after converting a packable weight to its held format."""
+        self.loader.store(target, value)
+
+    # -- weight precision (the policy: causallm/io/weights.py) ------------------------------
     def setWeightFormat(self, fmt: str | None) -> None:
-        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (FP32,
-        BF16, FP16, Q8_0, Q4_0; ``--dtype``), converting at load; None: weightFormat's rule."""
-        if fmt is not None and fmt.upper() not in WEIGHT_FORMATS:
-            raise CausalLMError(f"weight format {fmt!r} is not one of "
-                                f"{', '.join(WEIGHT_FORMATS)}")
-        self.WEIGHT_FORMAT = None if fmt is None else fmt.upper()
+        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (one of
+        WEIGHT_FORMATS; ``--dtype``), converting at load; None: nntr_config's dtypes, else the
+        checkpoint's."""
+        self.precision.setOverride(fmt)
 
     def setKVCacheDtype(self, dtype: str | None) -> None:
         """Hold the self-attention KV caches as ``dtype`` (FP32 or FP16; ``--kv-dtype``),
@@ -542,49 +522,27 @@ class Transformer:
         return "FP32" if self.weightPrecision() == "FP32" else "FP16"
 
     def weightPrecision(self) -> str:
-        """The precision the fully connected weights are held in: the ``setWeightFormat``
-        one; else nntr_config's ``fc_layer_dtype`` or ``model_tensor_type``'s weight part when
-        not FP32, or FP32 when the weights are a .bin file; else the one the folder's
-        safetensors hold most of (FP32 when none)."""
-        if getattr(self, "WEIGHT_FORMAT", None) is not None:
-            return self.WEIGHT_FORMAT
-        for dtype in (self.FC_LAYER_DTYPE, self.MODEL_TENSOR_TYPE.split("-")[0]):
-            if dtype.upper() != "FP32":
-                return dtype.upper()
-        if self.nntr_cfg.contains("model_file_name"):
-            return "FP32"
-        if getattr(self.cfg, "gguf", None) is not None:
-            return self.cfg.gguf.weightPrecision()
-        if getattr(self, "_saved_precision", None) is None:
-            try:
-                dtype = float_dtype(Checkpoint(self.cfg.directory))
-            except CausalLMError:
-                dtype = None
-            self._saved_precision = {"BF16": "BF16", "F16": "FP16"}.get(dtype, "FP32")
-        return self._saved_precision
+        """The precision the fully connected weights are held in: the ``setWeightFormat`` one,
+        else nntr_config's when not FP32, else that of the weights ``defaultWeightPath`` names
+        (FP32 for a .bin or when there are none yet)."""
+        def stored() -> str:
+            if getattr(self, "_stored_precision", None) is None:
+                try:
+                    path = self.defaultWeightPath()
+                except CausalLMError:  # load_weight says so
+                    path = None
+                self._stored_precision = ("FP32" if path is None else
+                                          stored_precision(path, getattr(self.cfg, "gguf", None)))
+            return self._stored_precision
+        return self.precision.fullyConnected(stored)
 
     def weightFormat(self, spec) -> str | None:
-        """The format a packable weight is held in, or None to keep the checkpoint's (F32,
-        BF16 and F16 stay as they are): the ``setWeightFormat`` / ``--dtype`` one, else the
-        weight's dtype from nntr_config (``fc_layer_dtype``, ``embedding_dtype``,
-        ``lmhead_dtype``) unless that is FP32, the default."""
-        fmt = getattr(self, "WEIGHT_FORMAT", None) or spec.dtype.upper()
-        return None if fmt == "FP32" and getattr(self, "WEIGHT_FORMAT", None) is None else fmt
+        """The format packable weight ``spec`` is held in, or None to keep the checkpoint's."""
+        return self.precision.heldFormat(spec)
 
-    def storeWeight(self, target: str, value) -> None:
-        """``model.setWeight`` after converting a packable weight to its weightFormat."""
-        spec = self._spec_of.get(target) if hasattr(self, "_spec_of") else None
-        if spec is None:
-            self._spec_of = {s.full_name: s for s in self.model.getWeightSpecs()}
-            spec = self._spec_of[target]
-        if spec.packable:
-            fmt = self.weightFormat(spec)
-            if fmt is not None:
-                held = convertWeight(value, fmt, transposed=not target.endswith(":Embedding"))
-                if held is not value:  # only the conversion is kept: give the file's pages back
-                    release_pages(value.data if isinstance(value, PackedMatrix) else value)
-                value = held
-        self.model.setWeight(target, value)
+    def weightTypes(self) -> dict[str, int]:
+        """{type: count} of the packable weights as held (F32, BF16, F16, Q8_0, ...)."""
+        return held_types(self.model)
 
     def save_weight(self, weight_path: str, dtype: str | None = None,
                     layer_dtype_map: dict | None = None) -> None:
@@ -620,28 +578,6 @@ class Transformer:
         bare Transformer (no head) has nothing to run, as in C++, and says so."""
         raise CausalLMError(f"{type(self).__name__}.run: a bare Transformer has no head; use "
                             f"CausalLM or SentenceTransformer")
-
-
-WEIGHT_FORMATS = ("FP32", "BF16", "FP16", *QUANTIZABLE)
-"""What ``--dtype`` and the nntr_config dtype keys may hold a packable weight as."""
-_PACKED_NAME = {"BF16": "BF16", "FP16": "F16", **{q: q for q in QUANTIZABLE}}
-
-
-def convertWeight(value, fmt: str, transposed: bool):
-    """A weight (float32 array of its logical shape, or a PackedMatrix) held as ``fmt``:
-    float32 for FP32, else a PackedMatrix whose rows are the logical (K, N)'s columns
-    (``transposed``: a fully connected weight) or rows (an embedding). A weight whose rows are
-    not whole blocks of a quantized type stays as it is."""
-    if fmt == "FP32":
-        return value.toFloat() if isinstance(value, PackedMatrix) else value
-    packed = _PACKED_NAME.get(fmt)
-    if packed is None:
-        raise CausalLMError(f"weight format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    if packed in QTYPES and value.shape[0 if transposed else 1] % QTYPES[packed].qk:
-        return value
-    if isinstance(value, PackedMatrix):
-        return value.to(packed)
-    return PackedMatrix.fromFloat(packed, value.T if transposed else value, transposed)
 
 
 def set_threads(n: int) -> None:

@@ -64,9 +64,9 @@ class VisionLanguageModel:
     # -- graph ------------------------------------------------------------------------------
     def createVisionStage(self) -> None:
         """The tower and the projector, added to the model as stage ``vision`` (batch 1)."""
-        tower, out = createVisionTower(self.VISION, self.FC_LAYER_DTYPE)
+        tower, out = createVisionTower(self.VISION, self.createFullyConnected)
         projector, features = createMultiModalProjector(self.VISION, self.VISION_TEXT_DIM, out,
-                                                        self.FC_LAYER_DTYPE)
+                                                        self.createFullyConnected)
         for layer in tower + projector:
             self.model.addLayer(layer)
         self.model.addStage(VISION, [f"{VISION}_input0"], [out, features], batch=1)

@@ -29,6 +29,43 @@ expected logits in float32, caches included (a half checkpoint's default cache i
 check_fp16_cache)."""
 
 
+def read_safetensors_raw(path):
+    """{name: (dtype string, shape, raw bytes)} of one .safetensors file, parsed by hand."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    data = blob[8 + n:]
+    return {k: (v["dtype"], tuple(v["shape"]), data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def read_hf_raw(folder):
+    """read_safetensors_raw over a folder's model.safetensors or its index's shards."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors_raw(os.path.join(folder, "model.safetensors"))
+    with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for name in files:
+        out.update(read_safetensors_raw(os.path.join(folder, name)))
+    return out
+
+
+def to_f32(dtype, shape, raw):
+    if dtype == "BF16":
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, {"F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
+
+
+def read_hf(folder):
+    """{name: float32 array} of a Hugging Face folder (a fixture name or a path), widened from
+    F32 / F16 / BF16, read without our loader."""
+    return {k: to_f32(*v) for k, v in read_hf_raw(os.path.join(FIXTURES, folder)).items()}
+
+
 def load(cls, name, cfg_changes=None, weights=None, **nntr):
     """cls built from fixture ``name`` (or a folder path), config.json keys replaced by
     cfg_changes, nntr_config keys by nntr (init_seq_len and num_to_generate 64 unless given),
@@ -40,6 +77,17 @@ def load(cls, name, cfg_changes=None, weights=None, **nntr):
     model = cls(cfg, gen, nntr_cfg)
     model.initialize()
     model.load_weight(weights or folder)
+    return model
+
+
+def from_folder(name, **nntr):
+    """The fixture's model as main.py builds it (nothing pinned, the cache's precision
+    included; init_seq_len and num_to_generate 64 unless given), loaded."""
+    from causallm.factory import Factory
+    model = Factory.Instance().createFromFolder(
+        os.path.join(FIXTURES, name), **{"init_seq_len": 64, "num_to_generate": 64, **nntr})
+    model.initialize()
+    model.load_weight()
     return model
 
 
@@ -138,6 +186,42 @@ def check_close(model, ref, rtol, margin, what):
         if decided(ref, k, margin):
             assert int(np.argmax(row)) == ref["tokens"][k], f"{what}, greedy token {k}"
     return logits
+
+
+QUANTIZED_KL = {"Q8_0": 0.01, "Q4_0": 0.4}
+"""The largest KL divergence of a step's next-token distribution from transformers' float32 one
+when the weights are quantized at load (weight rounding and int8 activations): this tiny random
+model (hidden 96) loses much to Q4_0 (KL 0.22-0.28, cosine 0.78-0.83) and little to Q8_0
+(below 0.004); unrelated logits of the same values give KL 1.3."""
+
+QUANTIZED_KL_MEAN = 2e-3
+"""The largest mean KL over the steps of Q8_0 weights (seen: up to 1.6e-3)."""
+
+
+def kl_divergence(want, got):
+    """Per row, KL(softmax(want) || softmax(got)) in float64, of logits (N, V)."""
+    def log_softmax(x):
+        x = np.asarray(x, dtype=np.float64)
+        x = x - x.max(axis=1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    lw, lg = log_softmax(want), log_softmax(got)
+    return (np.exp(lw) * (lw - lg)).sum(axis=1)
+
+
+def check_quantized(model, ref, fmt, what):
+    """Teacher-forced steps of weights quantized to ``fmt`` at load: every step's KL divergence
+    below QUANTIZED_KL[fmt]; for Q8_0 also a mean below QUANTIZED_KL_MEAN and the greedy token
+    wherever transformers' is decided by INT8_ACTIVATIONS_MARGIN (Q4_0 moves decided ones on
+    these tiny models). Returns the KL divergences (N,)."""
+    logits = teacher_forced(model, ref)
+    kl = kl_divergence(ref["step_logits"], logits)
+    assert kl.max() < QUANTIZED_KL[fmt], f"{what}: KL {kl.max():.3g} at step {kl.argmax()}"
+    if fmt == "Q8_0":
+        assert kl.mean() < QUANTIZED_KL_MEAN, f"{what}: mean KL {kl.mean():.3g}"
+        for k, row in enumerate(logits):
+            if decided(ref, k, INT8_ACTIVATIONS_MARGIN):
+                assert int(np.argmax(row)) == ref["tokens"][k], f"{what}, greedy token {k}"
+    return kl
 
 
 def check_fp16_cache(model, ref):

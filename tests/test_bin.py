@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import parity
 import pytest
-from parity import assert_logits_close, expected, prefill
+from parity import (assert_logits_close, expected, prefill, read_hf, read_hf_raw,
+                    read_safetensors_raw)
 
 from causallm.errors import CausalLMError
 from causallm.io.config import load_model_configs
@@ -34,42 +35,6 @@ FC = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj
 
 
 # ----------------------------------------------------------------------- independent helpers
-
-def read_safetensors_raw(path):
-    """{name: (dtype string, shape, raw bytes)} of one .safetensors file, parsed by hand."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    n = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
-    data = blob[8 + n:]
-    return {k: (v["dtype"], tuple(v["shape"]), data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items()}
-
-
-def read_hf_raw(folder):
-    """read_safetensors_raw over a folder's model.safetensors or its index's shards."""
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if not os.path.exists(index):
-        return read_safetensors_raw(os.path.join(folder, "model.safetensors"))
-    with open(index) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
-    out = {}
-    for name in files:
-        out.update(read_safetensors_raw(os.path.join(folder, name)))
-    return out
-
-
-def to_f32(dtype, shape, raw):
-    if dtype == "BF16":
-        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(raw, {"F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
-
-
-def read_hf(folder):
-    """{name: float32 array} of a Hugging Face folder, widened from F32/F16/BF16."""
-    return {k: to_f32(*v) for k, v in read_hf_raw(folder).items()}
-
 
 def converter_bin(path, params, n_layers, fc_dtype=np.float32):
     """The C++ converters' layout for a Llama decoder; FC weights as fc_dtype, the rest FP32
@@ -225,10 +190,8 @@ def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head,
     np.testing.assert_allclose(logits, prefill(at_load, ref["prompt_ids"]), rtol=0, atol=1e-5)
     # against transformers' float32: this tiny random model (hidden 96) loses much to Q4_0
     # (KL 0.22-0.28, cosine 0.78-0.83); unrelated logits of the same values give KL 1.3
-    p, q = (np.exp(a - a.max()) / np.exp(a - a.max()).sum() for a in (ref["prefill_logits"],
-                                                                      logits))
-    kl = float(np.sum(p * np.log(p / q)))
-    assert kl < (0.01 if fc == "Q8_0" else 0.4), kl
+    kl = float(parity.kl_divergence(ref["prefill_logits"][None], logits[None])[0])
+    assert kl < parity.QUANTIZED_KL[fc], kl
     if fc == "Q8_0":
         assert int(np.argmax(logits)) == ref["tokens"][0]
     n = len(ref["tokens"])
@@ -328,8 +291,16 @@ def test_size_errors_are_one_line_and_name_the_bytes(delta, tmp_path):
 def test_bad_dtypes_are_one_line_errors(tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(os.path.join(FIXTURES, "llama-gqa3"), folder)
-    (folder / "nntr_config.json").write_text('{"embedding_dtype": "Q6_K"}')
-    with pytest.raises(CausalLMError, match=r"embedding0:Embedding.*Q6_K.*FP32, FP16, Q8_0, Q4_0"):
+    (folder / "nntr_config.json").write_text('{"embedding_dtype": "Q3_K"}')
+    with pytest.raises(CausalLMError, match=r"nntr_config.json: 'embedding_dtype' must be one of "
+                                            r".*, got 'Q3_K'$"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"))
+    (folder / "nntr_config.json").write_text('{"embedding_dtype": "Q6_K"}')  # rows of 96 values
+    with pytest.raises(CausalLMError, match=r"weight 'embedding0:Embedding' \(4003, 96\) cannot "
+                                            r"be Q6_K: it needs rows of a multiple of 256"):
+        hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"))
+    (folder / "nntr_config.json").write_text('{"embedding_dtype": "BF16"}')  # held, not written
+    with pytest.raises(CausalLMError, match=r"embedding0:Embedding.*BF16.*FP32, FP16, Q8_0, Q4_0"):
         hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"))
     with pytest.raises(CausalLMError, match="--dtype"):
         hf_to_bin.convert(str(folder), str(tmp_path / "m.bin"), "Q6_K")

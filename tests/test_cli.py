@@ -552,5 +552,5 @@ def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
 def test_dtype_choices_are_every_weight_format():
     """--dtype's literal choices (no kernel imported to parse the command line) are the formats
     the models hold weights in."""
-    from causallm.models.transformer import WEIGHT_FORMATS
+    from causallm.io.weights import WEIGHT_FORMATS
     assert tuple(main.WEIGHT_FORMATS) == WEIGHT_FORMATS

@@ -333,19 +333,9 @@ HALF_FIXTURES = ["llama-hd80-bf16-sharded", "llama-f16-yarn-bias", "qwen2-gqa4",
                  "gemma3-softcap", "gpt2-untied-scaled", "qwen3moe-e8k2-dense", "gpt-oss-tiny"]
 
 
-def from_folder(name, **nntr):
-    """The fixture's model as main.py builds it (no cache precision pinned), loaded."""
-    from causallm.factory import Factory
-    model = Factory.Instance().createFromFolder(os.path.join(parity.FIXTURES, name),
-                                                init_seq_len=64, num_to_generate=64, **nntr)
-    model.initialize()
-    model.load_weight()
-    return model
-
-
 @pytest.mark.parametrize("name", HALF_FIXTURES)
 def test_a_half_checkpoint_gets_an_fp16_cache_within_its_rounding(name):
-    parity.check_fp16_cache(from_folder(name), parity.expected(name))
+    parity.check_fp16_cache(parity.from_folder(name), parity.expected(name))
 
 
 @pytest.mark.parametrize("name,nntr,want", [
@@ -356,7 +346,7 @@ def test_a_half_checkpoint_gets_an_fp16_cache_within_its_rounding(name):
     ("llama-gqa3", {"fc_layer_dtype": "Q4_0"}, np.uint16),       # held as Q4_0
 ])
 def test_cache_precision_follows_the_weights_unless_set(name, nntr, want):
-    model = from_folder(name, **nntr)
+    model = parity.from_folder(name, **nntr)
     assert {c.key.dtype for c in model.model.getKVCaches("self")} == {np.dtype(want)}
 
 

@@ -1,6 +1,6 @@
 """Convert a Hugging Face safetensors model folder into an NNTrainer .bin (no torch).
 
-    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16|Q8_0|Q4_0|Q4_K|Q6_K]
+    python tools/hf_to_bin.py MODEL_DIR [-o OUT.bin] [--dtype FP32|FP16|Q8_0|Q4_0|Q4_K]
         [--embd-dtype FP32|FP16|Q8_0|Q4_0|Q6_K] [--lmhead-dtype ...] [--write-nntr-config]
 
 The model is built from MODEL_DIR's config.json (and generation_config.json / nntr_config.json)
@@ -59,7 +59,11 @@ from causallm.io.config import load_json  # noqa: E402
 from causallm.io.files import write_json_atomic  # noqa: E402
 from causallm.io.nntr_bin import bin_nbytes, block_shape_error  # noqa: E402
 
-BIN_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
+FC_DTYPES = ("FP32", "FP16", "Q8_0", "Q4_0", "Q4_K")
+"""--dtype: what fully connected weights are written in (each a ``model_tensor_type`` weight
+part; Q8_0 is ours)."""
+BIN_DTYPES = (*FC_DTYPES, "Q6_K")
+"""--embd-dtype / --lmhead-dtype, and every dtype this tool writes: Q6_K too (tables)."""
 
 # nntr_config keys that do not change the .bin layout; kept small so building the graph for a
 # conversion allocates no large KV cache or activation buffers.
@@ -101,11 +105,11 @@ def default_output(model_dir: str, dtype: str, embd_dtype: str = "FP32") -> str:
     return os.path.join(model_dir, f"nntr_{base.strip('_') or 'model'}_{_tag(dtype)}{embd}.bin")
 
 
-def _dtype(value: str | None, flag: str) -> str | None:
+def _dtype(value: str | None, flag: str, choices=BIN_DTYPES) -> str | None:
     if value is None:
         return None
-    if value.upper() not in BIN_DTYPES:
-        raise CausalLMError(f"{flag} must be one of {', '.join(BIN_DTYPES)}, not {value!r}")
+    if value.upper() not in choices:
+        raise CausalLMError(f"{flag} must be one of {', '.join(choices)}, not {value!r}")
     return value.upper()
 
 
@@ -116,7 +120,7 @@ def convert(model_dir: str, out: str | None = None, dtype: str = "FP32",
     in ``embd_dtype`` and an untied head in ``lmhead_dtype`` (by default nntr_config.json's,
     else FP32 and the embedding's; see the module docstring); optionally point
     MODEL_DIR/nntr_config.json at it."""
-    dtype = _dtype(dtype, "--dtype")
+    dtype = _dtype(dtype, "--dtype", FC_DTYPES)
     if out is not None:  # refuse before the conversion, which takes a while
         folder = os.path.dirname(os.path.abspath(out))
         if os.path.isdir(out):
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None,
                    help="the .bin to write, in an existing folder "
                         "(default: MODEL_DIR/nntr_<name>_<dtype>.bin)")
-    p.add_argument("--dtype", default="FP32", type=str.upper, choices=BIN_DTYPES,
+    p.add_argument("--dtype", default="FP32", type=str.upper, choices=FC_DTYPES,
                    help="dtype of the FC weights (FP16 gives model_tensor_type FP16-FP32, "
                         "Q4_0 Q4_0-FP32, ...)")
     p.add_argument("--embd-dtype", default=None, type=str.upper, choices=BIN_DTYPES,

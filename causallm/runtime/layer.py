@@ -26,8 +26,9 @@ from causallm.errors import CausalLMError
 from causallm.runtime.properties import Prop
 
 DTYPES = ("FP32", "FP16", "Q4_0", "Q6_K", "Q4_K", "BCQ", "QINT4", "QINT8", "QINT16",
-          "UINT4", "UINT8", "UINT16", "Q8_0")
-"""nntrainer's weight dtypes, and Q8_0 (ggml's block_q8_0: our extension)."""
+          "UINT4", "UINT8", "UINT16", "Q8_0", "BF16", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
+"""nntrainer's weight dtypes, and our extensions: BF16 and ggml's Q8_0, Q4_1, Q5_0, Q5_1, Q5_K
+(the block types a weight can be quantized to, kernels/quantize.py)."""
 
 
 @dataclass(frozen=True)

@@ -205,15 +205,11 @@ class Gemma3Transformer(Transformer):
         Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
         Q_norm, K_norm = f"{prefix}_q_norm", f"{prefix}_k_norm"
         A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-        no_bias = "false" if self.ATTENTION_BIAS else "true"
 
         for name, unit, source in ((Q, head_dim * n_heads, query_name),
                                    (K, head_dim * n_heads // self.GQA_SIZE, key_name),
                                    (V, head_dim * n_heads // self.GQA_SIZE, value_name)):
-            layers.append(createLayer("fully_connected", [
-                withKey("name", name), withKey("unit", unit), withKey("disable_bias", no_bias),
-                withKey("input_layers", source), withKey("weight_initializer", "ones"),
-                withKey("weight_dtype", self.FC_LAYER_DTYPE)]))
+            layers.append(self.createFullyConnected(name, unit, source, self.ATTENTION_BIAS))
 
         for name, source in ((Q_norm, Q), (K_norm, K)):
             layers.append(createLayer("reshaped_rms_norm", [
@@ -223,10 +219,7 @@ class Gemma3Transformer(Transformer):
 
         layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
 
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
-            withKey("input_layers", A), withKey("weight_initializer", "ones"),
-            withKey("weight_dtype", self.FC_LAYER_DTYPE)]))
+        layers.append(self.createFullyConnected(O, self.DIM, A, self.ATTENTION_BIAS))
         return layers
 
     def attentionCoreProperties(self, layer_id: int, n_heads: int,
@@ -247,24 +240,16 @@ class Gemma3Transformer(Transformer):
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:
         p = prefix or f"layer{layer_id}"
-        fc = [withKey("disable_bias", "true"), withKey("weight_initializer", "ones"),
-              withKey("weight_dtype", self.FC_LAYER_DTYPE)]
         return [
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_gate"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
+            self.createFullyConnected(f"{p}_ffn_gate", hidden_dim, input_name),
             createLayer("activation", [withKey("name", f"{p}_ffn_gate_gelu"),
                                        withKey("activation", self.HIDDEN_ACT),
                                        withKey("input_layers", f"{p}_ffn_gate")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
+            self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name),
             createLayer("multiply", [withKey("name", f"{p}_ffn_geglu"),
                                      withKey("input_layers",
                                              f"{p}_ffn_gate_gelu,{p}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_down"),
-                                            withKey("unit", dim),
-                                            withKey("input_layers", f"{p}_ffn_geglu"), *fc]),
+            self.createFullyConnected(f"{p}_ffn_down", dim, f"{p}_ffn_geglu"),
         ]
 
     def registerCustomLayers(self) -> None:

@@ -17,7 +17,6 @@ them), the MLP has no bias whatever ``mlp_bias`` says, and an untied checkpoint'
 
 from __future__ import annotations
 
-from causallm.api import createLayer, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.runtime.properties import UINT_MAX
@@ -91,31 +90,12 @@ class Qwen2Transformer(Transformer):
         Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
         A, O = f"{prefix}_attention", f"{prefix}_attention_out"
 
-        # Q layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", Q), withKey("unit", head_dim * n_heads),
-            withKey("disable_bias", "false"), withKey("input_layers", query_name),
-            withKey("weight_initializer", "ones")]))
-
-        # K layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", "false"), withKey("input_layers", key_name),
-            withKey("weight_initializer", "ones")]))
-
-        # V layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", "false"), withKey("input_layers", value_name),
-            withKey("weight_initializer", "ones")]))
-
-        # Attention core layer
+        kv_unit = head_dim * n_heads // self.GQA_SIZE
+        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias=True))
+        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias=True))
+        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias=True))
         layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
-
-        # O layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", "true"),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(O, self.DIM, A))
         return layers
 
 

@@ -59,13 +59,11 @@ class Qwen3Transformer(Transformer):
         K, K_norm = f"{prefix}_wk", f"{prefix}_k_norm"
         V = f"{prefix}_wv"
         A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-        no_bias = "false" if self.ATTENTION_BIAS else "true"
+        bias = self.ATTENTION_BIAS
+        kv_unit = head_dim * n_heads // self.GQA_SIZE
 
         # Q layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", Q), withKey("unit", head_dim * n_heads),
-            withKey("disable_bias", no_bias), withKey("input_layers", query_name),
-            withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias))
 
         # Q-reshaped-norm layer: q_norm(q_proj(x).view(..., n_heads, head_dim))
         layers.append(createLayer("reshaped_rms_norm", [
@@ -73,10 +71,7 @@ class Qwen3Transformer(Transformer):
             withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
 
         # K layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", K), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", key_name),
-            withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias))
 
         # K-reshaped-norm layer: k_norm(k_proj(x).view(..., n_kv_heads, head_dim))
         layers.append(createLayer("reshaped_rms_norm", [
@@ -84,18 +79,13 @@ class Qwen3Transformer(Transformer):
             withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
 
         # V layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", V), withKey("unit", head_dim * n_heads // self.GQA_SIZE),
-            withKey("disable_bias", no_bias), withKey("input_layers", value_name),
-            withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias))
 
         # Attention core layer
         layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
 
         # O layer
-        layers.append(createLayer("fully_connected", [
-            withKey("name", O), withKey("unit", self.DIM), withKey("disable_bias", no_bias),
-            withKey("input_layers", A), withKey("weight_initializer", "ones")]))
+        layers.append(self.createFullyConnected(O, self.DIM, A, bias))
         return layers
 
     def registerCustomLayers(self) -> None:

@@ -110,11 +110,11 @@ class SiglipVisionConfig:
         return out
 
 
-def createVisionTower(vc: SiglipVisionConfig, fc_dtype: str = "FP32") -> tuple[list, str]:
-    """The tower's layers from ``vision_input0`` (the image) and the name of its output."""
+def createVisionTower(vc: SiglipVisionConfig, createFullyConnected) -> tuple[list, str]:
+    """The tower's layers from ``vision_input0`` (the image) and the name of its output; its
+    projections from ``createFullyConnected(name, unit, input_name, bias)`` (the model's
+    hook, Transformer.createFullyConnected)."""
     D, N = vc.hidden_size, vc.num_patches
-    fc = [withKey("disable_bias", "false"), withKey("weight_initializer", "ones"),
-          withKey("weight_dtype", fc_dtype)]
 
     def norm(name, source):
         return createLayer("layer_normalization", [
@@ -122,8 +122,7 @@ def createVisionTower(vc: SiglipVisionConfig, fc_dtype: str = "FP32") -> tuple[l
             withKey("epsilon", vc.eps)])
 
     def linear(name, unit, source):
-        return createLayer("fully_connected", [withKey("name", name), withKey("unit", unit),
-                                               withKey("input_layers", source), *fc])
+        return createFullyConnected(name, unit, source, True)
 
     layers = [
         createLayer("input", [withKey("name", f"{VISION}_input0"),
@@ -175,9 +174,10 @@ def createVisionTower(vc: SiglipVisionConfig, fc_dtype: str = "FP32") -> tuple[l
 
 
 def createMultiModalProjector(vc: SiglipVisionConfig, text_hidden: int, input_name: str,
-                              fc_dtype: str = "FP32") -> tuple[list, str]:
+                              createFullyConnected) -> tuple[list, str]:
     """Gemma 3's projector over the tower's output: average-pool the patch grid to
-    mm_tokens_per_image rows, RMS-normalise, project to the text width."""
+    mm_tokens_per_image rows, RMS-normalise, project to the text width (createVisionTower's
+    ``createFullyConnected``)."""
     D, g, k = vc.hidden_size, vc.patches_per_side, vc.pool
     P = f"{VISION}_projector"
     return [
@@ -199,11 +199,7 @@ def createMultiModalProjector(vc: SiglipVisionConfig, text_hidden: int, input_na
                                 withKey("direction", "2,3,1")]),
         createLayer("rms_norm", [withKey("name", f"{P}_norm"), withKey("input_layers", f"{P}_rows"),
                                  withKey("epsilon", vc.eps), withKey("packed", "false")]),
-        createLayer("fully_connected", [withKey("name", P), withKey("unit", text_hidden),
-                                        withKey("input_layers", f"{P}_norm"),
-                                        withKey("disable_bias", "true"),
-                                        withKey("weight_initializer", "ones"),
-                                        withKey("weight_dtype", fc_dtype)]),
+        createFullyConnected(P, text_hidden, f"{P}_norm"),
     ], P
 
 

@@ -172,23 +172,20 @@ class T5ForConditionalGeneration(EncoderDecoder):
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:
         p = prefix or f"layer{layer_id}"
-        fc = [withKey("unit", hidden_dim), withKey("disable_bias", "true"),
-              withKey("input_layers", input_name)]
-        down = createLayer("fully_connected", [
-            withKey("name", f"{p}_ffn_down"), withKey("unit", dim), withKey("disable_bias", "true"),
-            withKey("input_layers", f"{p}_ffn_geglu" if self.IS_GATED_ACT else f"{p}_ffn_act")])
+        down = self.createFullyConnected(
+            f"{p}_ffn_down", dim, f"{p}_ffn_geglu" if self.IS_GATED_ACT else f"{p}_ffn_act")
         if not self.IS_GATED_ACT:  # T5DenseActDense: wo(act(wi x))
-            return [createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"), *fc]),
+            return [self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name),
                     createLayer("activation", [withKey("name", f"{p}_ffn_act"),
                                                withKey("activation", self.HIDDEN_ACT),
                                                withKey("input_layers", f"{p}_ffn_up")]),
                     down]
         return [  # T5DenseGatedActDense: wo(act(wi_0 x) * wi_1 x)
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_gate"), *fc]),
+            self.createFullyConnected(f"{p}_ffn_gate", hidden_dim, input_name),
             createLayer("activation", [withKey("name", f"{p}_ffn_gate_act"),
                                        withKey("activation", self.HIDDEN_ACT),
                                        withKey("input_layers", f"{p}_ffn_gate")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"), *fc]),
+            self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name),
             createLayer("multiply", [withKey("name", f"{p}_ffn_geglu"),
                                      withKey("input_layers", f"{p}_ffn_gate_act,{p}_ffn_up")]),
             down]

@@ -314,16 +314,9 @@ class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
         sc = self.stacks[stack]
         p = f"{stack}_layer{layer_id}"
         kv_width = sc.num_kv_heads * sc.head_dim
-        no_bias = "false" if sc.attention_bias else "true"
 
         def linear(name, unit, source, shared=None):
-            props = [withKey("name", name), withKey("unit", unit),
-                     withKey("disable_bias", no_bias), withKey("input_layers", source),
-                     withKey("weight_initializer", "ones"),
-                     withKey("weight_dtype", self.FC_LAYER_DTYPE)]
-            if shared:
-                props.append(withKey("shared_from", shared))
-            return createLayer("fully_connected", props)
+            return self.createFullyConnected(name, unit, source, sc.attention_bias, shared)
 
         def head_norm(name, source, shared=None):
             props = [withKey("name", name), withKey("input_layers", source),
@@ -376,24 +369,16 @@ class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
                   prefix: str = "") -> list:
         """Gemma 3's gated MLP with the stack's activation."""
         stack = ENCODER if prefix.startswith(ENCODER) else DECODER
-        fc = [withKey("disable_bias", "true"), withKey("weight_initializer", "ones"),
-              withKey("weight_dtype", self.FC_LAYER_DTYPE)]
         p = prefix
         return [
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_gate"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
+            self.createFullyConnected(f"{p}_ffn_gate", hidden_dim, input_name),
             createLayer("activation", [withKey("name", f"{p}_ffn_gate_act"),
                                        withKey("activation", self.stacks[stack].act),
                                        withKey("input_layers", f"{p}_ffn_gate")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_up"),
-                                            withKey("unit", hidden_dim),
-                                            withKey("input_layers", input_name), *fc]),
+            self.createFullyConnected(f"{p}_ffn_up", hidden_dim, input_name),
             createLayer("multiply", [withKey("name", f"{p}_ffn_geglu"),
                                      withKey("input_layers", f"{p}_ffn_gate_act,{p}_ffn_up")]),
-            createLayer("fully_connected", [withKey("name", f"{p}_ffn_down"),
-                                            withKey("unit", dim),
-                                            withKey("input_layers", f"{p}_ffn_geglu"), *fc]),
+            self.createFullyConnected(f"{p}_ffn_down", dim, f"{p}_ffn_geglu"),
         ]
 
     def registerCustomLayers(self) -> None:
