@@ -686,7 +686,8 @@ def print_table(doc: dict, out) -> None:
       f"start, load average {doc['loadavg_after'][0]:.2f} at the end\n")
     if busy is not None and busy > 0.25:
         w("NOTE: other processes were using the CPU: spinning thread pools (ours and "
-          "llama.cpp's) make multi-threaded numbers unreliable; compare with -t 1\n")
+          "llama.cpp's) make multi-threaded numbers unreliable"
+          + ("; compare with -t 1\n" if doc["threads"] > 1 else "\n"))
     if tools:
         w(f"llama.cpp: llama-cpp-python {tools['version']}'s source, "
           f"{'with' if tools['amx_fix'] else 'without'} the AMX fix; {tools['system_info']}\n")
