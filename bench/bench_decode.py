@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from children import SEED, new_folder, peak_rss_mb, report, spawn
+from children import SEED, busy_cores, new_folder, peak_rss_mb, report, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER_VERSION = "v1"     # bump when the way a model folder is made changes
@@ -442,22 +442,6 @@ def add_roofline(result: dict, gbs: float) -> None:
                           "decode_tok_s": gbs * 1e9 / (wbytes + kvbytes)}
     for engine in ("ours", "torch"):  # the bandwidth each engine's decode achieved
         result[engine]["decode_GB_s"] = result[engine]["decode_tok_s"] * (wbytes + kvbytes) / 1e9
-
-
-def busy_cores(seconds: float = 1.0) -> float | None:
-    """CPU cores kept busy by other processes while this one sleeps ``seconds`` (/proc/stat);
-    None where /proc/stat is not available."""
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        return sum(fields[:8]), fields[3] + fields[4]  # total (no guest), idle + iowait
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    return (1 - (idle1 - idle0) / max(1, total1 - total0)) * (os.cpu_count() or 1)
 
 
 def print_table(doc: dict, out) -> None:

@@ -48,7 +48,6 @@ process with its thread pools sized before import (bench/children.py). Also meas
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import random
@@ -58,7 +57,8 @@ import sys
 import tempfile
 import time
 
-from children import SEED, new_folder, peak_rss_mb, report, spawn
+from children import (SEED, best_pp_tg, kl_top1, leading_agreement, new_folder, peak_rss_mb,
+                      quiet_llama_cpp, report, spawn)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -144,16 +144,9 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     model.EOS_TOKEN_ID = []
     load_s = time.perf_counter() - t0
     ids = prompt_ids(P)
-
-    def run():
-        model.generate_tokens([ids], max_new_tokens=D + 1, do_sample=False)
-        m = model.performance_metrics
-        return P / m.prefill_duration_ms * 1e3, m.generation_tokens / m.generation_duration_ms * 1e3
-
-    run()
-    runs = [run() for _ in range(repeat)]
-    result = {"threads": used, "load_s": load_s, "pp": max(r[0] for r in runs),
-              "tg": max(r[1] for r in runs), "kv_dtype": model.kvCacheDtype(),
+    pp, tg = best_pp_tg(model, ids, D, repeat)
+    result = {"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
+              "kv_dtype": model.kvCacheDtype(),
               "peak_rss_mb": peak_rss_mb()}
     if depth:
         step = np.zeros((1, 1), np.float32)
@@ -171,15 +164,10 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     report(result)
 
 
-_QUIET = None
-
-
 def child_llama_cpp(path: str, threads: int, repeat: int, depth: int, P: int, D: int) -> None:
     import llama_cpp as L
 
-    global _QUIET  # llama.cpp logs every tensor; the callback must outlive the model
-    _QUIET = L.llama_log_callback(lambda level, text, data: None)
-    L.llama_log_set(_QUIET, ctypes.c_void_p())
+    quiet_llama_cpp(L)
     L.llama_backend_init()
     t0 = time.perf_counter()
     model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
@@ -302,18 +290,12 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
                                        do_sample=False).generated_ids[0]
         runs[kind] = (np.array(logits, np.float64), greedy)
     ref_logits, ref_greedy = runs["fp32"]
-    ref_logp = ref_logits - np.logaddexp.reduce(ref_logits, axis=1, keepdims=True)
     result = {"tokens": len(ref_logits)}
     for kind, (logits, greedy) in runs.items():
-        if kind == "fp32":
-            continue
-        logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
-        kl = np.sum(np.exp(ref_logp) * (ref_logp - logp), axis=1)
-        same = next((i for i, (a, b) in enumerate(zip(greedy, ref_greedy)) if a != b),
-                    min(len(greedy), len(ref_greedy)))
-        result[kind] = {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-                        "top1": float(np.mean(logits.argmax(1) == ref_logits.argmax(1))),
-                        "greedy_same": same, "greedy_of": len(ref_greedy)}
+        if kind != "fp32":
+            result[kind] = {**kl_top1(ref_logits, logits),
+                            "greedy_same": leading_agreement(ref_greedy, greedy),
+                            "greedy_of": len(ref_greedy)}
     report(result)
 
 
