@@ -60,22 +60,18 @@ def scan(value) -> tuple[bool, bool]:
 
 
 def _scan_blocks(data: np.ndarray, qtype) -> tuple[bool, bool]:
-    """``scan`` of ggml block rows: over the fp16 fields of every block, a chunk of blocks at a
-    time."""
-    blocks = data.reshape(-1, qtype.nbytes)
-    step = max(1, CHUNK // len(qtype.halves))
+    """``scan`` of ggml block rows over the fp16 fields of every block: each field a strided
+    uint16 view (every block type's size and field offsets are even), a chunk at a time."""
+    halves = data.reshape(-1).view(np.uint16).reshape(-1, qtype.nbytes // 2)
     m = 0
-    for start in range(0, blocks.shape[0], step):
-        part = blocks[start:start + step]
-        for o in qtype.halves:
-            halves = np.ascontiguousarray(part[:, o:o + 2]).view(np.uint16).ravel()
-            m = max(m, max_magnitude_bits(halves, np.uint16(_F16[1])))
+    for o in qtype.halves:
+        m = max(m, max_magnitude_bits(halves[:, o // 2], np.uint16(_F16[1])))
     return m < _F16[2], m > 0
 
 
 def max_magnitude_bits(bits: np.ndarray, mask) -> int:
-    """max over i of ``bits[i] & mask`` (bits: 1-D unsigned, a float's bits; mask: every bit
-    but the sign), in chunks of ``CHUNK``; 0 for an empty array."""
+    """max over i of ``bits[i] & mask`` (bits: 1-D unsigned, a float's bits, any stride; mask:
+    every bit but the sign), in chunks of ``CHUNK``; 0 for an empty array."""
     buf = np.empty(min(bits.size, CHUNK), bits.dtype)
     m = 0
     for start in range(0, bits.size, CHUNK):
