@@ -52,9 +52,9 @@ _LOW = np.uint64(0xFFFFFFFF)
 
 LIVE, SPECIAL = np.uint8(1), np.uint8(2)
 AS_IS, GEMMA_SPACES, BYTE_LEVEL = 0, 1, 2
-"""How ``build_vocab`` spells the file's tokens: as they are; a token of spaces (U+0020 only) as
-as many ``▁``; a token with a character outside GPT-2's byte alphabet by the characters of its
-UTF-8 bytes."""
+"""How ``build_vocab`` spells the file's tokens: as they are; GEMMA_SPACES: a token of spaces
+only (U+0020) as that many ``▁``; BYTE_LEVEL: a token with a character outside GPT-2's byte
+alphabet by the characters of its UTF-8 bytes."""
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
@@ -89,7 +89,7 @@ twice; scores in file order)."""
 
 
 # ----------------------------------------------------------------------------- hashing
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _hash(buf, s, n):
     h = np.uint64(0)
     for k in range(n):
@@ -97,7 +97,7 @@ def _hash(buf, s, n):
     return h
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _same(a, sa, b, sb, n):
     """a[sa:sa+n] == b[sb:sb+n]."""
     for k in range(n):
@@ -106,7 +106,7 @@ def _same(a, sa, b, sb, n):
     return True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _find(data, offsets, table, shift, buf, s, n, h):
     """The live token spelled buf[s:s+n] (hash h), or -1."""
     mask = table.shape[0] - 1
@@ -123,7 +123,7 @@ def _find(data, offsets, table, shift, buf, s, n, h):
         slot = (slot + 1) & mask
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _find_pair(data, offsets, table, shift, left, right, h):
     """The live token spelled as token ``left`` then token ``right`` (hash h), or -1."""
     a, na = offsets[left], offsets[left + 1] - offsets[left]
@@ -153,7 +153,7 @@ def _bits(n):
     return bits
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _utf8_length(lead):
     """Bytes of the UTF-8 character whose first byte is ``lead`` (of valid UTF-8)."""
     if lead < 0x80:
@@ -165,7 +165,7 @@ def _utf8_length(lead):
     return 4
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _code_point(buf, p, n):
     c = np.int64(buf[p])
     if n == 1:
@@ -176,7 +176,7 @@ def _code_point(buf, p, n):
     return c
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _chars(buf, s, n):
     """Characters of the UTF-8 buf[s:s+n]."""
     count = 0
@@ -187,6 +187,13 @@ def _chars(buf, s, n):
 
 
 # ----------------------------------------------------------------------------- building
+@njit(cache=True)
+def _mark(out, o):
+    """out[o:o+3] = ▁ (U+2581) in UTF-8 (element by element: numba compiles a slice assignment
+    from an array for seconds)."""
+    out[o], out[o + 1], out[o + 2] = 0xE2, 0x96, 0x81
+
+
 @njit(cache=True)
 def _spelled_length(raw, s, n, mode):
     """Bytes of token raw[s:s+n] as ``mode`` spells it."""
@@ -218,7 +225,7 @@ def _spell(raw, s, n, mode, out, o, m):
             out[o + k] = raw[s + k]
     elif mode == GEMMA_SPACES:
         for k in range(n):
-            out[o + 3 * k:o + 3 * k + 3] = _SPACE_MARK
+            _mark(out, o + 3 * k)
     else:
         q = o
         for k in range(n):
@@ -283,7 +290,8 @@ def build_vocab(raw, starts, lengths, types, mode):
     pw[0] = np.uint64(1)
     for k in range(max_bytes):
         pw[k + 1] = pw[k] * _B
-    name = np.array([0x3C, 0x30, 0x78, 0, 0, 0x3E], np.uint8)  # <0xNN>
+    name = np.empty(6, np.uint8)  # <0xNN>
+    name[0], name[1], name[2], name[5] = 0x3C, 0x30, 0x78, 0x3E
     byte_ids = np.empty(256, np.int32)
     for b in range(256):
         name[3], name[4] = _HEX_DIGITS[b >> 4], _HEX_DIGITS[b & 15]
@@ -376,9 +384,9 @@ def _power(k):
 
 
 # ----------------------------------------------------------------------------- a word
-# The hot helpers take the vocabulary's arrays one by one and are inlined: handing numba a
-# tuple of arrays costs a reference count per array and call.
-@njit(cache=True, inline="always")
+# The hot helpers take the vocabulary's arrays one by one: handing numba a tuple of arrays costs
+# a reference count per array and call.
+@njit(cache=True)
 def _merge(spm, data, offsets, table, shift, pw, max_bytes, score_rank, first, merge_keys,
            merge_rank, merge_new, merge_shift, ids, blen, hashes, chars, i, j):
     """(rank, merged token) of adjacent symbols i, j, or (-1, -1) when they do not merge."""
@@ -405,7 +413,7 @@ def _merge(spm, data, offsets, table, shift, pw, max_bytes, score_rank, first, m
     return rank, np.int64(m)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _symbol(spm, data, offsets, t, k, ids, blen, hashes, chars):
     """Symbol k is token t."""
     s, n = offsets[t], offsets[t + 1] - offsets[t]
@@ -414,7 +422,7 @@ def _symbol(spm, data, offsets, t, k, ids, blen, hashes, chars):
         hashes[k], chars[k] = _hash(data, s, n), _chars(data, s, n)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _push(keys, pos, new, size, key, p, m):
     """Add (key, p) -> m to the min-heap of ``size`` entries ordered by (key, p)."""
     i = size
@@ -428,7 +436,7 @@ def _push(keys, pos, new, size, key, p, m):
     return size + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _pop(keys, pos, new, size):
     """Remove the heap's first entry (read it before); returns the new size."""
     size -= 1
@@ -449,7 +457,7 @@ def _pop(keys, pos, new, size):
     return size
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _word(w, a, b, spm, unk, data, offsets, table, shift, byte_ids, pw, max_bytes, score_rank,
           first, merge_keys, merge_rank, merge_new, merge_shift, scratch, out, o):
     """The tokens of the word w[a:b] (UTF-8) written to out[o:]; returns the end (module
@@ -539,7 +547,7 @@ def _scratch(n):
 
 
 # ----------------------------------------------------------------------------- texts
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _added_at(trie_root, trie_keys, trie_child, trie_token, trie_shift, text, p):
     """(end, token) of the longest added token starting at text[p], or (p, -1)."""
     node = trie_root[text[p]]
@@ -615,11 +623,11 @@ def encode_sentencepiece(V, text, prefix, unk, out):
             m = 0
             if prefix and start == 0 and text[0] != 0x20 and \
                     not (p >= 3 and _same(text, 0, _SPACE_MARK, 0, 3)):
-                norm[0:3] = _SPACE_MARK
+                _mark(norm, 0)
                 m = 3
             for k in range(start, p):
                 if text[k] == 0x20:
-                    norm[m:m + 3] = _SPACE_MARK
+                    _mark(norm, m)
                     m += 3
                 else:
                     norm[m] = text[k]
@@ -667,7 +675,7 @@ def encode_words(V, words, slots, out):
 
 
 # ----------------------------------------------------------------------------- decoding
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _hex(c):
     if 0x30 <= c <= 0x39:
         return c - 0x30
@@ -678,7 +686,7 @@ def _hex(c):
     return -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _byte_token(data, s, n):
     """The byte a token spelled data[s:s+n] stands for as ``<0xNN>``, or -1."""
     if n != 6 or data[s] != 0x3C or data[s + 1] != 0x30 or data[s + 2] != 0x78 or \
@@ -759,7 +767,8 @@ def decode_ids(V, ids, skip_special, byte_level, out):
                 L = _utf8_length(data[p])
                 c = _code_point(data, p, L)
                 if c >= CHAR_BYTES.shape[0] or CHAR_BYTES[c] < 0:
-                    out[start:start + n] = data[s:s + n]
+                    for k in range(n):
+                        out[start + k] = data[s + k]
                     o = start + n
                     break
                 out[o] = CHAR_BYTES[c]
