@@ -1,10 +1,14 @@
-"""The tokenizer: Hugging Face ``tokenizer.json`` through the ``tokenizers`` package.
+"""The tokenizer: Hugging Face ``tokenizer.json`` through the ``tokenizers`` package, or a GGUF
+file's vocabulary.
 
 Mirrors the C++ app's ``tokenizers::Tokenizer`` (mlc-ai tokenizers-cpp, ``HFTokenizer``): built
 from the file named by ``nntr_config.json``'s ``tokenizer_file`` (``Tokenizer::FromBlobJSON`` of
 its bytes), with ``Encode``, ``Decode``, ``GetVocabSize``, ``TokenToId`` and ``IdToToken``.
 Encoding and decoding are exactly what the ``tokenizer.json`` pipeline (normalizer,
-pre-tokenizer, model, post-processor, decoder) produces; nothing is added here.
+pre-tokenizer, model, post-processor, decoder) produces; nothing is added here. A GGUF model
+wraps its own ``GGUFTokenizer`` (causallm/io/gguf_tokenizer.py) instead, which answers the same
+few calls (``encode(...).ids``, ``decode``, ``get_vocab_size``, ``token_to_id``,
+``id_to_token``) with the ids and text of the ``tokenizers`` pipeline of that vocabulary.
 
 :class:`StreamDecoder` turns generated ids into text one id at a time without ever printing a
 broken UTF-8 character: a character split over several byte-level tokens (an emoji is 4 bytes,
@@ -30,9 +34,10 @@ _REPLACEMENT = "\ufffd"
 
 
 class Tokenizer:
-    """A loaded ``tokenizer.json``. Build it with :meth:`FromFile`."""
+    """A loaded ``tokenizer.json`` (build it with :meth:`FromFile`), or a GGUF vocabulary's
+    ``GGUFTokenizer`` (``Tokenizer(GGUFFile(path).tokenizer(), path)``)."""
 
-    def __init__(self, hf_tokenizer: _HFTokenizer, path: str = "<memory>"):
+    def __init__(self, hf_tokenizer, path: str = "<memory>"):
         self._tokenizer = hf_tokenizer
         self.path = path
 
@@ -115,7 +120,8 @@ class StreamDecoder:
     ``ByteFallback`` decoder turns a whole run of ``<0xNN>`` tokens into U+FFFDs when the run
     is not UTF-8, so a late byte can change text already shown; the stream then goes on.)
 
-    Method (the one of ``tokenizers.decoders.DecodeStream``, which is used when installed):
+    Method (the one of ``tokenizers.decoders.DecodeStream``, which is used when installed and
+    the tokenizer is a ``tokenizers`` one; a ``GGUFTokenizer`` takes this Python path):
     keep ``context`` (the ids of the last emitted chunk) and ``pending`` (the ids since).
     After each id, decode ``context + pending`` and emit the part after ``Decode(context)``,
     unless it is no longer or it ends with U+FFFD (an incomplete character), in which case
@@ -130,7 +136,7 @@ class StreamDecoder:
 
     def _reset(self) -> None:
         self._stream = None
-        if _DecodeStream is not None:
+        if _DecodeStream is not None and isinstance(self._tokenizer, _HFTokenizer):
             self._stream = _DecodeStream(skip_special_tokens=self._skip)
         self._context: list[int] = []  # ids of the last emitted chunk
         self._pending: list[int] = []  # ids fed since that chunk

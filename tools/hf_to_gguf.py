@@ -42,11 +42,8 @@ if ROOT not in sys.path:
 
 from causallm.errors import CausalLMError  # noqa: E402
 from causallm.io.config import load_json  # noqa: E402
-from causallm.io.gguf_file import (  # noqa: E402
-    ARCHITECTURES,
-    PRE_TOKENIZER_SPLITS,
-    bytes_to_unicode,
-)
+from causallm.io.gguf_file import ARCHITECTURES  # noqa: E402
+from causallm.io.gguf_tokenizer import PRE_TOKENIZER_SPLITS, bytes_to_unicode  # noqa: E402
 from causallm.io.safetensors import Checkpoint  # noqa: E402
 
 ARCH_OF = {hf: arch for arch, hf in ARCHITECTURES.items()}

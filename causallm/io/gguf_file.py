@@ -9,14 +9,11 @@ gguf-py supplies the constants and the tensor name maps, not the reading:
 
 - ``GGUFFile.config()`` is the Hugging Face ``config.json`` the metadata stands for (what
   ``Factory`` and the families read), ``generation()`` its ``generation_config.json``;
-- ``GGUFFile.tokenizer()`` builds the ``tokenizers`` pipeline the vocabulary describes: a
-  byte-level BPE (``tokenizer.ggml.model`` "gpt2"; its pre-tokenizer split by
-  ``tokenizer.ggml.pre``, as llama.cpp splits it) or a SentencePiece BPE ("llama", merges
-  rebuilt from the scores by one compiled pass and one sort, ``merges_from_scores``; Gemma's
-  spelling of spaces), special and user-defined tokens kept whole, BOS / EOS added as
-  ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say. It gives llama.cpp's token ids
-  (tests/test_gguf.py checks both real files against them), which are transformers' GGUF
-  tokenizer's but where llama.cpp splits digits apart first (``DIGIT_SPLIT_PRE``);
+- ``GGUFFile.tokenizer()`` is the vocabulary's tokenizer (``GGUFTokenizer``,
+  causallm/io/gguf_tokenizer.py: a byte-level BPE, ``tokenizer.ggml.model`` "gpt2", or a
+  SentencePiece BPE, "llama", built on arrays in tens of milliseconds). It gives llama.cpp's
+  token ids (tests/test_gguf.py checks both real files against them), which are transformers'
+  GGUF tokenizer's but where llama.cpp splits digits apart first;
 - ``GGUFCheckpoint`` presents the tensors under the Hugging Face names a weight table asks for
   (gguf's ``TensorNameMap``), undoing what llama.cpp's converter did to them: Llama's q/k rows
   are un-permuted (the converter interleaves the two halves of each head for its RoPE), Gemma's
@@ -40,6 +37,7 @@ import numpy as np
 from causallm.errors import CausalLMError
 from causallm.io.files import release_pages
 from causallm.io.gguf_reader import GGUFContents
+from causallm.io.gguf_tokenizer import GGUFTokenizer
 from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import PackedMatrix
 from causallm.kernels.quant import QTYPES
@@ -54,47 +52,6 @@ ARCHITECTURES = {
 
 CONFIG_TENSORS = ("rope_freqs.weight",)
 """Tensors that hold configuration, read into config() rather than into a weight."""
-
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx",
-                     "pixtral"), _LLAMA3_SPLIT),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
-    **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT),
-}
-"""``tokenizer.ggml.pre`` -> the regex a byte-level vocabulary's text is split by before BPE
-(llama.cpp's pre-tokenizer types); any other name ("gpt-2", ...) splits as GPT-2."""
-DIGIT_SPLIT_PRE = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
-                   "minerva-7b", "mellum2")
-"""``tokenizer.ggml.pre`` names whose text llama.cpp first cuts into single numeric characters
-(``\\p{N}``), then splits as GPT-2 (SmolLM2's own tokenizer.json: ``Digits`` then
-``ByteLevel``). transformers' GGUF tokenizer lacks the first cut, so " ⅞" is one piece there
-and two in llama.cpp; this follows llama.cpp."""
-
-CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table of byte-level vocabularies."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
 
 def _python(value):
     """A metadata value with its numpy arrays as lists (the Python types the configs read)."""
@@ -285,134 +242,9 @@ class GGUFFile:
         return "FP32" if main == "F32" else "quantized"
 
     # -- tokenizer --------------------------------------------------------------------------
-    def _per_token(self, key: str, default) -> np.ndarray:
-        """The numbers ``key`` gives each token of the vocabulary (``default`` for all when the
-        file has none); an error when they are not one per token."""
-        n = len(self.metadata["tokenizer.ggml.tokens"])
-        values = self.contents.metadata.get(key)
-        if values is None:
-            return np.full(n, default)
-        if not isinstance(values, np.ndarray) or values.dtype == bool or len(values) != n:
-            got = f"{len(values)} values" if isinstance(values, (list, np.ndarray)) else \
-                type(values).__name__
-            raise CausalLMError(f"{self.path}: '{key}' must hold one number per token ({n}), "
-                                f"not {got}")
-        return values
-
-    def tokenizer(self):
-        """The ``tokenizers.Tokenizer`` the vocabulary metadata describes (module docstring)."""
-        from tokenizers import (
-            AddedToken,
-            Regex,
-            Tokenizer,
-            decoders,
-            models,
-            normalizers,
-            pre_tokenizers,
-            processors,
-        )
-
-        meta = self.metadata
-        kind = meta.get("tokenizer.ggml.model")
-        tokens = meta.get("tokenizer.ggml.tokens")
-        if not tokens:
-            raise CausalLMError(f"{self.path}: no tokenizer.ggml.tokens (the file carries no "
-                                f"vocabulary)")
-        types = self._per_token("tokenizer.ggml.token_type", 1)
-        if kind == "gpt2":
-            spelling = bytes_to_unicode()
-            alphabet = set(spelling.values())
-            tokens = [t if set(t) <= alphabet else
-                      "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
-            vocab = dict(zip(tokens, range(len(tokens))))
-            merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-            tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-            pre = meta.get("tokenizer.ggml.pre")
-            split = PRE_TOKENIZER_SPLITS.get(pre)
-            if split is not None:
-                tok.pre_tokenizer = pre_tokenizers.Sequence([
-                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-            elif pre in DIGIT_SPLIT_PRE:
-                tok.pre_tokenizer = pre_tokenizers.Sequence([
-                    pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-            else:
-                tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                             use_regex=True)
-            tok.decoder = decoders.ByteLevel()
-            control = [tokens[i] for i in np.flatnonzero(types == CONTROL)
-                       if set(tokens[i]) <= alphabet]
-        elif kind == "llama":
-            gemma = self.architecture.startswith("gemma")
-            if gemma:  # a token of spaces is stored as spaces; its pieces are spelled with ▁
-                tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in tokens]
-                scores = -np.arange(len(tokens), dtype=np.float64)  # file order is merge order
-            else:
-                scores = self._per_token("tokenizer.ggml.scores", 0.0)
-            vocab = dict(zip(tokens, range(len(tokens))))
-            merges = merges_from_scores(tokens, scores)
-            unk = meta.get("tokenizer.ggml.unknown_token_id")
-            tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
-                                       unk_token=tokens[unk] if gemma and unk is not None
-                                       else None))
-            steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-            if gemma:
-                tok.normalizer = normalizers.Replace(" ", "\u2581")
-                tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
-            else:
-                prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-                tok.pre_tokenizer = pre_tokenizers.Metaspace(
-                    replacement="\u2581", prepend_scheme="first" if prefix else "never",
-                    split=False)
-                if prefix:
-                    steps.append(decoders.Strip(" ", 1, 0))
-            tok.decoder = decoders.Sequence(steps)
-            control = [tokens[i] for i in np.flatnonzero(types == CONTROL)]
-        else:
-            raise CausalLMError(f"{self.path}: tokenizer.ggml.model {kind!r} is not supported "
-                                f"(gpt2, llama)")
-        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-        tok.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
-                        for i in np.flatnonzero(types == USER_DEFINED)])
-        add_bos = meta.get("tokenizer.ggml.add_bos_token", kind == "llama")
-        add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
-        special, single = [], "$A:0"
-        for flag, key, where in ((add_bos, "bos", "front"), (add_eos, "eos", "back")):
-            token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
-            if flag and token_id is not None:
-                name = tokens[int(token_id)]
-                special.append((name, int(token_id)))
-                single = f"{name}:0 {single}" if where == "front" else f"{single} {name}:0"
-        if special:
-            tok.post_processor = processors.TemplateProcessing(single=single,
-                                                               special_tokens=special)
-        return tok
-
-
-def merges_from_scores(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
-    """BPE merges a SentencePiece vocabulary implies, as transformers rebuilds them: every split
-    of a token into two tokens, best score first (``scores[i]`` is token i's), then the longer
-    left piece, then the longer right; ties in vocabulary order. A spelling the vocabulary
-    holds twice counts at its first place with its last id and score (as a dict keeps them).
-    The splits come from one compiled pass (causallm/kernels/strings.py ``bpe_splits``), the
-    order from one ``np.lexsort``."""
-    from causallm.kernels.strings import bpe_splits
-
-    n = len(tokens)
-    lengths = np.fromiter(map(len, tokens), np.int64, n)
-    starts = np.zeros(n, np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    cps = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), np.uint32)
-    rows = int(np.maximum(lengths - 1, 0).sum())
-    token, left, right = (np.empty(rows, np.int64) for _ in range(3))
-    last = np.empty(n, np.int64)
-    rows = bpe_splits(cps, starts, lengths, last, token, left, right)
-    token, left, right = token[:rows], left[:rows], right[:rows]
-    score = np.asarray(scores, np.float64)[last[token]]
-    order = np.lexsort((token, -lengths[right], -lengths[left], -score))
-    spelled = np.array(tokens, dtype=object)
-    return list(zip(spelled[left[order]].tolist(), spelled[right[order]].tolist()))
+    def tokenizer(self) -> GGUFTokenizer:
+        """The tokenizer the vocabulary metadata describes (causallm/io/gguf_tokenizer.py)."""
+        return GGUFTokenizer.from_gguf(self)
 
 
 class GGUFCheckpoint:
