@@ -21,7 +21,7 @@ import pytest
 
 from causallm.errors import CausalLMError
 from causallm.io.gguf_file import GGUFFile
-from causallm.kernels.bpe import _utf8_valid
+from causallm.kernels.strings import utf8_valid
 from causallm.tokenizer import StreamDecoder, Tokenizer
 
 sys.path.insert(0, os.path.join(parity.ROOT, "tools"))
@@ -105,7 +105,7 @@ def test_streamed_text_is_the_decoded_text(name, gguf_path):
 
 
 def test_utf8_check_is_pythons():
-    """kernels/bpe.py ``_utf8_valid`` (the byte-fallback runs' check) against Python's strict
+    """kernels/strings.py ``utf8_valid`` (the byte-fallback runs' check) against Python's strict
     UTF-8 decoder: random bytes and the edges (overlong forms, surrogates, past U+10FFFF, cut
     sequences)."""
     rng = np.random.default_rng(3)
@@ -123,7 +123,7 @@ def test_utf8_check_is_pythons():
             valid = True
         except UnicodeDecodeError:
             valid = False
-        assert _utf8_valid(np.frombuffer(raw, np.uint8), 0, len(raw)) == valid, raw
+        assert utf8_valid(np.frombuffer(raw, np.uint8), 0, len(raw)) == valid, raw
 
 
 def _tokenizer_file(path, tokens, types=None, merges=None, **keys):

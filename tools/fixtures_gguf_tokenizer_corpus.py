@@ -61,6 +61,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from causallm.io.gguf_file import GGUFFile  # noqa: E402
+from causallm.io.gguf_reader import StringArray  # noqa: E402
 from causallm.io.gguf_tokenizer import (  # noqa: E402
     DIGIT_SPLIT_PRE,
     PRE_TOKENIZER_SPLITS,
@@ -249,8 +250,8 @@ def write_variant(name: str, out: str) -> str:
             w.add_array(key, [float(v) for v in value])
         elif key == "tokenizer.ggml.token_type":
             w.add_array(key, [int(v) for v in value])
-        elif isinstance(value, list):
-            w.add_array(key, value)
+        elif isinstance(value, (list, StringArray)):
+            w.add_array(key, list(value))
         elif isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, int):
@@ -450,7 +451,8 @@ def main() -> None:
             f = GGUFFile(path)
             kind = f.metadata.get("tokenizer.ggml.model")
             key = repr((f.architecture if kind == "llama" else None,  # Gemma's rules or not
-                        sorted((k, v) for k, v in f.metadata.items()
+                        sorted((k, list(v) if hasattr(v, "__len__") and not isinstance(v, str)
+                                else v) for k, v in f.metadata.items()
                                if k.startswith("tokenizer."))))
             if key in seen:  # the same vocabulary as a file already recorded
                 records.append({"name": name, "same_as": seen[key]})

@@ -54,7 +54,8 @@ CONFIG_TENSORS = ("rope_freqs.weight",)
 """Tensors that hold configuration, read into config() rather than into a weight."""
 
 def _python(value):
-    """A metadata value with its numpy arrays as lists (the Python types the configs read)."""
+    """A metadata value with its numpy arrays as lists (the Python types the configs read;
+    ``value()`` returns these, ``metadata`` holds the reader's arrays)."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, list) and value and not isinstance(value[0], str):
@@ -77,7 +78,7 @@ class GGUFFile:
     def __init__(self, path: str) -> None:
         self.path = os.fspath(path)
         self.contents = GGUFContents(self.path)
-        self.metadata = {key: _python(value) for key, value in self.contents.metadata.items()}
+        self.metadata = self.contents.metadata
         self.tensors = self.contents.tensors
         self.architecture = self.metadata.get("general.architecture")
         if self.architecture not in ARCHITECTURES:
@@ -92,7 +93,7 @@ class GGUFFile:
             if required:
                 raise CausalLMError(f"{self.path}: missing metadata key '{full}'")
             return default
-        return self.metadata[full]
+        return _python(self.metadata[full])
 
     def _int(self, key: str, default=None, required: bool = False) -> int | None:
         v = self.value(key, default, required)

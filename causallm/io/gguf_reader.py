@@ -18,14 +18,15 @@ the tensor data:
 
 - ``metadata``: key -> value in file order. A scalar is a Python int, float, bool or str; an
   array of numbers (or bools) is one read-only numpy array (one ``np.frombuffer``, copied off the
-  map); an array of strings a list of str, its offsets found in one pass by a compiled walk
-  (causallm/kernels/strings.py) and all its strings decoded by one UTF-8 decode; an array of
+  map); an array of strings a ``StringArray``, a read-only sequence over the map whose
+  offsets one compiled walk finds (causallm/kernels/strings.py) and whose strings are decoded
+  only when read (a 262k-token vocabulary costs two int64 arrays, not 262k str); an array of
   arrays a list. ``types`` gives each key's ``GGUFValueType``.
   A string that is not UTF-8 reads with U+FFFD in place of its bad bytes.
   ``string_bytes(key)`` gives an array of strings as bytes instead (``buffer``, ``starts``,
   ``lengths``: string i is ``buffer[starts[i]:starts[i] + lengths[i]]``, the UTF-8 of
-  ``metadata[key][i]``), read again from the map by the same compiled walk: no Python object per
-  string (a vocabulary's tokenizer reads its tokens and merges so).
+  ``metadata[key][i]``): spans of the map, no Python object per string (a vocabulary's
+  tokenizer reads its tokens and merges so).
 - ``tensors``: name -> ``GGUFTensor`` in file order: the ggml type (gguf-py's
   ``GGMLQuantizationType``), the shape in ggml order (``shape``, ne0 first) and in Hugging Face
   order (``hf_shape``, reversed), the absolute byte offset and size (``n_elements / block *
@@ -43,6 +44,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +95,39 @@ class _Malformed(Exception):
     """What is wrong with the file, for the one-line error."""
 
 
+class StringArray(Sequence):
+    """An array of strings of the file: string i is ``buffer[starts[i]:starts[i] +
+    lengths[i]]``, decoded (U+FFFD for bad bytes) when read. Equal to a list of the same
+    strings."""
+
+    def __init__(self, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        self.buffer, self.starts, self.lengths = buffer, starts, lengths
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        s, n = int(self.starts[i]), int(self.lengths[i])
+        return str(memoryview(self.buffer)[s:s + n], "utf-8", "replace")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and \
+            len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(repr, self[:3]))
+        return f"StringArray([{head}{', ...' if len(self) > 3 else ''}], {len(self)} strings)"
+
+    def utf8(self) -> bool:
+        """Every string is UTF-8."""
+        from causallm.kernels.strings import first_not_utf8
+        return len(self) == 0 or first_not_utf8(self.buffer, self.starts, self.lengths) < 0
+
+
 class GGUFContents:
     """A GGUF file's metadata and tensor table (module docstring)."""
 
@@ -110,7 +145,6 @@ class GGUFContents:
         self.metadata: dict[str, object] = {}
         self.types: dict[str, GGUFValueType] = {}
         self.tensors: dict[str, GGUFTensor] = {}
-        self._string_arrays: dict[str, tuple[int, int, bool]] = {}  # key -> (pos, count, UTF-8)
         try:
             self._parse()
         except _Malformed as e:
@@ -135,18 +169,13 @@ class GGUFContents:
         self._pos += n
         return str(self._view[start:self._pos], "utf-8", "replace")
 
-    def _value(self, kind: int, what: str, key: str | None = None):
+    def _value(self, kind: int, what: str):
         if kind in _SCALAR:
             return self._unpack(_SCALAR[kind], what)[0]
         if kind == GGUFValueType.STRING:
             return self._string(what)
         if kind == GGUFValueType.ARRAY:
             item, count = self._unpack("<IQ", what)
-            if item == GGUFValueType.STRING and key is not None:
-                pos = self._pos
-                strings, utf8 = self._strings(count, what)
-                self._string_arrays[key] = (pos, count, utf8)
-                return strings
             return self._array(item, count, what)
         raise _Malformed(f"{what} has unknown value type {kind}")
 
@@ -160,59 +189,39 @@ class GGUFContents:
             a.flags.writeable = False
             return a
         if item == GGUFValueType.STRING:
-            return self._strings(count, what)[0]
+            return self._strings(count, what)
         if item == GGUFValueType.ARRAY:
             return [self._value(item, what) for _ in range(count)]
         raise _Malformed(f"{what} is an array of unknown value type {item}")
 
-    def _strings(self, count: int, what: str) -> tuple[list[str], bool]:
-        """``count`` strings from the current position, and whether all of them are UTF-8:
-        their spans in one compiled walk, then one UTF-8 decode of their bytes joined by NULs,
-        split (module docstring)."""
-        from causallm.kernels.strings import join_strings, string_spans
+    def _strings(self, count: int, what: str) -> StringArray:
+        """``count`` strings from the current position: their spans in one compiled walk."""
+        from causallm.kernels.strings import string_spans
 
         self._need(8 * count, what)  # each string takes at least its length
-        if count == 0:
-            return [], True
         starts, lengths = np.empty(count, np.int64), np.empty(count, np.int64)
-        end = string_spans(self._array_view, self._pos, starts, lengths)
-        if end < 0:
-            raise _Malformed(f"it ends inside string {-1 - end} of {what}, at byte {self.size}; "
-                             f"truncated?")
-        self._pos = int(end)
-        joined = np.empty(int(lengths.sum()) + count, np.uint8)
-        zeros = join_strings(self._array_view, starts, lengths, joined)
-        try:
-            text = str(memoryview(joined)[:-1], "utf-8")
-        except UnicodeDecodeError:
-            text = None
-        if text is not None and zeros == 0:
-            return text.split("\x00"), True
-        view = memoryview(joined)
-        ends = np.cumsum(lengths + 1).tolist()  # a string holds a NUL or bad UTF-8: one by one
-        return [str(view[e - n - 1:e - 1], "utf-8", "replace")
-                for e, n in zip(ends, lengths.tolist())], text is not None
+        if count:
+            end = string_spans(self._array_view, self._pos, starts, lengths)
+            if end < 0:
+                raise _Malformed(f"it ends inside string {-1 - end} of {what}, at byte "
+                                 f"{self.size}; truncated?")
+            self._pos = int(end)
+        return StringArray(self._array_view, starts, lengths)
 
     def string_bytes(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The array of strings ``key`` as (buffer, starts, lengths) (module docstring): spans
         of the mapped file, or, when a string is not UTF-8, of the UTF-8 of what ``metadata``
         holds for it."""
-        if key not in self._string_arrays:
+        strings = self.metadata.get(key)
+        if not isinstance(strings, StringArray):
             raise CausalLMError(f"{self.path}: '{key}' is not an array of strings")
-        pos, count, utf8 = self._string_arrays[key]
-        if not utf8:
-            encoded = [s.encode("utf-8") for s in self.metadata[key]]
-            lengths = np.fromiter(map(len, encoded), np.int64, count)
-            starts = np.zeros(count, np.int64)
-            np.cumsum(lengths[:-1], out=starts[1:])
-            return np.frombuffer(b"".join(encoded), np.uint8), starts, lengths
-        from causallm.kernels.strings import string_spans
-
-        buf = np.asarray(self.buffer)
-        starts, lengths = np.empty(count, np.int64), np.empty(count, np.int64)
-        if count:
-            string_spans(buf, pos, starts, lengths)  # checked when the file was read
-        return buf, starts, lengths
+        if strings.utf8():
+            return strings.buffer, strings.starts, strings.lengths
+        encoded = [s.encode("utf-8") for s in strings]
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        starts = np.zeros(len(encoded), np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        return np.frombuffer(b"".join(encoded), np.uint8), starts, lengths
 
     def _parse(self) -> None:
         self.size = int(self.buffer.size)
@@ -237,8 +246,7 @@ class GGUFContents:
                 raise _Malformed(f"key '{key}' appears twice")
             what = f"the value of '{key}'"
             (kind,) = self._unpack("<I", what)
-            self.metadata[key], self.types[key] = self._value(kind, what, key), \
-                GGUFValueType(kind)
+            self.metadata[key], self.types[key] = self._value(kind, what), GGUFValueType(kind)
         self.alignment = self._alignment()
         infos = []
         for i in range(n_tensors):
@@ -253,7 +261,7 @@ class GGUFContents:
         self.data_offset = -(-self._pos // self.alignment) * self.alignment
         for name, shape, kind, offset in infos:
             self._add_tensor(name, shape, kind, offset)
-        del self._view, self._array_view
+        del self._view
 
     def _alignment(self) -> int:
         if "general.alignment" not in self.metadata:

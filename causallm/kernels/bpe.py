@@ -46,6 +46,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from causallm.kernels.strings import utf8_valid
+
 _B = np.uint64(0x100000001B3)       # the polynomial hash's base
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a hash's top bits pick its slot
 _LOW = np.uint64(0xFFFFFFFF)
@@ -701,43 +703,9 @@ def _byte_token(data, s, n):
 
 
 @njit(cache=True)
-def _utf8_valid(buf, a, b):
-    """buf[a:b] is UTF-8 (no overlong form, surrogate or code point past U+10FFFF)."""
-    p = a
-    while p < b:
-        c = buf[p]
-        if c < 0x80:
-            p += 1
-            continue
-        if 0xC2 <= c <= 0xDF:
-            n, lo, hi = 2, 0x80, 0xBF
-        elif c == 0xE0:
-            n, lo, hi = 3, 0xA0, 0xBF
-        elif c == 0xED:
-            n, lo, hi = 3, 0x80, 0x9F
-        elif 0xE1 <= c <= 0xEF:
-            n, lo, hi = 3, 0x80, 0xBF
-        elif c == 0xF0:
-            n, lo, hi = 4, 0x90, 0xBF
-        elif 0xF1 <= c <= 0xF3:
-            n, lo, hi = 4, 0x80, 0xBF
-        elif c == 0xF4:
-            n, lo, hi = 4, 0x80, 0x8F
-        else:
-            return False
-        if p + n > b or not lo <= buf[p + 1] <= hi:
-            return False
-        for k in range(2, n):
-            if not 0x80 <= buf[p + k] <= 0xBF:
-                return False
-        p += n
-    return True
-
-
-@njit(cache=True)
 def _end_run(out, start, o):
     """The byte run out[start:o]: kept when UTF-8, else one U+FFFD per byte; returns the end."""
-    if _utf8_valid(out, start, o):
+    if utf8_valid(out, start, o):
         return o
     q = start
     for _ in range(o - start):

@@ -46,11 +46,12 @@ import warnings
 
 import numpy as np
 from numba import njit, prange
-from numba.core.errors import NumbaIRAssumptionWarning
 from numba.core import types
+from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import overload
 
 from causallm.kernels.simd import (
+    add32,
     band,
     bits32,
     bor,
@@ -73,14 +74,13 @@ from causallm.kernels.simd import (
     table16,
     zero32,
     zerof,
-    add32,
 )
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 # numba's own consistency check flags the loops of a block function inlined into the row loop
 # ("variable ... is not in scope"); the code it compiles is right (every kernel is checked
-# against its twin), and inlining is what keeps the four rows' sums in registers.
+# against its twin), and inlining is what keeps a row's sums in registers.
 warnings.filterwarnings("ignore", category=NumbaIRAssumptionWarning)
 
 # ggml type ids (GGMLQuantizationType), the kernels' compile-time switch
@@ -114,12 +114,18 @@ class QType:
 
 
 QTYPES = {t.name: t for t in (
-    QType("Q4_0", Q4_0, 32, 18, ACT_Q8_0, (0,)), QType("Q4_1", Q4_1, 32, 20, ACT_Q8_1, (0, 2)),
-    QType("Q5_0", Q5_0, 32, 22, ACT_Q8_0, (0,)), QType("Q5_1", Q5_1, 32, 24, ACT_Q8_1, (0, 2)),
-    QType("Q8_0", Q8_0, 32, 34, ACT_Q8_0, (0,)), QType("IQ4_NL", IQ4_NL, 32, 18, ACT_Q8_0, (0,)),
-    QType("Q2_K", Q2_K, 256, 84, ACT_Q8_K, (80, 82)), QType("Q3_K", Q3_K, 256, 110, ACT_Q8_K, (108,)),
-    QType("Q4_K", Q4_K, 256, 144, ACT_Q8_K, (0, 2)), QType("Q5_K", Q5_K, 256, 176, ACT_Q8_K, (0, 2)),
-    QType("Q6_K", Q6_K, 256, 210, ACT_Q8_K, (208,)), QType("IQ4_XS", IQ4_XS, 256, 136, ACT_Q8_K, (0,)),
+    QType("Q4_0", Q4_0, 32, 18, ACT_Q8_0, (0,)),
+    QType("Q4_1", Q4_1, 32, 20, ACT_Q8_1, (0, 2)),
+    QType("Q5_0", Q5_0, 32, 22, ACT_Q8_0, (0,)),
+    QType("Q5_1", Q5_1, 32, 24, ACT_Q8_1, (0, 2)),
+    QType("Q8_0", Q8_0, 32, 34, ACT_Q8_0, (0,)),
+    QType("IQ4_NL", IQ4_NL, 32, 18, ACT_Q8_0, (0,)),
+    QType("Q2_K", Q2_K, 256, 84, ACT_Q8_K, (80, 82)),
+    QType("Q3_K", Q3_K, 256, 110, ACT_Q8_K, (108,)),
+    QType("Q4_K", Q4_K, 256, 144, ACT_Q8_K, (0, 2)),
+    QType("Q5_K", Q5_K, 256, 176, ACT_Q8_K, (0, 2)),
+    QType("Q6_K", Q6_K, 256, 210, ACT_Q8_K, (208,)),
+    QType("IQ4_XS", IQ4_XS, 256, 136, ACT_Q8_K, (0,)),
 )}
 """Every quantized type with a kernel, by ggml's name."""
 
@@ -444,9 +450,24 @@ def _block_of(kind, acc, mins, w, b, x, d, s, u):
 
 
 @njit(cache=True, inline="always")
-def _dot4(kind, qk, w0, w1, w2, w3, x, d, s, u):
-    """Rows w0..w3 times activation row x: four independent sums, block by block (each block
-    of x loaded once for the four rows)."""
+def _dot_x4(kind, qk, w, x0, x1, x2, x3, d0, d1, d2, d3, s0, s1, s2, s3, u0, u1, u2, u3):
+    """Row w times activation rows x0..x3 (with their scales and sums): four independent sums,
+    block by block. The four calls of a block read and unpack the same weight bytes, which the
+    compiler does once: each weight block is unpacked once for four activation rows."""
+    a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
+    m0 = m1 = m2 = m3 = np.float32(0.0)
+    for b in range(x0.shape[0] // qk):
+        a0, m0 = _block(kind, a0, m0, w, b, x0, d0, s0, u0)
+        a1, m1 = _block(kind, a1, m1, w, b, x1, d1, s1, u1)
+        a2, m2 = _block(kind, a2, m2, w, b, x2, d2, s2, u2)
+        a3, m3 = _block(kind, a3, m3, w, b, x3, d3, s3, u3)
+    return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
+
+
+@njit(cache=True, inline="always")
+def _dot_w4(kind, qk, w0, w1, w2, w3, x, d, s, u):
+    """Rows w0..w3 times activation row x: four independent sums, block by block, each block
+    of x loaded once for the four rows."""
     a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(x.shape[0] // qk):
@@ -459,9 +480,7 @@ def _dot4(kind, qk, w0, w1, w2, w3, x, d, s, u):
 
 @njit(cache=True, inline="always")
 def _dot1(kind, qk, w, x, d, s, u):
-    """Row w times activation row x, its blocks read in order: one stream from memory, which
-    the prefetcher follows (four rows at a time, as _dot4 reads them, streamed at half the
-    rate)."""
+    """Row w times activation row x, its blocks in order."""
     a0 = zerof()
     m0 = np.float32(0.0)
     for b in range(x.shape[0] // qk):
@@ -664,30 +683,63 @@ def _row_widen_of(kind, w, out):
 
 # -- entry points -----------------------------------------------------------------------------------
 
+def _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+    """Outputs [n0, n1) of several activation rows t = b * nrows + i (a prompt), the work of
+    one weight block shared by four products: Q8_0, whose weights need no unpacking, takes four
+    weight rows for one activation row (each activation block loaded once for the four); every
+    other type one weight row for four activation rows (its blocks unpacked once for the
+    four). The last group repeats its last row."""
+
+
+@overload(_prompt_rows)
+def _prompt_rows_of(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+    if not isinstance(kind, types.IntegerLiteral):
+        return None
+
+    def four_weight_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+        has_bias = bias.shape[0] > 0
+        for n in range(n0, n1, 4):
+            r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
+            w0, w1, w2, w3 = w[n], w[r1], w[r2], w[r3]
+            for t in range(q.shape[0]):
+                v0, v1, v2, v3 = _dot_w4(kind, qk, w0, w1, w2, w3, q[t], d[t], s[t], u[t])
+                out = y[t // nrows, y_row + t % nrows]
+                if has_bias:
+                    v0, v1, v2, v3 = v0 + bias[n], v1 + bias[r1], v2 + bias[r2], v3 + bias[r3]
+                out[n] = v0
+                out[r1] = v1
+                out[r2] = v2
+                out[r3] = v3
+
+    def four_activation_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+        T = q.shape[0]
+        for n in range(n0, n1):
+            wn = w[n]
+            b = bias[n] if bias.shape[0] > 0 else np.float32(0.0)
+            for t in range(0, T, 4):
+                t1, t2, t3 = min(t + 1, T - 1), min(t + 2, T - 1), min(t + 3, T - 1)
+                v0, v1, v2, v3 = _dot_x4(kind, qk, wn, q[t], q[t1], q[t2], q[t3], d[t], d[t1],
+                                         d[t2], d[t3], s[t], s[t1], s[t2], s[t3], u[t], u[t1],
+                                         u[t2], u[t3])
+                y[t // nrows, y_row + t % nrows, n] = v0 + b
+                y[t1 // nrows, y_row + t1 % nrows, n] = v1 + b
+                y[t2 // nrows, y_row + t2 % nrows, n] = v2 + b
+                y[t3 // nrows, y_row + t3 % nrows, n] = v3 + b
+
+    return four_weight_rows if kind.literal_value == Q8_0 else four_activation_rows
+
+
 @njit(cache=True, fastmath=_FASTMATH)
 def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    """Outputs [n0, n1) of every activation row t = b * nrows + i: for one row (decode), each
-    weight row read once in order; for several, four weight rows at a time, each block of
-    them used for every activation row while it is in cache (the last group repeats its last
-    row)."""
-    has_bias = bias.shape[0] > 0
-    if q.shape[0] == 1:
-        out = y[0, y_row]
-        for n in range(n0, n1):
-            v = _dot1(kind, qk, w[n], q[0], d[0], s[0], u[0])
-            out[n] = v + bias[n] if has_bias else v
+    """Outputs [n0, n1) of every activation row t = b * nrows + i: for one (decode) each weight
+    row read once, in order (one memory stream); for several, ``_prompt_rows``."""
+    if q.shape[0] > 1:
+        _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1)
         return
-    for n in range(n0, n1, 4):
-        r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
-        for t in range(q.shape[0]):
-            v0, v1, v2, v3 = _dot4(kind, qk, w[n], w[r1], w[r2], w[r3], q[t], d[t], s[t], u[t])
-            out = y[t // nrows, y_row + t % nrows]
-            if has_bias:
-                v0, v1, v2, v3 = v0 + bias[n], v1 + bias[r1], v2 + bias[r2], v3 + bias[r3]
-            out[n] = v0
-            out[r1] = v1
-            out[r2] = v2
-            out[r3] = v3
+    has_bias = bias.shape[0] > 0
+    for n in range(n0, n1):
+        v = _dot1(kind, qk, w[n], q[0], d[0], s[0], u[0])
+        y[0, y_row, n] = v + bias[n] if has_bias else v
 
 
 ROWS_PER_TASK = 16

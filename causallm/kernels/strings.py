@@ -6,8 +6,8 @@ the next one is), which these two functions do in one pass each over plain uint8
 
 - ``string_spans(buf, pos, starts, lengths)``: the spans of ``len(starts)`` strings from
   ``buf[pos]`` (``starts[i]``, ``lengths[i]``);
-- ``join_strings(buf, starts, lengths, out)``: their bytes copied to ``out``, each followed by
-  a 0 byte, so one UTF-8 decode and one split on NUL give every string (when none holds a 0).
+- ``first_not_utf8(buf, starts, lengths)``: the first of them that is not UTF-8
+  (``utf8_valid``), or -1.
 """
 
 import numpy as np
@@ -37,19 +37,44 @@ def string_spans(buf, pos, starts, lengths):
 
 
 @njit(cache=True)
-def join_strings(buf, starts, lengths, out):
-    """out = bytes of string 0, 0, bytes of string 1, 0, ... (len(out) = sum(lengths) +
-    len(starts)); returns how many 0 bytes the strings themselves hold."""
-    o = 0
-    zeros = 0
+def utf8_valid(buf, a, b):
+    """buf[a:b] is UTF-8 (no overlong form, surrogate or code point past U+10FFFF)."""
+    p = a
+    while p < b:
+        c = buf[p]
+        if c < 0x80:
+            p += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            n, lo, hi = 2, 0x80, 0xBF
+        elif c == 0xE0:
+            n, lo, hi = 3, 0xA0, 0xBF
+        elif c == 0xED:
+            n, lo, hi = 3, 0x80, 0x9F
+        elif 0xE1 <= c <= 0xEF:
+            n, lo, hi = 3, 0x80, 0xBF
+        elif c == 0xF0:
+            n, lo, hi = 4, 0x90, 0xBF
+        elif 0xF1 <= c <= 0xF3:
+            n, lo, hi = 4, 0x80, 0xBF
+        elif c == 0xF4:
+            n, lo, hi = 4, 0x80, 0x8F
+        else:
+            return False
+        if p + n > b or not lo <= buf[p + 1] <= hi:
+            return False
+        for k in range(2, n):
+            if not 0x80 <= buf[p + k] <= 0xBF:
+                return False
+        p += n
+    return True
+
+
+
+@njit(cache=True)
+def first_not_utf8(buf, starts, lengths):
+    """The first i whose string buf[starts[i]:starts[i] + lengths[i]] is not UTF-8, or -1."""
     for i in range(starts.shape[0]):
-        s = starts[i]
-        for k in range(lengths[i]):
-            b = buf[s + k]
-            out[o + k] = b
-            if b == 0:
-                zeros += 1
-        o += lengths[i]
-        out[o] = 0
-        o += 1
-    return zeros
+        if not utf8_valid(buf, starts[i], starts[i] + lengths[i]):
+            return i
+    return -1
