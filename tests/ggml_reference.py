@@ -30,7 +30,8 @@ def block_size(name):
 
 
 def random_blocks(name, R, C, seed, scale=(0.001, 0.02)):
-    """R rows of C values of random ``name`` blocks (uint8 (R, row bytes)): random bytes with
+    """R rows of C values of random ``name`` blocks (uint8 (R, row bytes), read-only as a
+    mapped file's are, so the kernels compiled for the file views serve): random bytes with
     finite fp16 scales drawn from ``scale``."""
     qk, nbytes = block_size(name)
     rng = np.random.default_rng(seed)
@@ -38,7 +39,9 @@ def random_blocks(name, R, C, seed, scale=(0.001, 0.02)):
     for o in HALVES[name]:
         d = rng.uniform(*scale, size=(R, C // qk)).astype(np.float16)
         raw[:, :, o:o + 2] = d.view(np.uint8).reshape(R, C // qk, 2)
-    return raw.reshape(R, -1)
+    raw = raw.reshape(R, -1)
+    raw.flags.writeable = False
+    return raw
 
 
 def dequantize(name, blocks, C):

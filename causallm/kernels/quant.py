@@ -751,7 +751,9 @@ def _entry_points(kind: int, qk: int):
 
     @njit(cache=True)
     def rows(w, q, d, s, u, bias, y, y_row, nrows):
-        _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, 0, w.shape[0])
+        # n0 a typed int64, not the literal 0: the signature rows_parallel's tasks call _rows
+        # with, so one compile of _rows serves both
+        _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0])
 
     @njit(cache=True, parallel=True)
     def rows_parallel(w, q, d, s, u, bias, y, y_row, nrows):
