@@ -54,6 +54,7 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic, overload
 
+from causallm.kernels.jit_cache import read_only
 from causallm.kernels.packed import f16_to_f32
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
@@ -291,6 +292,8 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     parts = 1
     if parallel and q.shape[0] * n_kv < get_num_threads():
         parts = group  # too few groups for the threads: a task per head
+    cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
+    cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
     args = (q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
             pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
             min(window_right, NO_WINDOW), causal, softcap, scale, parts)

@@ -16,6 +16,11 @@ Writable means numba's own test: the folder can be made and a file created in it
 (3 or 4) goes to ``NUMBA_CACHE_DIR``, so numba and any child process use it, and one stderr
 line says where the cache lives when it is not the default (2) or the user's (1).
 
+numba compiles a kernel once per signature, and an array's signature includes whether it is
+writable: ``read_only(a)`` gives the kernels' read-only inputs (weights, biases, tables) one
+flag whoever made them (a mapped file, a conversion, an empty default), so each kernel
+compiles once rather than once per mix of flags.
+
 ``CheckedCache`` is numba's ``FunctionCache`` with two differences: a file it cannot read
 back (truncated by a crash or a full disk: numba raises ``EOFError`` or ``UnpicklingError``
 from pickle) is a cache miss, and the kernel is compiled and saved again (an index, ``.nbi``,
@@ -33,6 +38,14 @@ import sys
 import tempfile
 
 KERNELS = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_only(a):
+    """``a``, or a read-only view of it when it is writable (module docstring)."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 def _writable(folder: str) -> bool:

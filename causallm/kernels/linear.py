@@ -22,6 +22,8 @@ so results differ from a sequential sum by float32 rounding; NaN/Inf semantics a
 import numpy as np
 from numba import njit, prange
 
+from causallm.kernels.jit_cache import read_only
+
 # reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _TILE = 4096  # linear_io: y values (B*nrows rows x block columns) a task keeps in L1: 16 KiB
@@ -154,7 +156,7 @@ def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
 @njit(cache=True, fastmath=_FASTMATH)
 def linear_oi_serial(x, wt, bias, y, x_row, y_row, nrows):
     """linear_oi on one thread (small matrices)."""
-    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, 0, wt.shape[0])
+    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, np.int64(0), wt.shape[0])  # linear_oi's types
 
 
 def linear(x, w, bias, y, x_row, y_row, nrows):
@@ -165,10 +167,12 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
     runs (one pass over W for all batches; on one thread below ``PARALLEL_MIN_WEIGHTS``); otherwise numpy's BLAS (sgemm accepts both layouts
     without copying) writes each batch straight into y, and the bias is added afterwards.
     """
+    bias = read_only(bias)
     if not isinstance(w, np.ndarray):  # a PackedMatrix (causallm/kernels/packed.py)
         w.linear(x, bias, y, x_row, y_row, nrows)
         return
     if nrows < BLAS_MIN_ROWS:
+        w = read_only(w)
         big = w.size >= PARALLEL_MIN_WEIGHTS
         if w.flags.c_contiguous:
             (linear_io if big else linear_io_serial)(x, w, bias, y, x_row, y_row, nrows)

@@ -50,6 +50,7 @@ from numba.core import types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import overload
 
+from causallm.kernels.jit_cache import read_only
 from causallm.kernels.simd import (
     add32,
     band,
@@ -781,9 +782,9 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
     q, d, s, u = quantize_activations(qtype.act, x, x_row, nrows)
     rows, rows_parallel, _ = qtype.kernels
     (rows_parallel if w.nbytes * q.shape[0] >= PARALLEL_MIN_BYTES else rows)(
-        w, q, d, s, u, bias, y, y_row, nrows)
+        read_only(w), q, d, s, u, read_only(bias), y, y_row, nrows)
 
 
 def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:
     """Rows ``index`` of the blocks ``w`` as float32 into ``out`` (len(index), C)."""
-    qtype.kernels[2](w, np.asarray(index, dtype=np.int64), out)
+    qtype.kernels[2](read_only(w), np.asarray(index, dtype=np.int64), out)
