@@ -7,6 +7,10 @@ file cut short (a crash, a full disk) is compiled again, not an UnpicklingError.
 
 The runs go through the CLI in a subprocess on one copy of the package made read-only; each
 first run compiles the embedded model's kernels (seconds), so the tree and its runs are shared.
+
+A kernel computes the same bits whether it was just compiled or read from the cache: the
+embedded model generates in a process that compiles every kernel (an empty cache) and in one
+that loads them all, and the logits of every step must be equal to the bit.
 """
 
 import json
@@ -192,3 +196,62 @@ def test_without_a_cache_folder_kernels_compile_uncached(monkeypatch):
         return 3 * x
 
     assert type(thrice._cache).__name__ == "CheckedCache"
+
+
+# --------------------------------------------------------------------------- compiled or cached
+
+LONG_PROMPT = ("Strings are immutable sequences of Unicode code points. A tuple is an immutable "
+               "sequence, a list a mutable one; the for statement iterates over the items of any "
+               "sequence, in the order that they appear in the sequence, and a dictionary maps "
+               "keys to values.")
+"""55 tokens: the prefill's attention runs on the thread pool, over rows of 32 keys and more."""
+
+RECORD = """
+import hashlib, json, sys
+import numpy as np
+import causallm
+
+loaded = causallm.load(sys.argv[1], threads=2)
+model, logits = loaded.model, []
+start, step = model.start, model.step
+
+def recorded_start(*args, **kwargs):
+    first = start(*args, **kwargs)
+    logits.append(np.array(first.logits, dtype=np.float32))
+    return first
+
+def recorded_step(*args, **kwargs):
+    row = step(*args, **kwargs)
+    logits.append(np.array(row, dtype=np.float32))
+    return row
+
+model.start, model.step = recorded_start, recorded_step
+done = loaded.complete(sys.argv[2], max_new_tokens=int(sys.argv[3]), greedy=True)
+print(json.dumps({"ids": [int(t) for t in done.result.generated_ids[0]], "steps": len(logits),
+                  "sha256": hashlib.sha256(b"".join(x.tobytes() for x in logits)).hexdigest()}))
+"""
+"""Greedy generation through the Python API, every step's logits kept: the ids, the number of
+logit rows and the SHA-256 of their float32 bytes, as one JSON line."""
+
+
+def generate_recorded(cache, model=os.path.join(ROOT, "res", "tiny-llama"), n=8):
+    """RECORD in a subprocess of this tree with NUMBA_CACHE_DIR=cache: (its record, stderr)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-c", RECORD, model, LONG_PROMPT, str(n)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.splitlines()[-1]), p.stderr
+
+
+def test_compiled_and_cached_kernels_compute_the_same_logits(tmp_path):
+    """The first process compiles every kernel (numba links a copy of each kernel a kernel calls
+    into the caller); the second reads them all from the cache. Their logits are equal to the
+    bit (before jit_cache made linked copies internal, the compiling process's parallel
+    attention ran the separately compiled _attend and its prefill logits differed by 4e-6)."""
+    cache = str(tmp_path / "numba")
+    cold, err_cold = generate_recorded(cache)
+    warm, err_warm = generate_recorded(cache)
+    assert "[numba] compiling kernels" in err_cold and "[numba]" not in err_warm, err_warm
+    assert cold["steps"] == len(cold["ids"]) > 0
+    assert warm["ids"] == cold["ids"]
+    assert warm["sha256"] == cold["sha256"], "the same tokens from different logits"

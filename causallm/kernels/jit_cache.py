@@ -28,6 +28,17 @@ reads as empty and is written anew; a data file, ``.nbc``, is overwritten by the
 entry); and a cache that cannot be written any more costs the cache, not the run. ``install()`` makes every cached
 dispatcher use it (numba's ``Dispatcher.enable_caching`` creates the function's cache), or
 numba's ``NullCache`` when no folder is writable.
+
+A kernel's machine code is the same whether it was just compiled or read from the cache.
+numba links a copy of every kernel a kernel calls into the caller's module, optimizes them
+together and exports the copies as weak (``linkonce_odr``) symbols; the JIT binds a weak symbol
+to the first definition the process loaded. A process that compiles the caller has compiled the
+callee on its own first, so the caller's calls went to that separately optimized copy; a
+process that reads the caller from the cache ran the caller's own copy. Under fastmath the two
+copies round differently (``attention_parallel``'s ``_attend``: the embedded model's prefill
+logits differed by 4e-6). ``install()`` makes every linked-in copy internal once numba has
+optimized the module, so a caller always runs its own copies, compiled or loaded; the cache
+keys carry ``LINKING`` so code saved under the old rule is not read back.
 """
 
 from __future__ import annotations
@@ -111,6 +122,9 @@ def choose(environ=os.environ, in_tree: str = os.path.join(KERNELS, "__pycache__
 CACHED = True
 """False when no cache folder is writable (``install`` found none)."""
 
+LINKING = "callees internal"
+"""Part of every cache key: the rule a cached kernel's calls were linked by (module docstring)."""
+
 _said: set = set()
 
 
@@ -134,9 +148,10 @@ def install() -> None:
         sys.stderr.write(note + "\n")
         sys.stderr.flush()
 
-    from numba.core import caching, config, dispatcher
+    from numba.core import caching, codegen, config, dispatcher
 
     config.reload_config()  # numba read the environment when it loaded
+    _own_callees(codegen.CPUCodeLibrary)
 
     class CheckedIndex(caching.IndexDataCacheFile):
         """An index that cannot be read back is an empty one: the next save writes it anew."""
@@ -167,6 +182,9 @@ def install() -> None:
                           f"is unreadable ({type(e).__name__}); compiling it again")
                 return None
 
+        def _index_key(self, sig, codegen):
+            return super()._index_key(sig, codegen) + (LINKING,)
+
         def save_overload(self, sig, data):
             try:
                 super().save_overload(sig, data)
@@ -179,3 +197,27 @@ def install() -> None:
         self._cache = CheckedCache(self.py_func) if CACHED else caching.NullCache()
 
     dispatcher.Dispatcher.enable_caching = enable_caching
+
+
+def _own_callees(library_class) -> None:
+    """Make numba's ``library_class._optimize_final_module`` (run once per compiled library,
+    after the libraries of its callees are linked in) end by giving internal linkage to every
+    function it defines that one of those libraries defines too (numba leaves them weak,
+    ``linkonce_odr``, or ``weak_odr`` for a parallel loop's gufunc): the library's calls then
+    go to its own copies, never to a definition another library loaded first (module
+    docstring). Numba's optimization itself is unchanged. Done once per class."""
+    optimize = library_class._optimize_final_module
+    if getattr(optimize, "owns_callees", False):
+        return
+
+    def _optimize_final_module(self):
+        optimize(self)
+        linked = {fn.name for library in self._linking_libraries
+                  for fn in library._get_module_for_linking().functions
+                  if not fn.is_declaration}
+        for fn in self._final_module.functions:
+            if fn.name in linked and not fn.is_declaration:
+                fn.linkage = "internal"
+
+    _optimize_final_module.owns_callees = True
+    library_class._optimize_final_module = _optimize_final_module
