@@ -75,8 +75,8 @@ takes the tile configuration's address and clobbers memory, so its stores are ma
 the configuration is loaded."""
 FIRST_TOKEN_PROMPT = "The capital of France is"
 TIMEOUT = {"first": 900, "speed": 1800, "bench": 1800, "quality": 3600}
-"""Seconds a child may take. Generous: our engine loads the Gemma file in ~40 s today, and a
-cold numba cache adds minutes to the first run."""
+"""Seconds a child may take. Generous: a busy machine slows every run several times, and a cold
+numba cache adds minutes to the first run."""
 TARGETS = """\
 targets: start to first token <= 1.5x llama.cpp's; peak RSS <= 1.2x llama.cpp's; greedy
 agreement with the reference >= llama.cpp's; mean KL from the reference <= llama.cpp's"""
