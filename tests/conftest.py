@@ -4,6 +4,7 @@ the optional tests (tests/real_files.py) as session fixtures. numba's on-disk ca
 causallm/kernels/__pycache__ (or NUMBA_CACHE_DIR if set)."""
 
 import os
+import signal
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -11,6 +12,12 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import pytest  # noqa: E402
+
+# The tests that interrupt a child (test_cli, test_chat_cli) need it to start with SIGINT's
+# default action; a suite launched where SIGINT is ignored (a background job of a shell
+# without job control) would pass that on to every child, so take Python's handler back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import real_files  # noqa: E402
 
