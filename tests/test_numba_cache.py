@@ -255,3 +255,34 @@ def test_compiled_and_cached_kernels_compute_the_same_logits(tmp_path):
     assert cold["steps"] == len(cold["ids"]) > 0
     assert warm["ids"] == cold["ids"]
     assert warm["sha256"] == cold["sha256"], "the same tokens from different logits"
+
+
+
+HASHING = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import causallm.kernels  # noqa: F401  (jit_cache.install: the cache and how a hit binds)
+from numba import njit
+
+@njit(cache=True)
+def hashed(n):
+    return hash(str(n) + "x")
+
+print(hashed(1234) == hash(str(1234) + "x"))
+"""
+"""A cached kernel that hashes a string it makes: its code reads the hash secret, a symbol
+numba gives LLVM only when numba.cpython.hashing loads."""
+
+
+def test_a_cached_kernel_naming_a_registry_symbol_loads(tmp_path):
+    """A cache hit binds the kernel without loading numba's registries (jit_cache): a kernel
+    whose code names a symbol one of them defines still loads and runs in a second process
+    (were the symbol unknown to LLVM, linking the cached code would abort the process)."""
+    (tmp_path / "hashing_kernel.py").write_text(HASHING)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=ROOT)
+    runs = [subprocess.run([sys.executable, str(tmp_path / "hashing_kernel.py"), ROOT],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for p in runs:
+        assert p.returncode == 0 and p.stdout.strip() == "True", p.stderr
+    assert "[numba] compiling" in runs[0].stderr and "[numba]" not in runs[1].stderr

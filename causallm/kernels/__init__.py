@@ -25,24 +25,6 @@ import numba  # noqa: E402
 import numba.core.event  # noqa: E402
 
 
-def _load_numba_arrays() -> None:
-    """Load numba's array functions (``numba.np.arraymath``, else loaded at the first kernel
-    call) without their check for scipy's BLAS: that check imports ``scipy.linalg``, 0.3-0.9 s
-    of every start where scipy is installed, for ``np.dot`` inside jitted code, which no kernel
-    here calls (its answer is then "no BLAS" for numba code in this process). When scipy's
-    linear algebra is already loaded, the check runs as usual."""
-    if "scipy.linalg" in sys.modules:
-        import numba.np.arraymath  # noqa: F401
-        return
-    sys.modules["scipy.linalg.cython_blas"] = None  # the import the check tries: fails at once
-    try:
-        import numba.np.arraymath  # noqa: F401
-    finally:
-        del sys.modules["scipy.linalg.cython_blas"]
-
-
-_load_numba_arrays()
-
 from causallm.kernels.attention import attention, kv_cache_write  # noqa: E402
 from causallm.kernels.elementwise import (  # noqa: E402
     ACT_GELU,

@@ -25,9 +25,20 @@ compiles once rather than once per mix of flags.
 back (truncated by a crash or a full disk: numba raises ``EOFError`` or ``UnpicklingError``
 from pickle) is a cache miss, and the kernel is compiled and saved again (an index, ``.nbi``,
 reads as empty and is written anew; a data file, ``.nbc``, is overwritten by the save of its
-entry); and a cache that cannot be written any more costs the cache, not the run. ``install()`` makes every cached
-dispatcher use it (numba's ``Dispatcher.enable_caching`` creates the function's cache), or
-numba's ``NullCache`` when no folder is writable.
+entry); and a cache that cannot be written any more costs the cache, not the run.
+``install()`` makes every cached dispatcher use it (numba's ``Dispatcher.enable_caching``
+creates the function's cache), or numba's ``NullCache`` when no folder is writable.
+
+A cache hit is cheap. numba loads every one of its registries (the typing and lowering of all
+it can compile: 0.5-0.7 s, most of a warm start) before it reads a kernel from the cache;
+reading one back needs only numba's runtime, so ``CheckedCache`` starts that alone and the
+registries load at the first compile, as numba's compiler loads them anyway
+(``_known_symbols`` keeps the one case where a cached kernel needs a registry's symbol), and
+with them numba's extensions (installed packages' entry points, which numba otherwise looks
+for at every kernel's first call: the kernels take arrays and numbers, no extension's types).
+That first load imports ``numba.np.arraymath`` without its check for scipy's BLAS
+(``_registries_without_scipy``). A cache folder is tested for writing once, not once per
+kernel declared (``_tested_once``).
 
 A kernel's machine code is the same whether it was just compiled or read from the cache.
 numba links a copy of every kernel a kernel calls into the caller's module, optimizes them
@@ -148,10 +159,14 @@ def install() -> None:
         sys.stderr.write(note + "\n")
         sys.stderr.flush()
 
-    from numba.core import caching, codegen, config, dispatcher
+    from numba.core import caching, codegen, config, cpu, dispatcher
+    from numba.core.runtime import rtsys
 
     config.reload_config()  # numba read the environment when it loaded
     _own_callees(codegen.CPUCodeLibrary)
+    _tested_once(caching._CacheLocator)
+    _known_symbols(codegen.CPUCodeLibrary)
+    _registries_without_scipy(cpu.CPUContext)
 
     class CheckedIndex(caching.IndexDataCacheFile):
         """An index that cannot be read back is an empty one: the next save writes it anew."""
@@ -176,7 +191,9 @@ def install() -> None:
 
         def load_overload(self, sig, target_context):
             try:
-                return super().load_overload(sig, target_context)
+                rtsys.initialize(target_context)  # numba refreshes the whole context here
+                with self._guard_against_spurious_io_errors():
+                    return self._load_overload(sig, target_context)
             except Exception as e:  # noqa: BLE001: any unreadable entry is a miss
                 _say_once(f"[numba] cache of {self._py_func.__qualname__} in {self._cache_path} "
                           f"is unreadable ({type(e).__name__}); compiling it again")
@@ -197,6 +214,10 @@ def install() -> None:
         self._cache = CheckedCache(self.py_func) if CACHED else caching.NullCache()
 
     dispatcher.Dispatcher.enable_caching = enable_caching
+    # numba's extensions (the entry points of installed packages) load with the registries,
+    # at the first compile, not at every kernel's first call: a scan of every installed
+    # distribution's metadata that a cache hit does not need
+    dispatcher.Dispatcher._compilation_chain_init_hook = lambda self: None
 
 
 def _own_callees(library_class) -> None:
@@ -221,3 +242,79 @@ def _own_callees(library_class) -> None:
 
     _optimize_final_module.owns_callees = True
     library_class._optimize_final_module = _optimize_final_module
+
+
+def _tested_once(locator_class) -> None:
+    """Make numba's ``locator_class.ensure_cache_path`` (make the folder, create and delete a
+    file in it: run for every cached function as it is declared, about 100 at the kernels'
+    import, and before every save) test a folder once per process: a folder that passed is
+    taken as writable from then on (a save that fails all the same leaves that kernel
+    uncached, ``CheckedCache.save_overload``). Done once per class."""
+    ensure = locator_class.ensure_cache_path
+    if getattr(ensure, "tested_once", False):
+        return
+    tested: set = set()
+
+    def ensure_cache_path(self):
+        path = self.get_cache_path()
+        if path not in tested:
+            ensure(self)
+            tested.add(path)
+
+    ensure_cache_path.tested_once = True
+    locator_class.ensure_cache_path = ensure_cache_path
+
+
+def _known_symbols(library_class) -> None:
+    """Make numba's ``library_class._unserialize`` (a cached kernel read back) first load
+    numba's registries (``cpu_target.target_context.refresh()``, what numba itself runs before
+    every cache load) when the kernel's code names a symbol that only their loading gives LLVM,
+    and the process has not loaded it yet: ``numba.cpython.hashing`` adds the hash secret
+    (``_numba_hashsecret_*``, read by ``hash`` of a string) as it is imported; code naming a
+    symbol LLVM does not know aborts the process when it is linked. (Unpickling such an entry
+    usually imports the module already, for the types its signature names: this is the
+    guard.) Every other symbol a kernel names is known once numba's runtime has started
+    (``CheckedCache.load_overload``), or is a parallel kernel's thread pool, which the cached
+    entry starts itself. So the kernels on the path to a first token bind in milliseconds each
+    rather than after 0.5-0.7 s of registry loading (docs/performance.md). Done once per
+    class."""
+    unserialize = library_class.__dict__["_unserialize"].__func__
+    if getattr(unserialize, "knows_symbols", False):
+        return
+
+    def _unserialize(cls, codegen, state):
+        _, kind, data = state
+        code = data if kind == "bitcode" else data[1]  # the names are plain bytes in it
+        if b"_numba_hashsecret_" in code and "numba.cpython.hashing" not in sys.modules:
+            from numba.core.registry import cpu_target
+
+            cpu_target.target_context.refresh()
+        return unserialize(cls, codegen, state)
+
+    _unserialize.knows_symbols = True
+    library_class._unserialize = classmethod(_unserialize)
+
+
+def _registries_without_scipy(context_class) -> None:
+    """Make the first ``context_class.load_additional_registries`` (numba loading its
+    registries, before the first compile) import ``numba.np.arraymath`` without its check for
+    scipy's BLAS: that check imports ``scipy.linalg``, 0.3-0.9 s where scipy is installed, for
+    ``np.dot`` inside jitted code, which no kernel here calls (its answer is then "no BLAS" for
+    numba code in this process). When scipy's linear algebra is already loaded, the check runs
+    as usual. Done once per class."""
+    load = context_class.load_additional_registries
+    if getattr(load, "without_scipy", False):
+        return
+
+    def load_additional_registries(self):
+        if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
+            return load(self)
+        sys.modules["scipy.linalg.cython_blas"] = None  # the import the check tries: fails at once
+        try:
+            import numba.np.arraymath  # noqa: F401
+        finally:
+            del sys.modules["scipy.linalg.cython_blas"]
+        return load(self)
+
+    load_additional_registries.without_scipy = True
+    context_class.load_additional_registries = load_additional_registries
