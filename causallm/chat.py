@@ -160,7 +160,7 @@ class ChatTemplate:
         path = os.fspath(path)
         if os.path.isfile(path) and path.lower().endswith(".gguf"):
             return cls._fromGGUF(path)
-        from causallm.io.gguf_file import gguf_in_folder
+        from causallm.io.config import gguf_in_folder
 
         if os.path.isdir(path) and (gguf := gguf_in_folder(path)) is not None:
             return cls._fromGGUF(gguf)

@@ -40,7 +40,7 @@ max_new_tokens or the end of the KV cache is "length"."""
 
 def model_path_error(path: str) -> str | None:
     """Why ``path`` is not something to load (neither a folder nor a .gguf file), or None."""
-    from causallm.io.gguf_file import is_gguf
+    from causallm.io.config import is_gguf
 
     if os.path.isdir(path) or is_gguf(path):
         return None

@@ -158,8 +158,6 @@ def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConf
     of a model folder; or, for a .gguf file (or a folder whose only model is one), the configs
     its metadata stands for (causallm/io/gguf_file.py) and the folder's nntr_config.json. A
     GGUF's config carries the open file as ``cfg.gguf``."""
-    from causallm.io.gguf_file import GGUFFile, gguf_in_folder, is_gguf
-
     gguf_path = model_dir if is_gguf(model_dir) else None
     if gguf_path is None:
         if not os.path.isdir(model_dir):
@@ -167,6 +165,8 @@ def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConf
             raise CausalLMError(f"{model_dir}: not a model folder or .gguf file (no such {what})")
         gguf_path = gguf_in_folder(model_dir)
     if gguf_path is not None:
+        from causallm.io.gguf_file import GGUFFile  # a GGUF's reader only when there is one
+
         file = GGUFFile(gguf_path)
         cfg = JsonConfig(file.config(), gguf_path)
         cfg.gguf = file
@@ -178,3 +178,19 @@ def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConf
     gen = load_json(os.path.join(model_dir, "generation_config.json"), required=False)
     nntr = load_json(os.path.join(model_dir, "nntr_config.json"), required=False)
     return cfg, gen, nntr
+
+
+def is_gguf(path: str) -> bool:
+    """A path that names a .gguf file."""
+    return os.path.isfile(path) and path.lower().endswith(".gguf")
+
+
+def gguf_in_folder(folder: str) -> str | None:
+    """The folder's only .gguf file when it has no config.json; an error when it has several."""
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return None
+    found = sorted(f for f in os.listdir(folder) if f.lower().endswith(".gguf"))
+    if len(found) > 1:
+        raise CausalLMError(f"{folder}: no config.json and {len(found)} GGUF files "
+                            f"({', '.join(found)}); pass the one to run")
+    return os.path.join(folder, found[0]) if found else None

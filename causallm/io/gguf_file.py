@@ -35,6 +35,7 @@ import os
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.io.config import gguf_in_folder, is_gguf  # noqa: F401  (found there, read here)
 from causallm.io.files import release_pages
 from causallm.io.gguf_reader import GGUFContents
 from causallm.io.gguf_tokenizer import GGUFTokenizer
@@ -374,20 +375,3 @@ class GGUFCheckpoint:
             self.requantized[kind] = self.requantized.get(kind, 0) + 1
             return PackedMatrix.fromFloat(self.requantize, self._get(name), transposed=False)
         return self._get(name)
-
-
-def is_gguf(path: str) -> bool:
-    """A path that names a .gguf file."""
-    return os.path.isfile(path) and path.lower().endswith(".gguf")
-
-
-def gguf_in_folder(folder: str) -> str | None:
-    """The folder's only .gguf file when it has no config.json; an error when it has several."""
-    if os.path.exists(os.path.join(folder, "config.json")):
-        return None
-    found = sorted(f for f in os.listdir(folder) if f.lower().endswith(".gguf"))
-    if len(found) > 1:
-        raise CausalLMError(f"{folder}: no config.json and {len(found)} GGUF files "
-                            f"({', '.join(found)}); pass the one to run")
-    return os.path.join(folder, found[0]) if found else None
-

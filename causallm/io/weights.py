@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.io.files import release_pages
-from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.kernels import quant
 from causallm.kernels.packed import QUANTIZABLE, PackedMatrix
 from causallm.progress import files_size, progress
+
+if TYPE_CHECKING:  # the GGUF reader is imported when a GGUF is read
+    from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 
 WEIGHT_FORMATS = ("FP32", "BF16", "FP16", *QUANTIZABLE)
 """What ``--dtype`` and the nntr_config dtype keys may hold a packable weight as."""
@@ -114,6 +116,8 @@ def stored_precision(path: str, gguf: GGUFFile | None = None) -> str:
     nntr_config), a GGUF's "FP32" or "quantized" (GGUFFile.weightPrecision), a safetensors
     folder's BF16, FP16 or FP32 (what holds most of its elements; FP32 when it has none)."""
     if path.lower().endswith(".gguf"):
+        from causallm.io.gguf_file import GGUFFile
+
         same = gguf is not None and os.path.abspath(gguf.path) == os.path.abspath(path)
         return (gguf if same else GGUFFile(path)).weightPrecision()
     if not (os.path.isdir(path) or path.endswith(".safetensors")):
@@ -204,6 +208,8 @@ class WeightLoader:
     def openGGUF(self, path: str, gguf: GGUFFile | None, names) -> GGUFCheckpoint:
         """The GGUF checkpoint at ``path`` (``gguf`` when it is that file) under the Hugging
         Face ``names``: a type without a kernel is held as Q8_0 unless an override is set."""
+        from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
+
         if gguf is None or os.path.abspath(gguf.path) != os.path.abspath(path):
             gguf = GGUFFile(path)
         return GGUFCheckpoint(gguf, names, None if self.precision.override else "Q8_0")
