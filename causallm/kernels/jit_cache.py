@@ -159,6 +159,7 @@ def install() -> None:
         sys.stderr.write(note + "\n")
         sys.stderr.flush()
 
+    _import_numba()
     from numba.core import caching, codegen, config, cpu, dispatcher
     from numba.core.runtime import rtsys
 
@@ -218,6 +219,25 @@ def install() -> None:
     # at the first compile, not at every kernel's first call: a scan of every installed
     # distribution's metadata that a cache hit does not need
     dispatcher.Dispatcher._compilation_chain_init_hook = lambda self: None
+
+
+def _import_numba() -> None:
+    """Import numba without two imports its start makes for nothing here (0.03-0.08 s each):
+    scipy, whose version numba's ``__init__`` checks for its linear algebra (no kernel calls
+    it), and PyYAML, with which ``numba.core.config`` would read a ``.numba_config.yaml`` in
+    the working directory (still imported when that file exists). Either is imported as usual
+    by whoever else asks for it."""
+    if "numba" in sys.modules:
+        return
+    names = ["scipy"] + ([] if os.path.isfile(".numba_config.yaml") else ["yaml"])
+    blocked = [name for name in names if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # an import of it fails at once
+    try:
+        import numba  # noqa: F401
+    finally:
+        for name in blocked:
+            del sys.modules[name]
 
 
 def _own_callees(library_class) -> None:
