@@ -24,7 +24,6 @@ jit_cache.install()  # before any kernel is declared: where numba caches them, a
 import numba  # noqa: E402
 import numba.core.event  # noqa: E402
 
-
 from causallm.kernels.attention import attention, kv_cache_write  # noqa: E402
 from causallm.kernels.elementwise import (  # noqa: E402
     ACT_GELU,
@@ -51,11 +50,11 @@ from causallm.progress import progress  # noqa: E402
 
 class _CompileNotice(numba.core.event.Listener):
     """Says on stderr when numba compiles a kernel (a cache miss: the first run on a machine,
-    or after an edit), once, with where the compiled code is kept; on a terminal a counter of
-    the kernels compiled follows (causallm/progress.py); ``compile_report`` then erases it and
-    says how many and how long (kernels compiled after that report, e.g. during generation,
-    are counted for the next report without a counter). A cache hit triggers no compile event
-    and prints nothing."""
+    or after an edit), once, with where the compiled code is kept and that it takes seconds;
+    on a terminal a counter of the kernels compiled follows, naming the one compiling now
+    (causallm/progress.py); ``compile_report`` then erases it and says how many and how long
+    (kernels compiled after that report, e.g. during generation, are counted for the next
+    report without a counter). A cache hit triggers no compile event and prints nothing."""
 
     def __init__(self):
         self.depth = 0
@@ -75,10 +74,13 @@ class _CompileNotice(numba.core.event.Listener):
             self.announced = True
             cache = getattr(getattr(event.data["dispatcher"], "_cache", None), "_cache_path", "")
             where = f"once: they are cached in {cache}" if cache else "not cached"
-            sys.stderr.write(f"[numba] compiling kernels for this CPU ({where}) ...\n")
+            sys.stderr.write(f"[numba] compiling kernels for this CPU ({where}): a few "
+                             f"seconds ...\n")
             sys.stderr.flush()
         if self.bar is None and not self.reported:  # later compiles: no bar amid the output
             self.bar = progress(None, "[numba] compiling", "kernel(s)")
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"now {event.data['dispatcher'].py_func.__name__}")
 
     def on_end(self, event):
         self.depth -= 1
@@ -86,6 +88,7 @@ class _CompileNotice(numba.core.event.Listener):
             self.kernels += 1
             self.seconds += time.perf_counter() - self._t0
             if self.bar is not None:
+                self.bar.set_postfix_str("", refresh=False)
                 self.bar.update()
 
 
