@@ -286,3 +286,18 @@ def test_a_cached_kernel_naming_a_registry_symbol_loads(tmp_path):
     for p in runs:
         assert p.returncode == 0 and p.stdout.strip() == "True", p.stderr
     assert "[numba] compiling" in runs[0].stderr and "[numba]" not in runs[1].stderr
+
+
+def test_warmup_compiles_what_the_first_run_needs(tmp_path):
+    """``python -m causallm.warmup`` on an empty cache compiles the embedded model's kernels
+    (and says so); the run after it, the default model and prompt, compiles nothing."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    warm = subprocess.run([sys.executable, "-m", "causallm.warmup"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    assert "[numba] compiling kernels" in warm.stderr
+    assert re.search(r"\[warmup\] \S+tiny-llama: kernels ready in \d+\.\d s", warm.stderr)
+    run = subprocess.run([sys.executable, "main.py", "-n", "4"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr
+    assert "[numba]" not in run.stderr, run.stderr
