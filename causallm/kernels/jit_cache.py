@@ -304,8 +304,9 @@ def _known_symbols(library_class) -> None:
 
     def _unserialize(cls, codegen, state):
         _, kind, data = state
-        code = data if kind == "bitcode" else data[1]  # the names are plain bytes in it
-        if b"_numba_hashsecret_" in code and "numba.cpython.hashing" not in sys.modules:
+        parts = (data,) if kind == "bitcode" else data  # (object code, bitcode): names as bytes
+        if (any(b"_numba_hashsecret_" in part for part in parts)
+                and "numba.cpython.hashing" not in sys.modules):
             from numba.core.registry import cpu_target
 
             cpu_target.target_context.refresh()
