@@ -204,6 +204,8 @@ class Model:
     def _refresh_weights(self) -> None:
         for (layer, rctx), ictx in zip(self._run, self._contexts):
             rctx.weights = [self._weights[s.full_name] for s in ictx.weights]
+        for runner in self._stages.values():
+            runner.replan()
         self._dirty = False
 
     # -- weights ----------------------------------------------------------------------------
