@@ -13,9 +13,11 @@ import os
 import numpy as np
 import orjson
 import pytest
+from numba import njit
 import reference as ref
 
 from causallm import kernels as K
+from causallm.kernels.expf import expf
 
 B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -365,6 +367,29 @@ def test_key_end_opens_the_rest_of_a_block_to_a_causal_query():
 
 
 # ---------------------------------------------------------------- elementwise
+
+@njit(cache=True)
+def _expf_of(x, out):
+    for i in range(x.shape[0]):
+        out[i] = expf(x[i])
+
+
+def test_expf_is_within_one_ulp_of_exp_on_every_sampled_float32():
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (x > -87.33) & (x < 88.72)]   # normal results
+    out = np.empty_like(x)
+    _expf_of(x, out)
+    exact = np.exp(x.astype(np.float64))
+    ulps = np.abs(out - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert x.size > 400_000 and ulps.max() < 1.0, f"max error {ulps.max():.3f} ulp"
+    edges = np.array([-np.inf, -1e30, -88.0, 89.0, 1e30, np.inf, np.nan, 0.0, -0.0],
+                     dtype=np.float32)
+    out = np.empty_like(edges)
+    _expf_of(edges, out)
+    assert out[:3].tolist() == [0.0, 0.0, 0.0] and out[3:6].tolist() == [np.inf] * 3
+    assert np.isnan(out[6]) and out[7:].tolist() == [1.0, 1.0]
+
 
 def test_swiglu_add_multiply():
     gate, up = rand(B, 4, 301, seed=40, scale=4.0), rand(B, 4, 301, seed=41)

@@ -54,6 +54,7 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic, overload
 
+from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.packed import f16_to_f32
 
@@ -229,11 +230,11 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                     m = sinks[h]
                 denom = np.float32(0.0)
                 for t in range(total):
-                    e = np.exp(score[t] - m)
+                    e = expf(score[t] - m)
                     score[t] = e
                     denom += e
                 if use_sink:
-                    denom += np.exp(sinks[h] - m)
+                    denom += expf(sinks[h] - m)
                 inv = np.float32(1.0) / denom
                 for t in range(total):
                     score[t] *= inv
