@@ -221,6 +221,31 @@ def test_attention_reads_an_fp16_cache_as_its_values(pos0, nrows):
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("d", [4, 12, 72])
+def test_attention_of_any_head_size(d):
+    """Head sizes that are not a multiple of the kernel's 64 and 8 float lanes (their last
+    columns summed one by one), against the reference on a float32 and an FP16 cache."""
+    nh, nkv, T, pos0 = 4, 2, 9, 6
+    q, k, v = (rand(1, T, n * d, seed=70 + i) for i, n in enumerate((nh, nkv, nkv)))
+    cos, sin = np.ones((T, d // 2), np.float32), np.zeros((T, d // 2), np.float32)
+    for dtype in (np.float32, np.uint16):
+        kc = np.ascontiguousarray(k.reshape(1, T, nkv, d).transpose(0, 2, 1, 3))
+        vc = np.ascontiguousarray(v.reshape(1, T, nkv, d).transpose(0, 2, 1, 3))
+        if dtype == np.uint16:
+            kc, vc = (c.astype(np.float16).view(np.uint16) for c in (kc, vc))
+            kf, vf = (c.view(np.float16).astype(np.float32).transpose(0, 2, 1, 3).reshape(1, T, -1)
+                      for c in (kc, vc))
+        else:
+            kf, vf = k, v
+        out = np.full((1, T - pos0, nh * d), np.nan, np.float32)
+        scratch = np.empty((nh, T + d), np.float32)
+        K.attention(q[:, pos0:].copy(), kc, vc, out, cos, sin, scratch, pos0, T - pos0, T, nh,
+                    nkv, d, scale=d ** -0.5)
+        want = ref.mha(q[0, pos0:], kf[0], vf[0], np.arange(pos0, T), np.arange(T), nh, nkv, cos,
+                       sin, 1 << 32, True, d ** -0.5)
+        close(out[0], want)
+
+
 ATTENTION_CASES = {
     # name: (causal, window, softcap, sinks, position bias)
     "causal": (True, 1 << 32, 0.0, False, False),
