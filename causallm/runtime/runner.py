@@ -5,6 +5,8 @@ place them at absolute positions ``[from_, to)``. Each stage remembers the span 
 (``StageState``), which is how a later stage's layer knows how many rows of an earlier stage's
 tensor hold data (a cross-attention reads the encoder's keys that way). One decode step
 allocates nothing inside the layer loop: layers hand whole buffers and a row count to kernels.
+A stage runs the execution plan of its layers (``plan``), which multiplies the block matrices
+of layers reading the same tensor together.
 """
 
 from __future__ import annotations
