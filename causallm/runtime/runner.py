@@ -50,6 +50,13 @@ class StageRunner:
         self._outputs = [buffers[n][0].reshape(batch, -1) for n in outputs]
         self._plan: list | None = None
 
+    @property
+    def plan(self) -> list:
+        """The execution plan (``plan``), made at the first run after the weights were set."""
+        if self._plan is None:
+            self._plan = plan(self.steps)
+        return self._plan
+
     def replan(self) -> None:
         """Forget the execution plan (the weights changed); the next run makes it again."""
         self._plan = None
@@ -81,11 +88,9 @@ class StageRunner:
             buf[:, :data.shape[1]] = data
         state = self.state
         state.from_, state.to = from_, to
-        if self._plan is None:
-            self._plan = plan(self.steps)
         try:
-            for run, ctx in self._plan:
-                run(ctx, from_, to)
+            for layer, ctx in self.plan:
+                layer.incremental_forwarding(ctx, from_, to)
         except BaseException:
             state.from_ = state.to = 0  # half a step: nothing downstream may read it
             raise
@@ -95,12 +100,12 @@ class StageRunner:
 # -- the execution plan -----------------------------------------------------------------------
 
 def plan(steps: list) -> list:
-    """``steps`` as (run, context) pairs, ``run(context, from_, to)``: each layer's
-    ``incremental_forwarding``, except that consecutive layers computing ``x @ W + bias`` of
-    the same x (a layer's ``linear_operands``: its q, k and v projections, its gate and up)
-    with weights in ggml blocks of one activation format run as one ``LinearGroup``. The
-    results are the same: each product is the one its layer computes, on the same rounded
-    activations."""
+    """``steps``, the (layer, context) pairs of a stage, as the runner executes them, each by
+    ``incremental_forwarding(context, from_, to)``: the layers, except that consecutive layers
+    computing ``x @ W + bias`` of the same x (a layer's ``linear_operands``: its q, k and v
+    projections, its gate and up) with weights in ggml blocks of one activation format run as
+    one ``LinearGroup`` (context None). The results are the same: each product is the one its
+    layer computes, on the same rounded activations."""
     out: list = []
     i = 0
     while i < len(steps):
@@ -112,10 +117,7 @@ def plan(steps: list) -> list:
                 break
             group.append(nxt)
             j += 1
-        if len(group) > 1:
-            out.append((LinearGroup.run, LinearGroup(group)))
-        else:
-            out.append((steps[i][0].incremental_forwarding, steps[i][1]))
+        out.append((LinearGroup(group), None) if len(group) > 1 else steps[i])
         i = j
     return out
 
@@ -139,19 +141,26 @@ def _same_input(a, b) -> bool:
 
 class LinearGroup:
     """Products of one input by several block matrices (``plan``): the input quantized once,
-    then each block type's matrices in one parallel region (``MatrixTable``)."""
+    then each block type's matrices in one parallel region (``MatrixTable``). It runs as a
+    layer does; ``name`` joins its layers' names."""
+
+    type = "fully_connected"
 
     def __init__(self, members: list) -> None:
         self.x = members[0][0]
         self.act = members[0][1].qtype.act
         self.rows = members[0][3].shape[1]
         self.names = [m[4] for m in members]
+        self.name = "+".join(self.names)
         by_type: dict = {}
         for _, w, bias, y, _ in members:
             by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.data, bias, y))
         self.tables = [MatrixTable(qtype, m) for qtype, m in by_type.values()]
 
-    def run(self, from_: int, to: int) -> None:
+    def getType(self) -> str:
+        return self.type
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
         nrows = min(to - from_, self.rows)
         q, d, s, u = quantize_activations(self.act, self.x, 0, nrows)
         for table in self.tables:
