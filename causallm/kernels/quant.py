@@ -45,7 +45,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, get_num_threads, njit, prange
 from numba.core import cgutils, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
@@ -236,7 +236,8 @@ def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations 
     blocks: (q, d, s, u) as ``Activations`` holds them."""
     T, K = x.shape[0] * nrows, x.shape[2]
     q, d, s, u = bufs.take(T, K)
-    (_quantize_parallel if T >= 8 else _quantize_serial)(act, x, x_row, nrows, q, d, s, u)
+    (_quantize_parallel if T >= 8 and get_num_threads() > 1 else _quantize_serial)(
+        act, x, x_row, nrows, q, d, s, u)
     return q, d, s, u
 
 
@@ -816,8 +817,15 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
     are ``w``'s blocks (uint8 (N, row bytes)), every batch b and i < nrows."""
     q, d, s, u = quantize_activations(qtype.act, x, x_row, nrows)
     rows, rows_parallel = qtype.kernels[:2]
-    (rows_parallel if w.nbytes * q.shape[0] >= PARALLEL_MIN_BYTES else rows)(
+    (rows_parallel if _parallel(w.nbytes * q.shape[0]) else rows)(
         read_only(w), q, d, s, u, read_only(bias), y, y_row, nrows)
+
+
+def _parallel(work_bytes: int) -> bool:
+    """Whether a product of ``work_bytes`` (weight bytes times activation rows) is worth a
+    parallel region: enough work, and more than one thread to share it (a region of one
+    thread still costs about 3.5 us more than a plain call)."""
+    return work_bytes >= PARALLEL_MIN_BYTES and get_num_threads() > 1
 
 
 class MatrixTable:
@@ -849,7 +857,7 @@ class MatrixTable:
     def run(self, q, d, s, u, nrows: int) -> None:
         """Every member's y[b, i] = x[b, i] @ W + bias for i < nrows, x the rows quantized as
         (q, d, s, u): on one thread when the bytes are few."""
-        if self.nbytes * q.shape[0] >= PARALLEL_MIN_BYTES:
+        if _parallel(self.nbytes * q.shape[0]):
             self.qtype.kernels[3](self.table, q, d, s, u, nrows)
             return
         rows = self.qtype.kernels[0]
