@@ -216,16 +216,24 @@ class Activations:
         self._d = np.empty(0, np.float32)
         self._s = np.empty(0, np.float32)
         self._u = np.empty(0, np.int32)
+        self._views: dict[tuple[int, int], tuple] = {}  # (T, K) -> the four views, made once
 
     def take(self, T: int, K: int):
+        views = self._views.get((T, K))
+        if views is not None:
+            return views
         if self._q.size < T * K:
             self._q = np.empty(T * K, np.int8)
             self._d = np.empty(T * K // 32 + 1, np.float32)
             self._s = np.empty(T * K // 32 + 1, np.float32)
             self._u = np.empty(T * K // 16 + 1, np.int32)
-        return (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
-                self._s[:T * (K // 32)].reshape(T, K // 32),
-                self._u[:T * (K // 16)].reshape(T, K // 16))
+            self._views.clear()  # views of the old buffers
+        views = (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
+                 self._s[:T * (K // 32)].reshape(T, K // 32),
+                 self._u[:T * (K // 16)].reshape(T, K // 16))
+        if len(self._views) < 64:  # decode's and a few prompt lengths'
+            self._views[(T, K)] = views
+        return views
 
 
 _activations = Activations()
