@@ -159,8 +159,9 @@ def child_ours(folder: str, ids: list[int], decode: int, threads: int, repeat: i
 def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
     """Where the time of ``model``'s prefill and decode steps goes, by layer type and projection.
 
-    Every layer's ``incremental_forwarding`` is wrapped (on the instance, in this process only)
-    with a perf_counter timer. Decode steps run at the positions the benchmark decoded at, after
+    Every entry of the execution plan (a layer, or a group of projections run together) has
+    its ``incremental_forwarding`` wrapped (on the instance, in this process only) with a
+    perf_counter timer. Decode steps run at the positions the benchmark decoded at, after
     a prefill of the prompt; each figure is the best of 3 (the prefill's, of 3 prefills).
     graph overhead = step time - the sum of the layer times (the graph loop and the input and
     output copies; a layer's own Python is inside its layer's time). ``first_step_ms`` is the
@@ -200,13 +201,13 @@ def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
     steps_at(2)
     plain = min(steps_at(steps) for _ in range(3))
 
-    layers: list[tuple[str, str, object]] = []
+    layers: list[tuple[str, str, object]] = []   # what a step runs: layers and linear groups
     weights: dict[str, int] = {}
-
-    def collect(layer, context, _):
-        layers.append((context.getName(), layer.getType(), layer))
-        weights[context.getName()] = sum(int(w.nbytes) for w in context.weights)
-    graph.forEachLayer(collect)
+    for layer, context in graph.executionPlan():
+        name = layer.name if context is None else context.getName()
+        layers.append((name, layer.getType(), layer))
+        weights[name] = (sum(t.nbytes for t in layer.tables) if context is None
+                         else sum(int(w.nbytes) for w in context.weights))
 
     times: dict[str, float] = {}
 
@@ -243,7 +244,8 @@ def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
     for name, ltype, _ in layers:
         if ltype in ("fully_connected", "lm_head") or (ltype == "tie_word_embeddings"
                                                        and name != "embedding0"):
-            role = name.split("_", 1)[1] if name.startswith("layer") else name
+            role = "+".join(n.split("_", 1)[1] if n.startswith("layer") else n
+                            for n in name.split("+"))   # a linear group: wq+wk+wv
             acc = by_role.setdefault(role, [0.0, 0, 0])
             acc[0] += per_name[name]
             acc[1] += weights[name]

@@ -322,17 +322,16 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
         model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
     times = collections.defaultdict(float)
 
-    def wrap(layer, ctx, _):
+    for layer, ctx in model.model.executionPlan():   # layers, and projections run as a group
         forward = layer.incremental_forwarding
-        name = ctx.name.split("_", 1)[1] if ctx.name.startswith("layer") else ctx.name
+        name = "+".join(n.split("_", 1)[1] if n.startswith("layer") else n
+                        for n in (layer.name if ctx is None else ctx.name).split("+"))
 
         def timed(c, a, b, forward=forward, name=name):
             t = time.perf_counter()
             forward(c, a, b)
             times[name] += time.perf_counter() - t
         layer.incremental_forwarding = timed
-
-    model.model.forEachLayer(wrap, None)
     t = time.perf_counter()
     for pos in range(P + 4, P + 4 + D):
         model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)

@@ -39,6 +39,12 @@ class FullyConnectedLayer(Layer):
             context.requestWeight("bias", (unit,), context.activation_dtype)
         context.setOutputDimensions([TensorDim(x.batch, x.channel, x.height, unit)])
 
+    def linear_operands(self, context):
+        """(x, W, bias, y) of ``y = x @ W + bias``: a runner may compute the products of
+        several layers that read the same x together (runtime/runner.py)."""
+        w = context.weights
+        return context.inputs[0], w[0], w[1] if self.has_bias else NO_BIAS, context.outputs[0]
+
     def incremental_forwarding(self, context, from_, to):
         out = context.outputs[0]
         w = context.weights

@@ -23,6 +23,7 @@ from causallm.io.gguf_file import GGUFFile
 from causallm.io.gguf_reader import StringArray, GGUFContents
 from causallm.kernels.packed import PackedMatrix
 from causallm.factory import Factory
+from causallm.runtime.runner import LinearGroup
 
 sys.path.insert(0, os.path.join(parity.ROOT, "tools"))
 from hf_to_gguf import convert  # noqa: E402
@@ -83,6 +84,17 @@ def test_quantized_as_held_stay_close_to_transformers(name):
                                 parity.INT8_ACTIVATIONS_MARGIN, "int8 activations")
     kl = parity.kl_divergence(ref["step_logits"], logits)
     assert kl.mean() < parity.QUANTIZED_KL_MEAN, kl
+
+
+@pytest.mark.parametrize("name", ["gguf-llama-q8_0", "gguf-qwen3-q4_0"])
+def test_projections_of_one_input_run_as_one_group(name):
+    """Block matrices reading the same tensor (q, k, v; gate, up) run as one LinearGroup each:
+    one activation rounding, one parallel region. The test above checks their logits."""
+    model = load(name, widen=False)
+    groups = [set(g.names) for g, _ in model.model.executionPlan() if isinstance(g, LinearGroup)]
+    assert groups == [names for i in range(model.NUM_LAYERS) for names in (
+        {f"layer{i}_wq", f"layer{i}_wk", f"layer{i}_wv"},
+        {f"layer{i}_ffn_gate", f"layer{i}_ffn_up"})]
 
 
 HELD = {

@@ -13,9 +13,11 @@ import os
 import numpy as np
 import orjson
 import pytest
+from numba import njit
 import reference as ref
 
 from causallm import kernels as K
+from causallm.kernels.expf import expf
 
 B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -219,6 +221,31 @@ def test_attention_reads_an_fp16_cache_as_its_values(pos0, nrows):
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("d", [4, 12, 72])
+def test_attention_of_any_head_size(d):
+    """Head sizes that are not a multiple of the kernel's 64 and 8 float lanes (their last
+    columns summed one by one), against the reference on a float32 and an FP16 cache."""
+    nh, nkv, T, pos0 = 4, 2, 9, 6
+    q, k, v = (rand(1, T, n * d, seed=70 + i) for i, n in enumerate((nh, nkv, nkv)))
+    cos, sin = np.ones((T, d // 2), np.float32), np.zeros((T, d // 2), np.float32)
+    for dtype in (np.float32, np.uint16):
+        kc = np.ascontiguousarray(k.reshape(1, T, nkv, d).transpose(0, 2, 1, 3))
+        vc = np.ascontiguousarray(v.reshape(1, T, nkv, d).transpose(0, 2, 1, 3))
+        if dtype == np.uint16:
+            kc, vc = (c.astype(np.float16).view(np.uint16) for c in (kc, vc))
+            kf, vf = (c.view(np.float16).astype(np.float32).transpose(0, 2, 1, 3).reshape(1, T, -1)
+                      for c in (kc, vc))
+        else:
+            kf, vf = k, v
+        out = np.full((1, T - pos0, nh * d), np.nan, np.float32)
+        scratch = np.empty((nh, T + d), np.float32)
+        K.attention(q[:, pos0:].copy(), kc, vc, out, cos, sin, scratch, pos0, T - pos0, T, nh,
+                    nkv, d, scale=d ** -0.5)
+        want = ref.mha(q[0, pos0:], kf[0], vf[0], np.arange(pos0, T), np.arange(T), nh, nkv, cos,
+                       sin, 1 << 32, True, d ** -0.5)
+        close(out[0], want)
+
+
 ATTENTION_CASES = {
     # name: (causal, window, softcap, sinks, position bias)
     "causal": (True, 1 << 32, 0.0, False, False),
@@ -365,6 +392,29 @@ def test_key_end_opens_the_rest_of_a_block_to_a_causal_query():
 
 
 # ---------------------------------------------------------------- elementwise
+
+@njit(cache=True)
+def _expf_of(x, out):
+    for i in range(x.shape[0]):
+        out[i] = expf(x[i])
+
+
+def test_expf_is_within_one_ulp_of_exp_on_every_sampled_float32():
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (x > -87.33) & (x < 88.72)]   # normal results
+    out = np.empty_like(x)
+    _expf_of(x, out)
+    exact = np.exp(x.astype(np.float64))
+    ulps = np.abs(out - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert x.size > 400_000 and ulps.max() < 1.0, f"max error {ulps.max():.3f} ulp"
+    edges = np.array([-np.inf, -1e30, -88.0, 89.0, 1e30, np.inf, np.nan, 0.0, -0.0],
+                     dtype=np.float32)
+    out = np.empty_like(edges)
+    _expf_of(edges, out)
+    assert out[:3].tolist() == [0.0, 0.0, 0.0] and out[3:6].tolist() == [np.inf] * 3
+    assert np.isnan(out[6]) and out[7:].tolist() == [1.0, 1.0]
+
 
 def test_swiglu_add_multiply():
     gate, up = rand(B, 4, 301, seed=40, scale=4.0), rand(B, 4, 301, seed=41)

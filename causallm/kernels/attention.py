@@ -54,8 +54,10 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic, overload
 
+from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.packed import f16_to_f32
+from causallm.kernels.simd import fmaf, load8f, splatf, store8f
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
 
@@ -135,6 +137,47 @@ def _dot(x, y, d):
     for j in range(d):
         acc += x[j] * load(y[j])
     return acc
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _weighted_rows(o, score, cache, b, g, lo, t0, t1, d):
+    """o[j] += sum_{t0 <= t < t1} score[t] * row(lo + t)[j], rows of ``cache`` (key_row): 64
+    columns of o held in eight float-lane sums while the rows stream by, then 8, then 1."""
+    j = 0
+    while j + 64 <= d:
+        a0, a1, a2, a3 = load8f(o, j), load8f(o, j + 8), load8f(o, j + 16), load8f(o, j + 24)
+        a4, a5, a6, a7 = load8f(o, j + 32), load8f(o, j + 40), load8f(o, j + 48), load8f(o, j + 56)
+        for t in range(t0, t1):
+            r = key_row(cache, b, g, lo + t, d)
+            w = splatf(score[t])
+            a0 = fmaf(a0, w, load8f(r, j))
+            a1 = fmaf(a1, w, load8f(r, j + 8))
+            a2 = fmaf(a2, w, load8f(r, j + 16))
+            a3 = fmaf(a3, w, load8f(r, j + 24))
+            a4 = fmaf(a4, w, load8f(r, j + 32))
+            a5 = fmaf(a5, w, load8f(r, j + 40))
+            a6 = fmaf(a6, w, load8f(r, j + 48))
+            a7 = fmaf(a7, w, load8f(r, j + 56))
+        store8f(o, j, a0)
+        store8f(o, j + 8, a1)
+        store8f(o, j + 16, a2)
+        store8f(o, j + 24, a3)
+        store8f(o, j + 32, a4)
+        store8f(o, j + 40, a5)
+        store8f(o, j + 48, a6)
+        store8f(o, j + 56, a7)
+        j += 64
+    while j + 8 <= d:
+        a0 = load8f(o, j)
+        for t in range(t0, t1):
+            a0 = fmaf(a0, splatf(score[t]), load8f(key_row(cache, b, g, lo + t, d), j))
+        store8f(o, j, a0)
+        j += 8
+    for k in range(j, d):
+        acc = o[k]
+        for t in range(t0, t1):
+            acc += score[t] * load(key_row(cache, b, g, lo + t, d)[k])
+        o[k] = acc
 
 
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
@@ -229,11 +272,11 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                     m = sinks[h]
                 denom = np.float32(0.0)
                 for t in range(total):
-                    e = np.exp(score[t] - m)
+                    e = expf(score[t] - m)
                     score[t] = e
                     denom += e
                 if use_sink:
-                    denom += np.exp(sinks[h] - m)
+                    denom += expf(sinks[h] - m)
                 inv = np.float32(1.0) / denom
                 for t in range(total):
                     score[t] *= inv
@@ -246,8 +289,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                 for h in range(h0, h0 + per):
                     score = scratch[b * n_heads + h]
                     o = out[b, i, h * d:(h + 1) * d]
-                    for t in range(t0, min(t1, n)):
-                        _axpy(o, score[t], key_row(v_cache, kb, g, lo + t, d), d)
+                    _weighted_rows(o, score, v_cache, kb, g, lo, t0, min(t1, n), d)
                     for t in range(max(t0, n), t1):
                         _axpy(o, score[t], cross_v[xb, t - n, g * d:(g + 1) * d], d)
 

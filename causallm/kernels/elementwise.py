@@ -16,13 +16,17 @@
         ACT_TANH       tanh(x)
         ACT_SIGMOID    1 / (1 + exp(-x))
 
-Outputs may be one of the inputs (in place). Everything stays float32.
+Outputs may be one of the inputs (in place). Everything stays float32. The kernels use numpy's
+error model (a float division by zero is IEEE's inf or nan, not an exception: the check kept
+every loop with a division scalar) and ``expf`` (kernels/expf.py), so each loop vectorizes.
 """
 
 import math
 
 import numpy as np
 from numba import njit
+
+from causallm.kernels.expf import expf
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # for the softmax sum; keep NaN/Inf rules
 
@@ -47,7 +51,7 @@ ACTIVATIONS = {
 }
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def swiglu(gate, up, out, nrows):
     """out = gate * sigmoid(gate) * up = gate / (1 + exp(-gate)) * up, rows [0, nrows)."""
     one = np.float32(1.0)
@@ -57,17 +61,17 @@ def swiglu(gate, up, out, nrows):
             u = up[b, r]
             o = out[b, r]
             for j in range(g.shape[0]):
-                o[j] = g[j] / (one + np.exp(-g[j])) * u[j]
+                o[j] = g[j] / (one + expf(-g[j])) * u[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _act_row(x, y, kind):
     """y = act(x) over one row; one loop per kind, so each loop vectorizes (module doc)."""
     one = np.float32(1.0)
     n = x.shape[0]
     if kind == ACT_SILU:
         for j in range(n):
-            y[j] = x[j] / (one + np.exp(-x[j]))
+            y[j] = x[j] / (one + expf(-x[j]))
     elif kind == ACT_GELU:
         for j in range(n):
             y[j] = np.float32(0.5) * x[j] * (one + math.erf(x[j] * np.float32(0.7071067811865476)))
@@ -75,7 +79,7 @@ def _act_row(x, y, kind):
         for j in range(n):
             v = x[j]
             z = np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)
-            y[j] = v / (one + np.exp(np.float32(-2.0) * z))
+            y[j] = v / (one + expf(np.float32(-2.0) * z))
     elif kind == ACT_RELU:
         for j in range(n):
             y[j] = x[j] if x[j] > 0 else np.float32(0.0)
@@ -84,13 +88,13 @@ def _act_row(x, y, kind):
             y[j] = np.tanh(x[j])
     elif kind == ACT_SIGMOID:
         for j in range(n):
-            y[j] = one / (one + np.exp(-x[j]))
+            y[j] = one / (one + expf(-x[j]))
     else:
         for j in range(n):
             y[j] = x[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def activation(x, y, nrows, kind):
     """y = act(x) for rows [0, nrows), kind one of the ACT_* ints; y may be x."""
     if kind < ACT_NONE or kind > ACT_SIGMOID:
@@ -100,7 +104,7 @@ def activation(x, y, nrows, kind):
             _act_row(x[b, r], y[b, r], kind)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def add(a, b, y, nrows):
     """y = a + b for rows [0, nrows)."""
     for i in range(a.shape[0]):
@@ -112,7 +116,7 @@ def add(a, b, y, nrows):
                 yr[j] = ar[j] + br[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def add_row(a, row, y, nrows):
     """y = a + row (one (W,) row added to every row) for rows [0, nrows)."""
     for i in range(a.shape[0]):
@@ -123,7 +127,7 @@ def add_row(a, row, y, nrows):
                 yr[j] = ar[j] + row[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def multiply(a, b, y, nrows):
     """y = a * b for rows [0, nrows)."""
     for i in range(a.shape[0]):
@@ -135,7 +139,7 @@ def multiply(a, b, y, nrows):
                 yr[j] = ar[j] * br[j]
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def softmax_rows(x, y, nrows):
     """y = softmax(x) over the last axis, max-shifted, for rows [0, nrows); y may be x."""
     for b in range(x.shape[0]):
@@ -148,7 +152,7 @@ def softmax_rows(x, y, nrows):
                     m = xr[j]
             total = np.float32(0.0)
             for j in range(xr.shape[0]):
-                e = np.exp(xr[j] - m)
+                e = expf(xr[j] - m)
                 yr[j] = e
                 total += e
             inv = np.float32(1.0) / total

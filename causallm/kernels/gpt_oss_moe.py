@@ -25,6 +25,8 @@ sigmoid(z) is computed as 1 / (1 + exp(-z)). Nothing here allocates.
 import numpy as np
 from numba import njit
 
+from causallm.kernels.expf import expf
+
 
 @njit(cache=True)
 def moe_route(logits, nrows, top, counts, rows, coefs):
@@ -54,16 +56,16 @@ def moe_route(logits, nrows, top, counts, rows, coefs):
             m = lg[top[0]]
             total = np.float32(0.0)
             for j in range(k):
-                total += np.exp(lg[top[j]] - m)
+                total += expf(lg[top[j]] - m)
             t = b * S + r
             for j in range(k):
                 e = top[j]
                 rows[e, counts[e]] = t
-                coefs[e, counts[e]] = np.exp(lg[e] - m) / total
+                coefs[e, counts[e]] = expf(lg[e] - m) / total
                 counts[e] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def clamped_glu(g, u, n, alpha, limit):
     """g[j] = (clip(u[j], -limit, limit) + 1) * min(g[j], limit) * sigmoid(alpha * min(g[j],
     limit)) for rows j < n of g, u (>= n, I), in place into g."""
@@ -77,7 +79,7 @@ def clamped_glu(g, u, n, alpha, limit):
         for c in range(gj.shape[0]):
             gv = min(gj[c], hi)
             uv = min(max(uj[c], lo), hi)
-            gj[c] = (uv + one) * gv / (one + np.exp(-a * gv))
+            gj[c] = (uv + one) * gv / (one + expf(-a * gv))
 
 
 @njit(cache=True)

@@ -27,6 +27,7 @@ differs from a sequential sum); NaN/Inf rules are kept.
 import numpy as np
 from numba import njit, prange
 
+from causallm.kernels.expf import expf
 from causallm.kernels.linear import BLAS_MIN_ROWS
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -50,7 +51,7 @@ def moe_topk(logits, nrows, normalize, idx, weight):
                     m = p[e]
             s = np.float32(0.0)
             for e in range(E):
-                p[e] = np.exp(p[e] - m)
+                p[e] = expf(p[e] - m)
                 s += p[e]
             for e in range(E):
                 p[e] = p[e] / s
@@ -100,7 +101,7 @@ def moe_group(idx, weight, nrows, starts, rows, scales, hit):
     return n_hit
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+@njit(cache=True, parallel=True, fastmath=_FASTMATH, error_model="numpy")
 def expert_ffn_oi(x, rows, scales, nrows, gate_t, up_t, down_t, h, y):
     """y[b, t] += scales[i] * FFN(x[b, t]) for each token r = rows[i] = b * nrows + t, with
     gate_t, up_t (I, H) and down_t (H, I) C-contiguous [out, in]; h (>= n, I) is scratch.
@@ -120,7 +121,7 @@ def expert_ffn_oi(x, rows, scales, nrows, gate_t, up_t, down_t, h, y):
             for c in range(H):
                 g += xr[c] * g_row[c]
                 u += xr[c] * u_row[c]
-            h[i, j] = g / (one + np.exp(-g)) * u * scales[i]
+            h[i, j] = g / (one + expf(-g)) * u * scales[i]
     for o in prange(H):
         d_row = down_t[o]
         for i in range(n):
@@ -131,7 +132,7 @@ def expert_ffn_oi(x, rows, scales, nrows, gate_t, up_t, down_t, h, y):
             y[rows[i] // nrows, rows[i] % nrows, o] += acc
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+@njit(cache=True, parallel=True, fastmath=_FASTMATH, error_model="numpy")
 def expert_ffn_io(x, rows, scales, nrows, gate, up, down, h, u, y):
     """y[b, t] += scales[i] * FFN(x[b, t]) for each token r = rows[i] = b * nrows + t, with
     gate, up (H, I) and down (I, H) C-contiguous [in, out]; h, u (>= n, I) are scratch.
@@ -177,7 +178,7 @@ def expert_ffn_io(x, rows, scales, nrows, gate, up, down, h, u, y):
             s = scales[i]
             for j in range(j0, j1):
                 g = h[i, j]
-                h[i, j] = g / (one + np.exp(-g)) * u[i, j] * s
+                h[i, j] = g / (one + expf(-g)) * u[i, j] * s
     for blk in prange((H + _COLS - 1) // _COLS):
         o0 = blk * _COLS
         o1 = min(o0 + _COLS, H)
@@ -199,7 +200,7 @@ def expert_ffn_io(x, rows, scales, nrows, gate, up, down, h, u, y):
                             yr[o] += hv * dj[o]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def silu_mul_scale(h, u, scales, n):
     """h[i] = silu(h[i]) * u[i] * scales[i] for rows i < n (the BLAS path's activation)."""
     one = np.float32(1.0)
@@ -207,7 +208,7 @@ def silu_mul_scale(h, u, scales, n):
         s = scales[i]
         for j in range(h.shape[1]):
             g = h[i, j]
-            h[i, j] = g / (one + np.exp(-g)) * u[i, j] * s
+            h[i, j] = g / (one + expf(-g)) * u[i, j] * s
 
 
 def expert_ffn(x, rows, scales, nrows, gate, up, down, h, u, y):

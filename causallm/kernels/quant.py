@@ -45,10 +45,10 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numba import njit, prange
-from numba.core import types
+from numba import carray, get_num_threads, njit, prange
+from numba.core import cgutils, types
 from numba.core.errors import NumbaIRAssumptionWarning
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.simd import (
@@ -105,7 +105,7 @@ class QType:
 
     @property
     def kernels(self):
-        """(rows, rows_parallel, widen): this type's compiled entry points."""
+        """(rows, rows_parallel, widen, rows_table): this type's compiled entry points."""
         if self._kernels is None:
             self._kernels = _entry_points(self.kind, self.qk)
         return self._kernels
@@ -216,16 +216,24 @@ class Activations:
         self._d = np.empty(0, np.float32)
         self._s = np.empty(0, np.float32)
         self._u = np.empty(0, np.int32)
+        self._views: dict[tuple[int, int], tuple] = {}  # (T, K) -> the four views, made once
 
     def take(self, T: int, K: int):
+        views = self._views.get((T, K))
+        if views is not None:
+            return views
         if self._q.size < T * K:
             self._q = np.empty(T * K, np.int8)
             self._d = np.empty(T * K // 32 + 1, np.float32)
             self._s = np.empty(T * K // 32 + 1, np.float32)
             self._u = np.empty(T * K // 16 + 1, np.int32)
-        return (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
-                self._s[:T * (K // 32)].reshape(T, K // 32),
-                self._u[:T * (K // 16)].reshape(T, K // 16))
+            self._views.clear()  # views of the old buffers
+        views = (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
+                 self._s[:T * (K // 32)].reshape(T, K // 32),
+                 self._u[:T * (K // 16)].reshape(T, K // 16))
+        if len(self._views) < 64:  # decode's and a few prompt lengths'
+            self._views[(T, K)] = views
+        return views
 
 
 _activations = Activations()
@@ -236,7 +244,8 @@ def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations 
     blocks: (q, d, s, u) as ``Activations`` holds them."""
     T, K = x.shape[0] * nrows, x.shape[2]
     q, d, s, u = bufs.take(T, K)
-    (_quantize_parallel if T >= 8 else _quantize_serial)(act, x, x_row, nrows, q, d, s, u)
+    (_quantize_parallel if T >= 8 and get_num_threads() > 1 else _quantize_serial)(
+        act, x, x_row, nrows, q, d, s, u)
     return q, d, s, u
 
 
@@ -768,7 +777,42 @@ def _entry_points(kind: int, qk: int):
         for r in range(index.shape[0]):
             _row_widen(kind, w[index[r]], out[r])
 
-    return rows, rows_parallel, widen
+    @njit(cache=True, parallel=True)
+    def rows_table(table, q, d, s, u, nrows):
+        # one parallel region over the rows of every matrix of the table (MatrixTable)
+        tasks = 0
+        for m in range(table.shape[0]):
+            tasks += (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+        for task in prange(tasks):
+            m, t = _member_task(table, task)
+            e = table[m]
+            w = carray(_pointer(e[0]), (e[1], e[2]), np.uint8)
+            y = carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32)
+            bias = carray(_pointer(e[6]), (e[7],), np.float32)
+            _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
+                  min(e[1], t * ROWS_PER_TASK + ROWS_PER_TASK))
+
+    return rows, rows_parallel, widen, rows_table
+
+
+@njit(cache=True)
+def _member_task(table, task):
+    """(member, its task) of the table's task ``task``, the members' tasks numbered in order."""
+    m, t = 0, np.int64(task)  # a prange index may be unsigned
+    n = (table[0, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    while t >= n:
+        t -= n
+        m += 1
+        n = (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    return m, t
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    """The int64 ``address`` as a pointer (for numba.carray)."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(types.int64), codegen
 
 
 PARALLEL_MIN_BYTES = 1 << 18
@@ -780,9 +824,53 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
     """y[b, y_row + i] = x[b, x_row + i] @ W + bias for the W (K, N) whose N rows of K values
     are ``w``'s blocks (uint8 (N, row bytes)), every batch b and i < nrows."""
     q, d, s, u = quantize_activations(qtype.act, x, x_row, nrows)
-    rows, rows_parallel, _ = qtype.kernels
-    (rows_parallel if w.nbytes * q.shape[0] >= PARALLEL_MIN_BYTES else rows)(
+    rows, rows_parallel = qtype.kernels[:2]
+    (rows_parallel if _parallel(w.nbytes * q.shape[0]) else rows)(
         read_only(w), q, d, s, u, read_only(bias), y, y_row, nrows)
+
+
+def _parallel(work_bytes: int) -> bool:
+    """Whether a product of ``work_bytes`` (weight bytes times activation rows) is worth a
+    parallel region: enough work, and more than one thread to share it (a region of one
+    thread still costs about 3.5 us more than a plain call)."""
+    return work_bytes >= PARALLEL_MIN_BYTES and get_num_threads() > 1
+
+
+class MatrixTable:
+    """Several matrices of one block type, each with its bias and output, that multiply the same
+    activation rows in one parallel region (``run``): the q, k and v projections of a layer,
+    or its gate and up. A row of ``table`` (int64) describes one member by the addresses
+    of its arrays, which this object keeps alive::
+
+        [w address, N rows, row bytes, y address, y batch, y rows, bias address, bias length]
+
+    so one compiled kernel serves any number of members (a tuple or list of arrays would
+    compile once per length, or cost a second of start-up). Outputs are written at rows
+    ``[0, nrows)`` of each y (B, H, N), C-contiguous."""
+
+    def __init__(self, qtype: QType, members: list) -> None:
+        self.qtype = qtype
+        self.members = [(read_only(w), read_only(bias), y) for w, bias, y in members]
+        self.nbytes = sum(w.nbytes for w, _, _ in self.members)
+        rows = []
+        for w, bias, y in self.members:
+            if not (w.flags.c_contiguous and y.flags.c_contiguous and bias.flags.c_contiguous
+                    and y.dtype == np.float32 and y.ndim == 3 and y.shape[2] == w.shape[0]):
+                raise ValueError("MatrixTable: C-contiguous blocks, bias and (B, H, N) float32 "
+                                 "output expected")
+            rows.append([w.ctypes.data, w.shape[0], w.shape[1], y.ctypes.data, y.shape[0],
+                         y.shape[1], bias.ctypes.data, bias.shape[0]])
+        self.table = read_only(np.array(rows, dtype=np.int64).reshape(-1, 8))
+
+    def run(self, q, d, s, u, nrows: int) -> None:
+        """Every member's y[b, i] = x[b, i] @ W + bias for i < nrows, x the rows quantized as
+        (q, d, s, u): on one thread when the bytes are few."""
+        if _parallel(self.nbytes * q.shape[0]):
+            self.qtype.kernels[3](self.table, q, d, s, u, nrows)
+            return
+        rows = self.qtype.kernels[0]
+        for w, bias, y in self.members:
+            rows(w, q, d, s, u, bias, y, 0, nrows)
 
 
 def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:

@@ -28,6 +28,8 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32)
     zerof(), hsum(f), hsum32(v)
+    load8f(a, o)            8 float lanes of a float32 array, or of an array of half bits
+    store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
 
 maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
 16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
@@ -466,6 +468,57 @@ def hsum(typingctx, v):
         return builder.fadd(builder.extract_element(s2, ir.Constant(_I32, 0)),
                             builder.extract_element(s2, ir.Constant(_I32, 1)), flags=_FLAGS)
     return types.float32(v), codegen
+
+
+# -- float lanes (attention) -----------------------------------------------------------------------
+
+@intrinsic
+def load8f(typingctx, array, offset):
+    """The 8 values of ``array`` from element ``offset`` as float32 lanes: a float32 array's as
+    they are, a uint16 array's as IEEE half bits widened (an FP16 KV cache)."""
+    if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.float32:
+            return builder.load(_pointer(context, builder, sig.args[0], *args, _VF), align=4)
+        bits = builder.load(_pointer(context, builder, sig.args[0], *args,
+                                     ir.VectorType(_I16, 8)), align=2)
+        if F16C:
+            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 8)), _VF)
+        out = ir.Constant(_VF, None)
+        for k in range(8):
+            lane = _half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, k)))
+            out = builder.insert_element(out, lane, ir.Constant(_I32, k))
+        return out
+    return F32x8(array, offset), codegen
+
+
+@intrinsic
+def store8f(typingctx, array, offset, v):
+    """array[offset : offset + 8] = v, array float32."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _VF),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(array, offset, v), codegen
+
+
+@intrinsic
+def splatf(typingctx, x):
+    """One float32 in all 8 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), 8)
+    return F32x8(x), codegen
+
+
+@intrinsic
+def fmaf(typingctx, acc, a, b):
+    """acc + a * b, lane by lane (one fused multiply-add where the CPU has it)."""
+    def codegen(context, builder, sig, args):
+        acc, a, b = args
+        return builder.fadd(acc, builder.fmul(a, b, flags=_FLAGS), flags=_FLAGS)
+    return F32x8(acc, a, b), codegen
 
 
 # -- scalars ---------------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ Steps, as nntrainer's realizers and ``NetworkGraph`` do them, plus the stages:
    outputs)``, in the order they run), each input layer belongs to the stage that lists it and
    every other layer to the latest stage among its inputs: a layer that reads only encoder
    tensors (the decoder's cross-attention K and V projections) runs with the encoder, once per
-   prompt. A stage runs its layers in graph order; a tensor read by a later stage is kept for
+   prompt. A stage runs its layers in graph order, except that layers of one type reading the
+   same inputs (the q, k and v projections; gate and up) run one after another, for the runner
+   to fuse; a tensor read by a later stage is kept for
    it (the planner never reuses its buffer). A stage may have its own batch: a decoder running
    B x num_beams rows reads an encoder that ran B (each group of beams shares its prompt's
    encoder rows).
@@ -96,6 +98,8 @@ def compile_graph(nodes: list[LayerNode], stage_specs: list[StageSpec], batch: i
                                     f"does not exist")
     order = _topological_sort(nodes)
     stages, stage_of, kept = _split_stages(order, stage_specs, batch)
+    for stage in stages:
+        stage.nodes = _siblings_together(stage.nodes)
     batch_of = {s.name: s.batch for s in stages}
     contexts, out_dims, weight_specs = _finalize(order, by_name, tensor_type,
                                                  {n: batch_of[s] for n, s in stage_of.items()})
@@ -239,6 +243,18 @@ def _fill_defaults(node: LayerNode) -> None:
                 raise CausalLMError(f"layer '{node.getName()}' ({layer.type}): property "
                                     f"'{key}' is required")
             layer.props[key] = spec.default
+
+
+def _siblings_together(nodes: list[LayerNode]) -> list[LayerNode]:
+    """``nodes`` with each layer that has the type and the inputs of an earlier one moved to
+    run right after it (Gemma's ``ffn_up`` beside its ``ffn_gate``, ahead of the gate's
+    activation), so a runner can fuse them (runtime/runner.py). Still a valid order: the moved
+    layer's inputs are those of the layer it joins, and nothing before its old place read it."""
+    groups: dict[tuple, list[LayerNode]] = {}
+    for node in nodes:
+        key = (node.getType(), tuple(node.getInputConnections()))
+        groups.setdefault(key, []).append(node)
+    return [n for group in groups.values() for n in group]
 
 
 def _split_stages(order: list[LayerNode], specs: list[StageSpec], batch: int):

@@ -204,6 +204,8 @@ class Model:
     def _refresh_weights(self) -> None:
         for (layer, rctx), ictx in zip(self._run, self._contexts):
             rctx.weights = [self._weights[s.full_name] for s in ictx.weights]
+        for runner in self._stages.values():
+            runner.replan()
         self._dirty = False
 
     # -- weights ----------------------------------------------------------------------------
@@ -338,6 +340,16 @@ class Model:
         self._require(_INITIALIZED, "forEachLayer()")
         for layer, ctx in self._run:
             fn(layer, ctx, user_data)
+
+    def executionPlan(self, stage: str | None = None) -> list:
+        """What a step of ``stage`` (the only one when None) runs, in order: (layer, context)
+        pairs, where a ``LinearGroup`` (context None) stands for the layers it multiplies
+        together (runtime/runner.py). Each runs by ``incremental_forwarding(context, from_,
+        to)``; a profiler may wrap that on the instance."""
+        self._require(_INITIALIZED, "executionPlan()")
+        if self._dirty:
+            self._refresh_weights()
+        return list(self._stage(stage).plan)
 
     def getLayerNames(self, stage: str | None = None) -> list[str]:
         """Every layer in graph order, or only those ``stage`` runs."""

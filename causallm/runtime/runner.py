@@ -5,6 +5,8 @@ place them at absolute positions ``[from_, to)``. Each stage remembers the span 
 (``StageState``), which is how a later stage's layer knows how many rows of an earlier stage's
 tensor hold data (a cross-attention reads the encoder's keys that way). One decode step
 allocates nothing inside the layer loop: layers hand whole buffers and a row count to kernels.
+A stage runs the execution plan of its layers (``plan``), which multiplies the block matrices
+of layers reading the same tensor together.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.quant import MatrixTable, quantize_activations
 from causallm.runtime.layer import RunLayerContext
 
 
@@ -44,6 +48,18 @@ class StageRunner:
         self.state = state
         self._inputs = [buffers[n][0].reshape(batch, -1) for n in inputs]
         self._outputs = [buffers[n][0].reshape(batch, -1) for n in outputs]
+        self._plan: list | None = None
+
+    @property
+    def plan(self) -> list:
+        """The execution plan (``plan``), made at the first run after the weights were set."""
+        if self._plan is None:
+            self._plan = plan(self.steps)
+        return self._plan
+
+    def replan(self) -> None:
+        """Forget the execution plan (the weights changed); the next run makes it again."""
+        self._plan = None
 
     def input_rows(self) -> int:
         """The most values per batch row any input holds (its step buffer)."""
@@ -73,9 +89,79 @@ class StageRunner:
         state = self.state
         state.from_, state.to = from_, to
         try:
-            for layer, ctx in self.steps:
+            for layer, ctx in self.plan:
                 layer.incremental_forwarding(ctx, from_, to)
         except BaseException:
             state.from_ = state.to = 0  # half a step: nothing downstream may read it
             raise
         return [out.copy() for out in self._outputs]
+
+
+# -- the execution plan -----------------------------------------------------------------------
+
+def plan(steps: list) -> list:
+    """``steps``, the (layer, context) pairs of a stage, as the runner executes them, each by
+    ``incremental_forwarding(context, from_, to)``: the layers, except that consecutive layers
+    computing ``x @ W + bias`` of the same x (a layer's ``linear_operands``: its q, k and v
+    projections, its gate and up) with weights in ggml blocks of one activation format run as
+    one ``LinearGroup`` (context None). The results are the same: each product is the one its
+    layer computes, on the same rounded activations."""
+    out: list = []
+    i = 0
+    while i < len(steps):
+        group = [_linear(*steps[i])]
+        j = i + 1
+        while group[0] is not None and j < len(steps):
+            nxt = _linear(*steps[j])
+            if nxt is None or not _same_input(nxt, group[0]):
+                break
+            group.append(nxt)
+            j += 1
+        out.append((LinearGroup(group), None) if len(group) > 1 else steps[i])
+        i = j
+    return out
+
+
+def _linear(layer, ctx):
+    """A layer's (x, packed W, bias, y, name) when its W is in ggml blocks, else None."""
+    operands = getattr(layer, "linear_operands", None)
+    if operands is None:
+        return None
+    x, w, bias, y = operands(ctx)
+    if not isinstance(w, PackedMatrix) or w.qtype is None or not w.transposed:
+        return None
+    return x, w, bias, y, ctx.name
+
+
+def _same_input(a, b) -> bool:
+    xa, xb = a[0], b[0]
+    return (xa.shape == xb.shape and xa.ctypes.data == xb.ctypes.data
+            and a[1].qtype.act == b[1].qtype.act)
+
+
+class LinearGroup:
+    """Products of one input by several block matrices (``plan``): the input quantized once,
+    then each block type's matrices in one parallel region (``MatrixTable``). It runs as a
+    layer does; ``name`` joins its layers' names."""
+
+    type = "fully_connected"
+
+    def __init__(self, members: list) -> None:
+        self.x = members[0][0]
+        self.act = members[0][1].qtype.act
+        self.rows = members[0][3].shape[1]
+        self.names = [m[4] for m in members]
+        self.name = "+".join(self.names)
+        by_type: dict = {}
+        for _, w, bias, y, _ in members:
+            by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.data, bias, y))
+        self.tables = [MatrixTable(qtype, m) for qtype, m in by_type.values()]
+
+    def getType(self) -> str:
+        return self.type
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        nrows = min(to - from_, self.rows)
+        q, d, s, u = quantize_activations(self.act, self.x, 0, nrows)
+        for table in self.tables:
+            table.run(q, d, s, u, nrows)
