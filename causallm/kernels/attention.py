@@ -56,6 +56,7 @@ from numba.extending import intrinsic, overload
 
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.packed import f16_to_f32
+from causallm.kernels.threads import matmul
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
 
@@ -328,8 +329,9 @@ def attention_dense(q, k, v, out, nrows, n_heads, n_kv, head_dim, scale):
             vg = v[b, :nrows, g * d:(g + 1) * d]
             for r in range(0, nrows, DENSE_BLOCK_ROWS):
                 e = min(r + DENSE_BLOCK_ROWS, nrows)
-                s = (q[b, r:e, h * d:(h + 1) * d] * scale) @ kt
+                s = np.empty((e - r, nrows), np.float32)
+                matmul(q[b, r:e, h * d:(h + 1) * d] * scale, kt, s)
                 s -= s.max(axis=1, keepdims=True)
                 np.exp(s, out=s)
                 s /= s.sum(axis=1, keepdims=True)
-                out[b, r:e, h * d:(h + 1) * d] = s @ vg
+                matmul(s, vg, out[b, r:e, h * d:(h + 1) * d])
