@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -67,8 +68,9 @@ def test_a_split_product_uses_threads_minus_one_helpers(restore_threads, monkeyp
     matmul = np.matmul
     seen = set()
 
-    def spy(*args, **kwargs):
+    def spy(*args, **kwargs):  # a slow part: every thread gets one
         seen.add(threading.current_thread().name)
+        time.sleep(0.005)
         return matmul(*args, **kwargs)
 
     monkeypatch.setattr(T.np, "matmul", spy)

@@ -3,14 +3,14 @@
 Two pools could run our work: numba's OpenMP pool (every kernel) and numpy's BLAS (the matrix
 products of prefill). Here numba's pool has ``threads()`` threads and BLAS is held at one thread
 per call (threadpoolctl, whichever BLAS numpy carries); a large product is split by columns
-into ``threads()`` parts, run at once by the calling thread and a pool of ``threads() - 1``
-Python threads (numpy releases the GIL inside BLAS)::
+into parts that the calling thread and a pool of ``threads() - 1`` Python threads take one by
+one until none is left (numpy releases the GIL inside BLAS)::
 
-    out[:, c0:c1] = a @ b[:, c0:c1]      for each part [c0, c1), one part per thread
+    out[:, c0:c1] = a @ b[:, c0:c1]      for each part [c0, c1)
 
 The pools take turns (a step runs one kernel or one product at a time), so at most
-``threads()`` threads compute. A split product waits once, at its end, for its slowest part,
-as a numba parallel region does; OpenBLAS's own threads wait for each other many times within
+``threads()`` threads compute. A split product waits once, at its end, for the part still
+running; OpenBLAS's own threads wait for each other many times within
 one product, and with another process on a core a descheduled one stalls the rest each time
 (a 22-token FP32 prefill of the Qwen3-0.6B shape on 2 shared cores: 6.8 s against 0.9 s with
 BLAS on one thread; docs/performance.md, "One owner of the cores").
@@ -21,6 +21,7 @@ worker thread or a user's own threads run with ``-t`` too.
 """
 
 from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, SimpleQueue
 
 import numba
 import numpy as np
@@ -30,6 +31,10 @@ SPLIT_MIN_WORK = 1 << 22
 handing a part to another thread costs tens of microseconds."""
 SPLIT_ALIGN = 64
 """Columns per part are a multiple of this (whole cache lines of the output rows)."""
+PARTS_PER_THREAD = 4
+"""Parts a split product is cut into, per thread. The threads take parts one by one until none
+is left, so a thread the OS runs less (another process on its core) takes fewer parts and
+the product waits at most one part for it, not half of the product."""
 
 _count = numba.get_num_threads()
 _pool: ThreadPoolExecutor | None = None
@@ -89,16 +94,27 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     _pin_blas()
     m, k = a.shape
     n = b.shape[1]
-    parts = min(_count, n // SPLIT_ALIGN)
-    if parts < 2 or m * k * n < SPLIT_MIN_WORK:
+    parts = min(_count * PARTS_PER_THREAD, n // SPLIT_ALIGN)
+    if _count < 2 or parts < 2 or m * k * n < SPLIT_MIN_WORK:
         np.matmul(a, b, out=out)
         return
     step = -(-n // parts // SPLIT_ALIGN) * SPLIT_ALIGN
-    bounds = [(c, min(c + step, n)) for c in range(step, n, step)]
+    todo = SimpleQueue()
+    for c in range(0, n, step):
+        todo.put(c)
+
+    def work():
+        while True:
+            try:
+                c = todo.get_nowait()
+            except Empty:
+                return
+            np.matmul(a, b[:, c:c + step], out=out[:, c:c + step])
+
     pool = _workers(_count - 1)
-    futures = [pool.submit(np.matmul, a, b[:, c0:c1], out=out[:, c0:c1]) for c0, c1 in bounds]
+    futures = [pool.submit(work) for _ in range(min(_count, todo.qsize()) - 1)]
     try:
-        np.matmul(a, b[:, :step], out=out[:, :step])
+        work()
     finally:
         for f in futures:
             f.result()
