@@ -10,10 +10,11 @@ one until none is left (numpy releases the GIL inside BLAS)::
 
 The pools take turns (a step runs one kernel or one product at a time), so at most
 ``threads()`` threads compute. A split product waits once, at its end, for the part still
-running; OpenBLAS's own threads wait for each other many times within
-one product, and with another process on a core a descheduled one stalls the rest each time
-(a 22-token FP32 prefill of the Qwen3-0.6B shape on 2 shared cores: 6.8 s against 0.9 s with
-BLAS on one thread; docs/performance.md, "One owner of the cores").
+running; OpenBLAS's own threads wait for each other many times within one product, and with
+another process on a core a descheduled one stalls the rest each time (a 22-token FP32
+prefill of the Qwen3-0.6B shape on 2 shared cores: 9.3 s with OpenBLAS's threads, 1.4 s split
+here; beside one more busy process 15.6 and 3.3 s; docs/performance.md, "One owner of the
+cores").
 
 numba's thread count belongs to the Python thread that sets it: ``own()`` gives the calling
 thread the count ``set_threads`` chose (the runtime calls it at every step), so a server's
