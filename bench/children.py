@@ -144,6 +144,20 @@ def busy_cores(seconds: float = 1.0) -> float | None:
     return (1 - (idle1 - idle0) / max(1, total1 - total0)) * (os.cpu_count() or 1)
 
 
+@contextlib.contextmanager
+def busy_neighbour():
+    """Another process keeping one core busy (a Python loop) while the block runs, as a
+    neighbour on a shared machine would; it is killed when the block ends, however it ends."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)  # running before the measurement starts
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def best_pp_tg(model, ids: list[int], D: int, repeat: int) -> tuple[float, float]:
     """Prefill and decode tokens a second of our ``model`` (a loaded CausalLM, EOS off):
     ``generate_tokens`` on the prompt ``ids`` for D + 1 greedy tokens (the prefill gives the

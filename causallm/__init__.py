@@ -2,18 +2,18 @@
 
 import os as _os
 
-# Two thread pools share the cores: numpy's OpenBLAS (prefill matrix products) and numba's
-# OpenMP (every other kernel). By default each spins for a long while after its work, taking the
-# cores from the other; short spins measured about twice the prefill speed and removed a slow
-# first decode step (bench/README.md). They must be set before numpy and numba load, so this
-# module is imported first by main.py; settings already in the environment win.
+# numba's OpenMP pool spins for a long while after each parallel region by default, taking the
+# cores from the threads that run the prefill matrix products (causallm/kernels/threads.py);
+# a short spin measured about twice the prefill speed and removed a slow first decode step
+# (bench/README.md). It must be set before numba loads, so this module is imported first by
+# main.py; settings already in the environment win. (numpy's BLAS runs one thread per call,
+# kernels/threads.py, so its own pool's spin no longer matters.)
 #
 # numba's LLVM optimization level: at 3 (numba's default) LLVM spends about 1.2 s more on the
 # first compile of the parallel packed-weight kernels alone, and the kernels measured no faster
 # than at 2 (Qwen3-0.6B shape decode, BF16 / Q8_0 / Q4_0 / FP32; docs/performance.md). Level 1
 # loses up to 15 %.
-for _key, _value in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "10000"),
-                     ("NUMBA_OPT", "2")):
+for _key, _value in (("GOMP_SPINCOUNT", "10000"), ("NUMBA_OPT", "2")):
     _os.environ.setdefault(_key, _value)
 
 

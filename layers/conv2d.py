@@ -15,6 +15,7 @@ kernel_size = stride = patch, padding valid: one matrix product over the patches
 
 import numpy as np
 
+from causallm.kernels.threads import matmul
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import list_, str_, uint
 
@@ -108,7 +109,8 @@ class Conv2DLayer(Layer):
             win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]  # (B, C, OH, OW, KH, KW)
             cols = win.transpose(0, 2, 3, 1, 4, 5)
         cols = cols.reshape(d.batch * oh * ow, -1)
-        y = cols @ w.reshape(F, -1).T                               # (B * OH * OW, F)
+        y = np.empty((cols.shape[0], F), np.float32)                # (B * OH * OW, F)
+        matmul(cols, w.reshape(F, -1).T, y)
         if self.has_bias:
             y += context.weights[1]
         out = context.outputs[0].reshape(d.batch, F, oh * ow)

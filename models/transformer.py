@@ -581,5 +581,6 @@ class Transformer:
 
 
 def set_threads(n: int) -> None:
-    """``-t/--threads``: the numba thread count used by the parallel kernels."""
+    """``-t/--threads``: the threads the kernels and the prefill matrix products use together
+    (causallm/kernels/threads.py)."""
     kernels.set_num_threads(n)

@@ -24,6 +24,7 @@ jit_cache.install()  # before any kernel is declared: where numba caches them, a
 import numba  # noqa: E402
 import numba.core.event  # noqa: E402
 
+from causallm.kernels import threads  # noqa: E402
 from causallm.kernels.attention import attention, kv_cache_write  # noqa: E402
 from causallm.kernels.elementwise import (  # noqa: E402
     ACT_GELU,
@@ -111,15 +112,14 @@ def compile_report() -> None:
 
 
 def set_num_threads(n):
-    """Use n threads in the parallel kernels, clamped to [1, NUMBA_NUM_THREADS]; returns it."""
-    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
-    return n
+    """Use n threads in the parallel kernels and the split BLAS products together, clamped to
+    [1, NUMBA_NUM_THREADS]; returns it (``threads.set_threads``)."""
+    return threads.set_threads(n)
 
 
 def get_num_threads():
-    """Number of threads the parallel kernels use now."""
-    return numba.get_num_threads()
+    """Number of threads the kernels use (``threads.threads``)."""
+    return threads.threads()
 
 
 __all__ = [

@@ -51,13 +51,14 @@ x86 prefill kernel is wrong when nrows or pos0 + nrows exceeds the window, gotch
 
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, njit, prange, types
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.packed import f16_to_f32
 from causallm.kernels.simd import fmaf, load8f, splatf, store8f
+from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
 
@@ -332,7 +333,7 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     group = n_heads // n_kv
     parallel = work >= PARALLEL_MIN_WORK
     parts = 1
-    if parallel and q.shape[0] * n_kv < get_num_threads():
+    if parallel and q.shape[0] * n_kv < threads():
         parts = group  # too few groups for the threads: a task per head
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
@@ -370,8 +371,9 @@ def attention_dense(q, k, v, out, nrows, n_heads, n_kv, head_dim, scale):
             vg = v[b, :nrows, g * d:(g + 1) * d]
             for r in range(0, nrows, DENSE_BLOCK_ROWS):
                 e = min(r + DENSE_BLOCK_ROWS, nrows)
-                s = (q[b, r:e, h * d:(h + 1) * d] * scale) @ kt
+                s = np.empty((e - r, nrows), np.float32)
+                matmul(q[b, r:e, h * d:(h + 1) * d] * scale, kt, s)
                 s -= s.max(axis=1, keepdims=True)
                 np.exp(s, out=s)
                 s /= s.sum(axis=1, keepdims=True)
-                out[b, r:e, h * d:(h + 1) * d] = s @ vg
+                matmul(s, vg, out[b, r:e, h * d:(h + 1) * d])

@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from causallm.kernels.jit_cache import read_only
+from causallm.kernels.threads import matmul
 
 # reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -181,6 +182,6 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
         return
     for b in range(x.shape[0]):
         out = y[b, y_row:y_row + nrows]
-        np.matmul(x[b, x_row:x_row + nrows], w, out=out)
+        matmul(x[b, x_row:x_row + nrows], w, out)
         if bias.shape[0]:
             out += bias

@@ -29,6 +29,7 @@ from numba import njit, prange
 
 from causallm.kernels.expf import expf
 from causallm.kernels.linear import BLAS_MIN_ROWS
+from causallm.kernels.threads import matmul
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _COLS = 256  # expert_ffn_io: output columns per parallel task
@@ -232,7 +233,9 @@ def expert_ffn(x, rows, scales, nrows, gate, up, down, h, u, y):
         return
     b, t = np.divmod(rows, nrows)
     xs = x[b, t]                                   # (n, H) gathered token rows
-    np.matmul(xs, gate, out=h[:n])
-    np.matmul(xs, up, out=u[:n])
+    matmul(xs, gate, h[:n])
+    matmul(xs, up, u[:n])
     silu_mul_scale(h, u, scales, n)
-    y[b, t] += h[:n] @ down                        # (b, t) pairs are distinct within a call
+    d = np.empty((n, down.shape[1]), np.float32)
+    matmul(h[:n], down, d)
+    y[b, t] += d                                   # (b, t) pairs are distinct within a call

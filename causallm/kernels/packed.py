@@ -35,6 +35,7 @@ from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
 from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
 from causallm.kernels.simd import bf16_to_f32, f16_to_f32
+from causallm.kernels.threads import matmul
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 FORMATS = ("BF16", "F16", *quant.QTYPES)
@@ -250,7 +251,7 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
         W = _widened(w).T
         for b in range(x.shape[0]):
             out = y[b, y_row:y_row + nrows]
-            np.matmul(x[b, x_row:x_row + nrows], W, out=out)
+            matmul(x[b, x_row:x_row + nrows], W, out)
             if bias.shape[0]:
                 out += bias
         return

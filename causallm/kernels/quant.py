@@ -45,12 +45,13 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numba import carray, get_num_threads, njit, prange
+from numba import carray, njit, prange
 from numba.core import cgutils, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
 from causallm.kernels.jit_cache import read_only
+from causallm.kernels.threads import threads
 from causallm.kernels.simd import (
     add32,
     band,
@@ -244,7 +245,7 @@ def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations 
     blocks: (q, d, s, u) as ``Activations`` holds them."""
     T, K = x.shape[0] * nrows, x.shape[2]
     q, d, s, u = bufs.take(T, K)
-    (_quantize_parallel if T >= 8 and get_num_threads() > 1 else _quantize_serial)(
+    (_quantize_parallel if T >= 8 and threads() > 1 else _quantize_serial)(
         act, x, x_row, nrows, q, d, s, u)
     return q, d, s, u
 
@@ -833,7 +834,7 @@ def _parallel(work_bytes: int) -> bool:
     """Whether a product of ``work_bytes`` (weight bytes times activation rows) is worth a
     parallel region: enough work, and more than one thread to share it (a region of one
     thread still costs about 3.5 us more than a plain call)."""
-    return work_bytes >= PARALLEL_MIN_BYTES and get_num_threads() > 1
+    return work_bytes >= PARALLEL_MIN_BYTES and threads() > 1
 
 
 class MatrixTable:

@@ -27,7 +27,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io import nntr_bin
-from causallm.kernels import compile_report
+from causallm.kernels import compile_report, threads
 from causallm.kernels.packed import PackedMatrix
 from causallm.runtime.compiler import StageSpec, compile_graph
 from causallm.runtime.kv_cache import CROSS, SELF, KVCache
@@ -306,6 +306,7 @@ class Model:
                                 f"{runner.batch} rows of stage '{runner.name}'")
         if self._dirty:
             self._refresh_weights()
+        threads.own()
         return runner.run(inputs, from_, to)
 
     def warmup(self) -> None:
