@@ -56,8 +56,7 @@ from numba.extending import intrinsic, overload
 
 from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
-from causallm.kernels.packed import f16_to_f32
-from causallm.kernels.simd import fmaf, load8f, splatf, store8f
+from causallm.kernels.simd import fmaf, hsum, load1f, load8f, splatf, store8f, zerof
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
@@ -71,17 +70,6 @@ def f32_to_f16(typingctx, x):
     return types.uint16(types.float32), codegen
 
 
-def load(a):
-    """A cache element as float32 (a float32 cache as it is, an FP16 cache's bits widened)."""
-
-
-@overload(load)
-def _load(a):
-    if a == types.uint16:
-        return lambda a: f16_to_f32(a)
-    return lambda a: a
-
-
 def _store_impl(x, like):
     """A float32 as an element of the cache ``like`` (float32, or FP16 bits)."""
 
@@ -93,15 +81,18 @@ def _store(x, like):
     return lambda x, like: x
 
 
-def key_row(cache, b, g, t, d):
-    """Kv head g of position t in batch row b of a cache: (B, n_kv, T, d) or rows (B, T, n_kv*d)."""
+def row_at(cache, b, g, t, d):
+    """The flat offset of kv head g of position t in batch row b of a C-contiguous cache:
+    (B, n_kv, T, d), or rows (B, T, n_kv * d). The kernels address cache rows by offset: a view
+    of a row per key made numba count references to the cache, two atomic operations a key,
+    which were most of a decode step's attention."""
 
 
-@overload(key_row)
-def _key_row(cache, b, g, t, d):
+@overload(row_at)
+def _row_at(cache, b, g, t, d):
     if cache.ndim == 4:
-        return lambda cache, b, g, t, d: cache[b, g, t]
-    return lambda cache, b, g, t, d: cache[b, t, g * d:(g + 1) * d]
+        return lambda cache, b, g, t, d: ((b * cache.shape[1] + g) * cache.shape[2] + t) * d
+    return lambda cache, b, g, t, d: (b * cache.shape[1] + t) * cache.shape[2] + g * d
 
 
 @njit(cache=True)
@@ -132,33 +123,44 @@ def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim
 
 
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
-def _dot(x, y, d):
-    """sum_j x[j] * y[j], y a cache row (float32 or FP16 bits)."""
-    acc = np.float32(0.0)
-    for j in range(d):
-        acc += x[j] * load(y[j])
+def _dot(x, cache, o, d):
+    """sum_j x[j] * cache[o + j] (flat offsets; a cache of float32 or FP16 bits), eight lanes
+    at a time in two sums."""
+    a0 = zerof()
+    a1 = zerof()
+    j = 0
+    while j + 16 <= d:
+        a0 = fmaf(a0, load8f(x, j), load8f(cache, o + j))
+        a1 = fmaf(a1, load8f(x, j + 8), load8f(cache, o + j + 8))
+        j += 16
+    if j + 8 <= d:
+        a0 = fmaf(a0, load8f(x, j), load8f(cache, o + j))
+        j += 8
+    acc = hsum(a0) + hsum(a1)
+    for k in range(j, d):
+        acc += x[k] * load1f(cache, o + k)
     return acc
 
 
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _weighted_rows(o, score, cache, b, g, lo, t0, t1, d):
-    """o[j] += sum_{t0 <= t < t1} score[t] * row(lo + t)[j], rows of ``cache`` (key_row): 64
-    columns of o held in eight float-lane sums while the rows stream by, then 8, then 1."""
+    """o[j] += sum_{t0 <= t < t1} score[t] * row(lo + t)[j], the rows of ``cache`` (row_at):
+    64 columns of o held in eight float-lane sums while the rows stream by, then 8, then 1."""
     j = 0
     while j + 64 <= d:
         a0, a1, a2, a3 = load8f(o, j), load8f(o, j + 8), load8f(o, j + 16), load8f(o, j + 24)
         a4, a5, a6, a7 = load8f(o, j + 32), load8f(o, j + 40), load8f(o, j + 48), load8f(o, j + 56)
         for t in range(t0, t1):
-            r = key_row(cache, b, g, lo + t, d)
+            r = row_at(cache, b, g, lo + t, d) + j
             w = splatf(score[t])
-            a0 = fmaf(a0, w, load8f(r, j))
-            a1 = fmaf(a1, w, load8f(r, j + 8))
-            a2 = fmaf(a2, w, load8f(r, j + 16))
-            a3 = fmaf(a3, w, load8f(r, j + 24))
-            a4 = fmaf(a4, w, load8f(r, j + 32))
-            a5 = fmaf(a5, w, load8f(r, j + 40))
-            a6 = fmaf(a6, w, load8f(r, j + 48))
-            a7 = fmaf(a7, w, load8f(r, j + 56))
+            a0 = fmaf(a0, w, load8f(cache, r))
+            a1 = fmaf(a1, w, load8f(cache, r + 8))
+            a2 = fmaf(a2, w, load8f(cache, r + 16))
+            a3 = fmaf(a3, w, load8f(cache, r + 24))
+            a4 = fmaf(a4, w, load8f(cache, r + 32))
+            a5 = fmaf(a5, w, load8f(cache, r + 40))
+            a6 = fmaf(a6, w, load8f(cache, r + 48))
+            a7 = fmaf(a7, w, load8f(cache, r + 56))
         store8f(o, j, a0)
         store8f(o, j + 8, a1)
         store8f(o, j + 16, a2)
@@ -171,21 +173,14 @@ def _weighted_rows(o, score, cache, b, g, lo, t0, t1, d):
     while j + 8 <= d:
         a0 = load8f(o, j)
         for t in range(t0, t1):
-            a0 = fmaf(a0, splatf(score[t]), load8f(key_row(cache, b, g, lo + t, d), j))
+            a0 = fmaf(a0, splatf(score[t]), load8f(cache, row_at(cache, b, g, lo + t, d) + j))
         store8f(o, j, a0)
         j += 8
     for k in range(j, d):
         acc = o[k]
         for t in range(t0, t1):
-            acc += score[t] * load(key_row(cache, b, g, lo + t, d)[k])
+            acc += score[t] * load1f(cache, row_at(cache, b, g, lo + t, d) + k)
         o[k] = acc
-
-
-@njit(cache=True, fastmath=_FASTMATH, inline="always")
-def _axpy(o, a, y, d):
-    """o[j] += a * y[j], y a cache row (float32 or FP16 bits)."""
-    for j in range(d):
-        o[j] += a * load(y[j])
 
 
 _TILE = 64  # key (value) rows a task reads once for all its heads: 32 KiB at head_dim 128
@@ -251,14 +246,14 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                     row = scratch[b * n_heads + h]
                     qr = row[qcol:]
                     for t in range(t0, min(t1, n)):
-                        sc = _dot(qr, key_row(k_cache, kb, g, lo + t, d), d) * scale32
+                        sc = _dot(qr, k_cache, row_at(k_cache, kb, g, lo + t, d), d) * scale32
                         if use_bias:
                             sc += bias[b, h, center + lo + t - p]
                         if cap > 0:
                             sc = np.tanh(sc / cap) * cap
                         row[t] = sc
                     for t in range(max(t0, n), t1):
-                        sc = _dot(qr, cross_k[xb, t - n, g * d:(g + 1) * d], d) * scale32
+                        sc = _dot(qr, cross_k, row_at(cross_k, xb, g, t - n, d), d) * scale32
                         if cap > 0:
                             sc = np.tanh(sc / cap) * cap
                         row[t] = sc
@@ -291,8 +286,7 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                     score = scratch[b * n_heads + h]
                     o = out[b, i, h * d:(h + 1) * d]
                     _weighted_rows(o, score, v_cache, kb, g, lo, t0, min(t1, n), d)
-                    for t in range(max(t0, n), t1):
-                        _axpy(o, score[t], cross_v[xb, t - n, g * d:(g + 1) * d], d)
+                    _weighted_rows(o, score, cross_v, xb, g, -n, max(t0, n), t1, d)
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
@@ -328,6 +322,10 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     written, so out may be q.
     """
     window_right = window if window_right is None else window_right
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+            and cross_k.flags.c_contiguous and cross_v.flags.c_contiguous):
+        raise ValueError("attention: the key and value caches must be C-contiguous (rows are "
+                         "read by flat offset)")
     work = q.shape[0] * n_heads * nrows * (min(kv_len, window + window_right) + cross_len) \
         * head_dim
     group = n_heads // n_kv

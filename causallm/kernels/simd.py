@@ -28,7 +28,8 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32)
     zerof(), hsum(f), hsum32(v)
-    load8f(a, o)            8 float lanes of a float32 array, or of an array of half bits
+    load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
+                            of half bits
     store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
 
 maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
@@ -492,6 +493,21 @@ def load8f(typingctx, array, offset):
             out = builder.insert_element(out, lane, ir.Constant(_I32, k))
         return out
     return F32x8(array, offset), codegen
+
+
+@intrinsic
+def load1f(typingctx, array, offset):
+    """Element ``offset`` of ``array`` (flat) as float32: a float32 as it is, half bits
+    widened."""
+    if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.float32:
+            return builder.load(_pointer(context, builder, sig.args[0], *args, _F32), align=4)
+        return _half_to_float(builder, builder.load(
+            _pointer(context, builder, sig.args[0], *args, _I16), align=2))
+    return types.float32(array, offset), codegen
 
 
 @intrinsic
