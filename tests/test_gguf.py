@@ -308,7 +308,11 @@ def test_smollm2_q4_1_exact_weights_match_transformers():
 
 @pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
-    """The default run: Q4_1 held as Q8_0, FP16 KV cache, the same greedy text."""
+    """The default run (Q4_1 on its own kernel, activations rounded to 8 bits as llama.cpp
+    rounds them, FP16 KV cache): transformers' greedy tokens up to the first step whose top two
+    are too close for int8 activations to keep (parity.decided: the first four here; at step
+    5 transformers' top two are 0.22 apart and ours 0.02-0.05, which a change of summation
+    order in a kernel swaps)."""
     ref = parity.expected("smollm2-reference")
     from causallm import main
     rc = main.main([smollm2_path(), str(ref["prompt"]), "--greedy", "-n", "16", "--json"])
@@ -316,8 +320,8 @@ def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
     assert rc == 0, err
     record = json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
-    assert record["generated_ids"] == ref["tokens"].tolist()
-    assert str(ref["text"]) in out
+    k = parity.decided_prefix(ref, parity.INT8_ACTIVATIONS_MARGIN)
+    assert k >= 4 and record["generated_ids"][:k] == ref["tokens"][:k].tolist()
 
 
 def _llama3_gguf(tmp_path, rope):
