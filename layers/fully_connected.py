@@ -46,7 +46,5 @@ class FullyConnectedLayer(Layer):
         return context.inputs[0], w[0], w[1] if self.has_bias else NO_BIAS, context.outputs[0]
 
     def incremental_forwarding(self, context, from_, to):
-        out = context.outputs[0]
-        w = context.weights
-        linear(context.inputs[0], w[0], w[1] if self.has_bias else NO_BIAS, out, 0, 0,
-               min(to - from_, out.shape[1]))
+        x, w, bias, y = self.linear_operands(context)
+        linear(x, w, bias, y, 0, 0, min(to - from_, y.shape[1]))

@@ -88,13 +88,14 @@ def test_quantized_as_held_stay_close_to_transformers(name):
 
 @pytest.mark.parametrize("name", ["gguf-llama-q8_0", "gguf-qwen3-q4_0"])
 def test_projections_of_one_input_run_as_one_group(name):
-    """Block matrices reading the same tensor (q, k, v; gate, up) run as one LinearGroup each:
-    one activation rounding, one parallel region. The test above checks their logits."""
+    """Each block matrix runs in a LinearGroup, those reading the same tensor (q, k, v; gate,
+    up) in one: one activation rounding, one parallel region. The test above checks their
+    logits."""
     model = load(name, widen=False)
     groups = [set(g.names) for g, _ in model.model.executionPlan() if isinstance(g, LinearGroup)]
     assert groups == [names for i in range(model.NUM_LAYERS) for names in (
-        {f"layer{i}_wq", f"layer{i}_wk", f"layer{i}_wv"},
-        {f"layer{i}_ffn_gate", f"layer{i}_ffn_up"})]
+        {f"layer{i}_wq", f"layer{i}_wk", f"layer{i}_wv"}, {f"layer{i}_attention_out"},
+        {f"layer{i}_ffn_gate", f"layer{i}_ffn_up"}, {f"layer{i}_ffn_down"})]
 
 
 HELD = {

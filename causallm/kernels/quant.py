@@ -51,7 +51,6 @@ from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
 from causallm.kernels.jit_cache import read_only
-from causallm.kernels.threads import threads
 from causallm.kernels.simd import (
     add32,
     band,
@@ -77,6 +76,7 @@ from causallm.kernels.simd import (
     zero32,
     zerof,
 )
+from causallm.kernels.threads import threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 

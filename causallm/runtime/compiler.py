@@ -19,10 +19,9 @@ Steps, as nntrainer's realizers and ``NetworkGraph`` do them, plus the stages:
    tensors (the decoder's cross-attention K and V projections) runs with the encoder, once per
    prompt. A stage runs its layers in graph order, except that layers of one type reading the
    same inputs (the q, k and v projections; gate and up) run one after another, for the runner
-   to fuse; a tensor read by a later stage is kept for
-   it (the planner never reuses its buffer). A stage may have its own batch: a decoder running
-   B x num_beams rows reads an encoder that ran B (each group of beams shares its prompt's
-   encoder rows).
+   to fuse; a tensor read by a later stage is kept for it (the planner never reuses its
+   buffer). A stage may have its own batch: a decoder running B x num_beams rows reads an
+   encoder that ran B (each group of beams shares its prompt's encoder rows).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ place them at absolute positions ``[from_, to)``. Each stage remembers the span 
 (``StageState``), which is how a later stage's layer knows how many rows of an earlier stage's
 tensor hold data (a cross-attention reads the encoder's keys that way). One decode step
 allocates nothing inside the layer loop: layers hand whole buffers and a row count to kernels.
-A stage runs the execution plan of its layers (``plan``), which multiplies the block matrices
-of layers reading the same tensor together.
+A stage runs the execution plan of its layers (``make_plan``), which runs every fully connected
+layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
+together.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ class StageRunner:
 
     @property
     def plan(self) -> list:
-        """The execution plan (``plan``), made at the first run after the weights were set."""
+        """The execution plan (``make_plan``), made at the first run after the weights were
+        set."""
         if self._plan is None:
-            self._plan = plan(self.steps)
+            self._plan = make_plan(self.steps)
         return self._plan
 
     def replan(self) -> None:
@@ -99,13 +101,13 @@ class StageRunner:
 
 # -- the execution plan -----------------------------------------------------------------------
 
-def plan(steps: list) -> list:
+def make_plan(steps: list) -> list:
     """``steps``, the (layer, context) pairs of a stage, as the runner executes them, each by
-    ``incremental_forwarding(context, from_, to)``: the layers, except that consecutive layers
-    computing ``x @ W + bias`` of the same x (a layer's ``linear_operands``: its q, k and v
-    projections, its gate and up) with weights in ggml blocks of one activation format run as
-    one ``LinearGroup`` (context None). The results are the same: each product is the one its
-    layer computes, on the same rounded activations."""
+    ``incremental_forwarding(context, from_, to)``: the layers, except that a layer computing
+    ``x @ W + bias`` (its ``linear_operands``) with W in ggml blocks runs as a ``LinearGroup``
+    (context None), together with the consecutive ones that read the same x in the same
+    activation format (a layer's q, k and v projections; its gate and up). The results are the
+    same: each product is the one its layer computes, on the same rounded activations."""
     out: list = []
     i = 0
     while i < len(steps):
@@ -117,7 +119,7 @@ def plan(steps: list) -> list:
                 break
             group.append(nxt)
             j += 1
-        out.append((LinearGroup(group), None) if len(group) > 1 else steps[i])
+        out.append(steps[i] if group[0] is None else (LinearGroup(group), None))
         i = j
     return out
 
@@ -140,9 +142,9 @@ def _same_input(a, b) -> bool:
 
 
 class LinearGroup:
-    """Products of one input by several block matrices (``plan``): the input quantized once,
-    then each block type's matrices in one parallel region (``MatrixTable``). It runs as a
-    layer does; ``name`` joins its layers' names."""
+    """Products of one input by one or more block matrices (``make_plan``): the input quantized
+    once, then each block type's matrices in one parallel region (``MatrixTable``). It runs as
+    a layer does; ``name`` joins its layers' names."""
 
     type = "fully_connected"
 
