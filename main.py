@@ -320,6 +320,13 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
                    help="new tokens when a request gives no max_tokens; the KV cache holds "
                         "init_seq_len + this (nntr_config num_to_generate)")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("-np", "--parallel", type=int, default=None,
+                   help="requests decoded together: the KV caches hold this many sequences "
+                        "(default: 4, fewer when their caches would take over a quarter of "
+                        "the available memory)")
+    p.add_argument("--queue", type=int, default=64,
+                   help="requests that may wait for a slot; beyond them a request gets a 503 "
+                        "(default: 64)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                    help="a Python file registering model classes (repeatable), as in the CLI")
     p.add_argument("--log-level", default="info",
@@ -339,6 +346,10 @@ def serve(args: argparse.Namespace) -> int:
         raise CausalLMError("-n must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise CausalLMError("-t must be at least 1")
+    if args.parallel is not None and args.parallel < 1:
+        raise CausalLMError("--parallel must be at least 1")
+    if args.queue < 0:
+        raise CausalLMError("--queue must be at least 0")
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -351,7 +362,8 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {} if args.max_new_tokens is None else {"num_to_generate": args.max_new_tokens}
     run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
                log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
-               threads=args.threads, plugins=args.plugin, **overrides)
+               threads=args.threads, plugins=args.plugin, parallel=args.parallel,
+               queue=args.queue, **overrides)
     return 0
 
 

@@ -88,13 +88,23 @@ def load(path: str, **options) -> "LoadedModel":
 @dataclass
 class Completion:
     """One generation: its text, OpenAI's finish reason ("stop" or "length") and token counts
-    (the prompt's, and the new tokens, an EOS included); ``result`` is the generator's."""
+    (the prompt's, and the new tokens, an EOS included; ``cached_tokens``: the prompt's that a
+    slot held already); ``result`` is the generator's result or the scheduler's Request."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     result: object
+    cached_tokens: int = 0
+
+
+def completion_of(request) -> Completion:
+    """The Completion of a scheduler Request that has finished."""
+    return Completion(text=request.text, finish_reason=FINISH_REASONS.get(
+        request.finish_reason, request.finish_reason), prompt_tokens=len(request.prompt),
+        completion_tokens=len(request.generated), result=request,
+        cached_tokens=request.cached)
 
 
 class Stopped(Exception):
@@ -132,6 +142,7 @@ class LoadedModel:
         self.lock = threading.Lock()
         self._defaults = {k: v for k, v in vars(model).items() if k.isupper()}
         self._template = None
+        self._scheduler = None
 
     @property
     def context_length(self) -> int | None:
@@ -174,6 +185,38 @@ class LoadedModel:
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
 
     # -- generation -------------------------------------------------------------------------
+    def _set_options(self, max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
+                     repetition_penalty, options: dict) -> None:
+        """A call's options over the configs' values, on the model (hold ``lock``)."""
+        if not self.generates:
+            raise CausalLMError(f"{self.architecture} does not generate text (it is an "
+                                f"embedding model: use embed)")
+        if max_new_tokens is not None and not (isinstance(max_new_tokens, int)
+                                               and max_new_tokens >= 1):
+            raise CausalLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop:
+            options["stop_strings"] = list(stop)
+        options = {k: v for k, v in options.items() if v is not None}
+        model = self.model
+        for key, value in self._defaults.items():  # the configs' values, every call
+            setattr(model, key, value)
+        try:
+            model.setGenerationOptions(temperature=temperature, top_k=top_k, top_p=top_p,
+                                       repetition_penalty=repetition_penalty, seed=seed,
+                                       greedy=greedy, **options)
+        except TypeError as e:
+            raise CausalLMError(f"unknown generation option ({e})") from None
+
+    def _encode_turn(self, prompt) -> list[int]:
+        """``encode``; a chat reply also ends at the template's end-of-turn token (<|im_end|>
+        ...), added to the model's EOS ids (hold ``lock``)."""
+        ids = self.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
+            self.model.addEosTokenIds(self.chat_template().endOfTurnIds(self.model.tokenizer))
+        return ids
+
     def complete(self, prompt, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None,
@@ -192,35 +235,17 @@ class LoadedModel:
         placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
         is decoded; ``should_stop()`` is asked before every token and ends the generation
         (raising ``Stopped``) when true."""
-        if not self.generates:
-            raise CausalLMError(f"{self.architecture} does not generate text (it is an "
-                                f"embedding model: use embed)")
-        if max_new_tokens is not None and not (isinstance(max_new_tokens, int)
-                                               and max_new_tokens >= 1):
-            raise CausalLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop:
-            options["stop_strings"] = list(stop)
-        options = {k: v for k, v in options.items() if v is not None}
         with self.lock:
+            self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
+                              repetition_penalty, options)
             if should_stop is not None and should_stop():
                 raise Stopped()
             model = self.model
-            for key, value in self._defaults.items():  # the configs' values, every call
-                setattr(model, key, value)
-            try:
-                model.setGenerationOptions(temperature=temperature, top_k=top_k, top_p=top_p,
-                                           repetition_penalty=repetition_penalty, seed=seed,
-                                           greedy=greedy, **options)
-            except TypeError as e:
-                raise CausalLMError(f"unknown generation option ({e})") from None
+            if self._scheduler is not None:
+                self._scheduler.forget()  # this generation writes over slot 0's cache
             model.setImages(images or [])  # before encoding: placeholders expand to image tokens
             try:
-                ids = self.encode(prompt)
-                if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
-                    # a chat reply also ends at the template's end-of-turn token (<|im_end|>...)
-                    model.addEosTokenIds(self.chat_template().endOfTurnIds(model.tokenizer))
+                ids = self._encode_turn(prompt)
 
                 def check(_row: int, _token: int) -> None:
                     if should_stop():
@@ -235,6 +260,65 @@ class LoadedModel:
         return Completion(text=result.texts[0], finish_reason=FINISH_REASONS[
             result.finish_reasons[0]], prompt_tokens=len(ids),
             completion_tokens=len(result.generated_ids[0]), result=result)
+
+    @property
+    def batches(self) -> bool:
+        """Whether this model decodes several requests together (``scheduler``): a
+        decoder-only language model of text (not an encoder-decoder, not a vision model)."""
+        from causallm.models.causal_lm import CausalLM
+
+        model = self.model
+        return (isinstance(model, CausalLM) and model.TEXT_STAGE is None
+                and type(model).stageInputs is CausalLM.stageInputs
+                and model.BATCH_SIZE == 1 and model.rowsPerPrompt() == 1)
+
+    @property
+    def scheduler(self):
+        """The model's Scheduler (causallm/generation/scheduler.py), made at first use: it
+        decodes as many requests together as the model has ``slots`` (load option; 1
+        unless set)."""
+        if self._scheduler is None:
+            from causallm.generation.scheduler import Scheduler
+
+            if not self.batches:
+                raise CausalLMError(f"{self.architecture} does not decode several requests "
+                                    f"together (a decoder-only text model of batch_size 1, "
+                                    f"one beam, does)")
+            self._scheduler = Scheduler(self.model)
+        return self._scheduler
+
+    def request(self, prompt, max_new_tokens: int | None = None,
+                temperature: float | None = None, top_p: float | None = None,
+                top_k: int | None = None, seed: int | None = None,
+                stop: str | list[str] | None = None, greedy: bool = False,
+                repetition_penalty: float | None = None,
+                on_text: Callable[[str], None] | None = None, **options):
+        """A ``Request`` for the scheduler: ``prompt`` and options as ``complete`` takes them
+        (no images), its settings fixed now."""
+        from causallm.generation.scheduler import Request
+
+        with self.lock:
+            try:
+                self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop,
+                                  greedy, repetition_penalty, options)
+                ids = self._encode_turn(prompt)
+                model = self.model
+                settings = model.generationSettings()
+                n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
+            finally:
+                for key, value in self._defaults.items():
+                    setattr(self.model, key, value)
+        return Request(ids, settings, n, model.tokenizer, on_text)
+
+    def complete_many(self, prompts: list, **options) -> list[Completion]:
+        """``complete`` of each prompt, decoded together (as many at a time as the model has
+        slots: ``causallm.load(path, slots=4)``); options as ``request``, the same for all."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise CausalLMError("complete_many takes a non-empty list of prompts")
+        requests = [self.request(p, **options) for p in prompts]
+        with self.lock:
+            self.scheduler.generate(requests)
+        return [completion_of(r) for r in requests]
 
     def generate(self, prompt, stream: bool = False, **options):
         """The generated text of ``prompt`` (a string, chat messages or token ids; the options

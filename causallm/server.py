@@ -4,7 +4,8 @@
     POST /v1/completions        a prompt string (or token ids) -> generation
     POST /v1/embeddings         texts -> embeddings (an embedding model only)
     GET  /v1/models             the one model served
-    GET  /health                {"status": "ok", "model", "generations_stopped"}
+    GET  /health                {"status": "ok", "model", "generations_stopped", "slots", ...}
+    GET  /metrics               counters and gauges in Prometheus' text format
 
 Starlette and uvicorn (the optional ``serve`` extra). Requests are checked here, before any
 work: a malformed body, a field of the wrong type or out of range, or what the model cannot do
@@ -13,22 +14,29 @@ is a 400 with OpenAI's error body ``{"error": {"message", "type": "invalid_reque
 longer than the KV cache). The ``model`` field may name anything: there is one model, and
 responses carry its id.
 
-Generation runs in one worker thread (an executor of one), so requests queue in arrival order
-and never share the model's caches; each goes through ``LoadedModel.complete``, the generator's
-own loop. A streamed answer is sent as server-sent events (``data: {chunk}``, then
-``data: [DONE]``) as the text is decoded; a client that goes away (its stream closed, or a
-non-streamed request's connection dropped) stops its generation at the next token, and a
-request still waiting its turn is skipped (``GET /health`` counts these as
-``generations_stopped``).
+A decoder-only text model serves many requests at once: its KV caches hold ``--parallel`` N
+sequences (slots) and one worker thread runs the scheduler (causallm/generation/scheduler.py),
+which decodes every running request in the same step and prefills a new one's prompt in chunks
+between them; a request whose prompt starts with what a free slot holds (the same system prompt,
+a conversation's earlier turns) prefills only the rest (``usage.prompt_tokens_details.
+cached_tokens``). Up to ``--queue`` requests wait for a slot; beyond that a request is answered
+503 with ``Retry-After``. Other models (encoder-decoders, vision) generate one request at a time
+in one worker thread, in arrival order. A streamed answer is sent as server-sent events
+(``data: {chunk}``, then ``data: [DONE]``) as the text is decoded; a client that goes away (its
+stream closed, or a non-streamed request's connection dropped) stops its generation at the next
+step and frees its slot, and a request still waiting its turn is skipped (``GET /health``
+counts these as ``generations_stopped``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +50,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from causallm.errors import CausalLMError
-from causallm.loader import LoadedModel, Stopped
+from causallm.generation.scheduler import QueueFull
+from causallm.loader import LoadedModel, Stopped, completion_of
 
 log = logging.getLogger("causallm.server")
 
@@ -56,13 +65,17 @@ class BadRequest(Exception):
     """A request the server refuses: 400 (or ``status``) with OpenAI's error body."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
+                 status: int = 400, kind: str = "invalid_request_error",
+                 headers: dict | None = None) -> None:
         super().__init__(message)
         self.param, self.code, self.status, self.kind = param, code, status, kind
+        self.headers = headers
 
     def response(self) -> Response:
-        return _json({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                "code": self.code}}, self.status)
+        r = _json({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                             "code": self.code}}, self.status)
+        r.headers.update(self.headers or {})
+        return r
 
 
 def _json(data, status: int = 200) -> Response:
@@ -213,32 +226,18 @@ def completion_prompt(body: dict):
 
 # -- the app ---------------------------------------------------------------------------------
 class _Job:
-    """One generation handed to the worker; its events (("text", piece) when streamed,
-    ("done", Completion), ("error", exception)) come back on an asyncio queue. ``stats``
-    counts the generations stopped because their client went away."""
+    """One generation's events on an asyncio queue: ("text", piece) when streamed, ("done",
+    Completion), ("error", exception). ``stats`` counts the generations stopped because their
+    client went away."""
 
-    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict, stream: bool,
-                 stats: dict) -> None:
+    def __init__(self, stats: dict) -> None:
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
         self.stats = stats
-        on_text = (lambda t: self._put("text", t)) if stream else None
-        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
 
-    def _put(self, kind: str, value) -> None:
+    def put(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-
-    def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
-        try:
-            done = loaded.complete(prompt, on_text=on_text, should_stop=lambda: self.cancelled,
-                                   **options)
-            self._put("done", done)
-        except Stopped:
-            self.stats["generations_stopped"] += 1
-            log.info("generation stopped: the client went away")
-        except BaseException as e:
-            self._put("error", e)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -252,6 +251,53 @@ class _Job:
                 if await request.is_disconnected():
                     self.cancel()
                     return None
+
+
+class _WorkerJob(_Job):
+    """A generation on the one worker thread, through ``LoadedModel.complete``."""
+
+    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict, stream: bool,
+                 stats: dict) -> None:
+        super().__init__(stats)
+        on_text = (lambda t: self.put("text", t)) if stream else None
+        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
+
+    def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
+        try:
+            done = loaded.complete(prompt, on_text=on_text, should_stop=lambda: self.cancelled,
+                                   **options)
+            self.put("done", done)
+        except Stopped:
+            self.stats["generations_stopped"] += 1
+            log.info("generation stopped: the client went away")
+        except BaseException as e:
+            self.put("error", e)
+
+
+class _ScheduledJob(_Job):
+    """A generation decoded beside others by the scheduler (``LoadedModel.request``); its
+    prompt and options are checked, and the queue's room, before this returns."""
+
+    def __init__(self, loaded: LoadedModel, prompt, options: dict, stream: bool,
+                 stats: dict) -> None:
+        super().__init__(stats)
+        self.request = loaded.request(prompt, on_text=(lambda t: self.put("text", t))
+                                      if stream else None, **options)
+        self.request.on_done = self._done
+        loaded.scheduler.submit(self.request)
+
+    def _done(self, request) -> None:
+        if request.finish_reason == "cancelled":
+            self.stats["generations_stopped"] += 1
+            log.info("generation stopped: the client went away")
+        elif request.error is not None:
+            self.put("error", request.error)
+        else:
+            self.put("done", completion_of(request))
+
+    def cancel(self) -> None:
+        super().cancel()
+        self.request.cancel()
 
 
 def _error_of(e: BaseException, param: str) -> BadRequest:
@@ -280,11 +326,16 @@ class _CancellingStream(StreamingResponse):
             self.job.cancel()
 
 
-def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
-    """The Starlette app serving ``loaded`` under the name ``model_id``."""
+def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
+    """The Starlette app serving ``loaded`` under the name ``model_id``; ``queue`` requests
+    may wait for a slot (a model that ``batches``)."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="causallm-worker")
     created = int(time.time())
     stats = {"generations_stopped": 0}
+    scheduler = loaded.scheduler if loaded.batches else None
+    stop = threading.Event()
+    if scheduler is not None:
+        scheduler.max_queue = queue
 
     async def read_body(request: Request) -> dict:
         try:
@@ -297,7 +348,8 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
 
     def usage(done) -> dict:
         return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens}
+                "total_tokens": done.prompt_tokens + done.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
     async def generate(request: Request, chat: bool) -> Response:
         body = await read_body(request)
@@ -328,7 +380,16 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
             return {"index": 0, "delta": {} if text is None else {"content": text},
                     "logprobs": None, "finish_reason": finish}
 
-        job = _Job(loaded, executor, prompt, options, stream, stats)
+        if scheduler is None:
+            job = _WorkerJob(loaded, executor, prompt, options, stream, stats)
+        else:
+            try:
+                job = _ScheduledJob(loaded, prompt, options, stream, stats)
+            except QueueFull as e:
+                raise BadRequest(str(e), None, "server_busy", 503, "server_error",
+                                 {"Retry-After": "1"}) from None
+            except CausalLMError as e:
+                raise _error_of(e, param) from None
         try:  # the first event (the whole answer when not streamed) decides on a 400
             first = await job.next(request)
         except BaseException:
@@ -431,8 +492,18 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
                              f"server has '{model_id}')", "model", "model_not_found", 404)
         return _json(model_card())
 
+    def gauges() -> dict:
+        if scheduler is None:
+            return {}
+        return {"slots": scheduler.n_slots, "slots_busy": scheduler.busy_slots,
+                "queue_depth": scheduler.queued}
+
     async def health(request: Request) -> Response:
-        return _json({"status": "ok", "model": model_id, **stats})
+        return _json({"status": "ok", "model": model_id, **stats, **gauges()})
+
+    async def metrics(request: Request) -> Response:
+        return Response(prometheus_text(scheduler, stats),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def bad_request(request: Request, exc: BadRequest) -> Response:
         return exc.response()
@@ -449,20 +520,102 @@ def build_app(loaded: LoadedModel, model_id: str) -> Starlette:
               Route("/v1/embeddings", embeddings, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{model:path}", model, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+              Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        """The scheduler's thread runs while the app does."""
+        if scheduler is not None:
+            threading.Thread(target=scheduler.run, args=(stop,), daemon=True,
+                             name="causallm-scheduler").start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if scheduler is not None:
+                scheduler.wake()
+
     app = Starlette(routes=routes, exception_handlers={
-        BadRequest: bad_request, HTTPException: http_error, Exception: server_error})
+        BadRequest: bad_request, HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan)
     app.state.executor = executor
     return app
 
 
+def prometheus_text(scheduler, stats: dict) -> bytes:
+    """The server's counters and gauges in Prometheus' text exposition format."""
+    lines = []
+
+    def metric(name: str, kind: str, text: str, value) -> None:
+        lines.extend([f"# HELP causallm_{name} {text}", f"# TYPE causallm_{name} {kind}",
+                      f"causallm_{name} {value}"])
+
+    metric("generations_stopped_total", "counter",
+           "generations stopped because the client went away", stats["generations_stopped"])
+    if scheduler is not None:
+        st = scheduler.stats
+        metric("requests_total", "counter", "generation requests accepted", st["requests"])
+        metric("requests_finished_total", "counter", "generations that ran to their end",
+               st["finished"])
+        metric("prompt_tokens_total", "counter", "prompt tokens of admitted requests",
+               st["prompt_tokens"])
+        metric("prompt_tokens_cached_total", "counter",
+               "prompt tokens found in a slot's cache (not prefilled again)",
+               st["cached_tokens"])
+        metric("generated_tokens_total", "counter", "new tokens generated",
+               st["generated_tokens"])
+        metric("steps_total", "counter", "engine steps run", st["steps"])
+        metric("step_rows_total", "counter", "token rows run in those steps", st["step_rows"])
+        metric("slots", "gauge", "sequences the KV caches hold", scheduler.n_slots)
+        metric("slots_busy", "gauge", "slots decoding a request now", scheduler.busy_slots)
+        metric("queue_depth", "gauge", "requests waiting for a slot", scheduler.queued)
+        lines.extend(["# HELP causallm_time_to_first_token_seconds from a request's arrival "
+                      "to its first new token",
+                      "# TYPE causallm_time_to_first_token_seconds summary",
+                      f"causallm_time_to_first_token_seconds_sum {st['ttft_sum']:.6f}",
+                      f"causallm_time_to_first_token_seconds_count {st['ttft_count']}"])
+    return ("\n".join(lines) + "\n").encode()
+
+
 def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | None = None,
-          log_level: str = "info", **options) -> None:
-    """Load ``path`` (``causallm.load`` options) and serve it until interrupted."""
+          log_level: str = "info", parallel: int | None = None, queue: int = 64,
+          **options) -> None:
+    """Load ``path`` (``causallm.load`` options) with ``parallel`` slots (default
+    ``default_parallel``) and serve it until interrupted."""
     import uvicorn
 
-    from causallm.loader import load
+    from causallm.loader import LoadedModel, create
 
-    loaded = load(path, **options)
+    model = create(path, **options)
+    if parallel is None:
+        parallel = default_parallel(model)
+    if parallel > 1:
+        model.SLOTS = parallel
+    model.initialize()
+    model.load_weight()
+    loaded = LoadedModel(model, path)
+    if parallel > 1 and not loaded.batches:
+        log.warning("%s answers one request at a time (--parallel needs a decoder-only text "
+                    "model)", loaded.architecture)
     model_id = model_id or os.path.basename(os.path.normpath(path))
-    uvicorn.run(build_app(loaded, model_id), host=host, port=port, log_level=log_level)
+    uvicorn.run(build_app(loaded, model_id, queue), host=host, port=port, log_level=log_level)
+
+
+PARALLEL = 4
+"""Slots a server holds by default, when their KV caches fit in a quarter of the memory
+available."""
+
+
+def default_parallel(model) -> int:
+    """PARALLEL, or as many slots as a quarter of the available memory holds (at least one)."""
+    per_slot = getattr(model, "kvCacheBytes", lambda: 0)()
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        available = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return PARALLEL
+    if per_slot <= 0:
+        return PARALLEL
+    return max(1, min(PARALLEL, available // 4 // per_slot))

@@ -1,8 +1,11 @@
 """``lm_head``: Applications/CausalLM/layers/lm_head (LmHeadLayer), the untied output head.
 
-    logits[b] = x[b, step - 1] @ W (+ bias)        x (B, 1, H, D) -> (B, 1, 1, unit)
+    logits[b, j] = x[b, r_j] @ W (+ bias)        x (B, 1, H, D) -> (B, 1, L, unit)
 
-Only the last row of the step is projected. Weights: ``weight`` (D, unit) = [in, out] in the
+Only the rows r_j a head needs are projected (``project_last``): the step's last, or with a
+step of several sequences (``context.step``) the last row of each sequence whose next token is
+wanted; L = the model's slots / batch (1 unless the model holds more sequences than batch
+rows). Weights: ``weight`` (D, unit) = [in, out] in the
 node's weight dtype (``lmhead_dtype``); ``bias`` (unit,) unless ``disable_bias=true`` (CausalLM
 passes true). Properties: ``unit`` (required, the vocabulary size), ``disable_bias``.
 """
@@ -27,10 +30,30 @@ class LmHeadLayer(Layer):
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)
-        context.setOutputDimensions([TensorDim(x.batch, 1, 1, unit)])
+        context.setOutputDimensions([head_dims(self, context, x, unit)])
 
     def incremental_forwarding(self, context, from_, to):
-        x = context.inputs[0]
         w = context.weights
-        last = min(to - from_, x.shape[1]) - 1
-        linear(x, w[0], w[1] if self.has_bias else NO_BIAS, context.outputs[0], last, 0, 1)
+        project_last(self, context, w[0], w[1] if self.has_bias else NO_BIAS)
+
+
+def head_dims(layer, context, x, unit) -> TensorDim:
+    """A head's output dims (B, 1, L, unit), L = slots / batch: the logits of as many
+    sequences as a batch row may carry; with L > 1 the layer keeps a (B, L, D) tensor to
+    gather their rows in."""
+    heads = context.slots // context.batch
+    layer.gather = context.requestTensor("rows", (x.batch, heads, x.width)) if heads > 1 else None
+    return TensorDim(x.batch, 1, heads, unit)
+
+
+def project_last(layer, context, w, bias) -> None:
+    """out[b, j] = x[b, step.last[b, j]] @ w + bias for j < step.n_last (every batch's last row
+    alone when the step is one sequence per batch row: no gather)."""
+    x, out, step = context.inputs[0], context.outputs[0], context.step
+    if step.last_row is not None:
+        linear(x, w, bias, out, min(step.last_row, x.shape[1] - 1), 0, 1)
+        return
+    rows, n = context.tensors[layer.gather], step.n_last
+    for b in range(x.shape[0]):
+        rows[b, :n] = x[b, step.last[b, :n]]
+    linear(rows, w, bias, out, 0, 0, n)

@@ -3,9 +3,11 @@
 Inputs ``[Q, K, V]``, then in this order when present: a position bias, the cross keys and
 values (``merge_cross_attention``), the step's token types (``block_bidirectional``). Q
 ``(B, 1, H, nQ*d)``, K and V ``(B, 1, H', nKV*d)``; output ``(B, 1, H, nQ*d)``, head h at
-columns [h*d, (h+1)*d). For the step's row i at absolute position p = from_ + i:
+columns [h*d, (h+1)*d). For the step's row i of batch b, the token at position p of the sequence
+in a cache slot (``context.step``: p = from_ + i and slot b, unless the step carries the rows of
+several sequences, each at its own position):
 
-    k_p = RoPE(K_i, p)  and  v_p = V_i  are written to cache row p      (rows [from_, to))
+    k_p = RoPE(K_i, p)  and  v_p = V_i  are written to row p of its slot's cache
     q   = RoPE(Q_i, p)
     s_t = (q . k_t) * a^-1/2 [+ bias[h, t - p]]   t over the allowed keys of the kv head
                                               g = h // (nQ/nKV); a = query_pre_attn_scalar, or
@@ -45,8 +47,9 @@ of its run of equal non-zero types (the rest of its image), as transformers mask
 given ``token_type_ids``; the window's lower bound still applies. A run must lie within one
 step.
 
-Cache (self-attention): ``cache_key`` and ``cache_value`` ``(B, nKV, max_timestep, d)``, [b, j, t]
-= kv head j at position t (each head's positions contiguous, which attention streams; nntrainer
+Cache (self-attention): ``cache_key`` and ``cache_value`` ``(S, nKV, max_timestep, d)``, [s, j, t]
+= kv head j at position t of the sequence in slot s (S: the model's ``slots``, its batch unless
+set) (each head's positions contiguous, which attention streams; nntrainer
 lays a position's heads side by side, ``rows`` of the KV cache gives that layout), a KV cache of
 kind "self"; keys are cached after RoPE. ``cache_dtype`` FP32, or FP16 as nntrainer's (values
 rounded to nearest even, held as uint16 bits): half the memory and bandwidth. A bidirectional
@@ -234,7 +237,7 @@ class MHACoreLayer(Layer):
             self.sink_index = context.requestWeight("sink", (n_heads,), context.activation_dtype)
         keys = k.height if self.cross or self.cacheless else T
         if not self.cross and not self.cacheless:
-            context.requestKVCache("self", (q.batch, n_kv, T, d),
+            context.requestKVCache("self", (context.slots, n_kv, T, d),
                                    dtype=CACHE_DTYPES[p["cache_dtype"]])
         cross_keys = 0
         if self.cross_inputs is not None:
@@ -267,15 +270,17 @@ class MHACoreLayer(Layer):
         return rope_tables(inv_freq, scaling, T)
 
     def incremental_forwarding(self, context, from_, to):
-        if to > self.max_timestep:
-            raise context.error(f"position {to} is past max_timestep {self.max_timestep} "
-                                f"(the KV cache length)")
+        rows = context.step  # each row's cache slot and position (runtime/runner.StageState)
+        if rows.end > self.max_timestep:
+            raise context.error(f"position {rows.end - 1} is past max_timestep "
+                                f"{self.max_timestep} (the KV cache length)")
         step = to - from_
         inputs, tensors = context.inputs, context.tensors
         sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]
         bias = inputs[3] if self.has_bias else NO_BIAS
         cross_k = cross_v = NO_CROSS
         cross_len = 0
+        slots = rows.slots
         if self.cross_inputs is not None:
             ki, vi = self.cross_inputs
             source = context.input_stages[ki]
@@ -287,6 +292,7 @@ class MHACoreLayer(Layer):
             k_cache, v_cache, kv_len = cross_k, cross_v, cross_len
             cross_k = cross_v = NO_CROSS
             cross_len = 0
+            slots = None  # the keys of query row b are row b // (B / B') of the inputs
         elif self.cacheless:
             if from_ != 0:
                 raise context.error(f"a bidirectional layer without RoPE runs over the whole "
@@ -296,23 +302,26 @@ class MHACoreLayer(Layer):
                                 self.n_heads, self.n_kv, self.head_dim, self.scale)
                 return
             k_cache, v_cache, kv_len = inputs[1], inputs[2], to
+            slots = None
         else:
             k_cache, v_cache = tensors[0], tensors[1]
             kv_cache_write(inputs[1], inputs[2], k_cache, v_cache, self.cos, self.sin, from_,
-                           step, self.n_kv, self.head_dim)
-            kv_len = to
-        key_end = self._key_end(inputs[-1], from_, step) if self.blocks else NO_KEY_END
+                           step, self.n_kv, self.head_dim, slots=slots,
+                           positions=rows.positions)
+            kv_len = rows.end
+        key_end = self._key_end(inputs[-1], rows.positions, step) if self.blocks else NO_KEY_END
         attention(inputs[0], k_cache, v_cache, context.outputs[0], self.cos, self.sin,
                   tensors[self.scores], from_, step, kv_len, self.n_heads, self.n_kv,
                   self.head_dim, scale=self.scale, window=self.window,
                   window_right=self.window_right, causal=self.causal, softcap=self.softcap,
                   sinks=sinks, bias=bias, cross_k=cross_k, cross_v=cross_v,
-                  cross_len=cross_len, key_end=key_end)
+                  cross_len=cross_len, key_end=key_end, slots=slots, positions=rows.positions)
 
     @staticmethod
-    def _key_end(types, from_, step):
-        """(B, step) int64: for a row of non-zero type, the position after the last row of its
-        run of that type (the run's end), else 0; NO_KEY_END when the step has no such row."""
+    def _key_end(types, positions, step):
+        """(B, step) int64: for a row of non-zero type, one past the position of the last row
+        of its run of that type (the run's end), else 0; NO_KEY_END when the step has no such
+        row."""
         t = types.reshape(types.shape[0], -1)[:, :step]
         if not t.any():
             return NO_KEY_END
@@ -324,6 +333,6 @@ class MHACoreLayer(Layer):
                 while j < step and t[b, j] == t[b, i]:
                     j += 1
                 if t[b, i] != 0:
-                    end[b, i:j] = from_ + j
+                    end[b, i:j] = positions[b, j - 1] + 1
                 i = j
         return end

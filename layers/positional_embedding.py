@@ -1,13 +1,13 @@
 """``positional_embedding``: learned absolute position (and token type) embeddings, added.
 
-    out[b, i] = x[b, i] + P[offset + from_ + i]                         i in [0, step)
-    out[b, i] = (x[b, i] + T[token_type]) + P[offset + from_ + i]       with token types
+    out[b, i] = x[b, i] + P[offset + p]                         i in [0, step)
+    out[b, i] = (x[b, i] + T[token_type]) + P[offset + p]       with token types
 
 GPT-2's ``wte + wpe``, BERT's ``BertEmbeddings`` (word + token type + position) and BART's
 learned positions (``BartLearnedPositionalEmbedding``: the table has 2 extra rows in front,
 ``offset`` 2); the word embedding ``x`` comes from ``embedding_layer``. Positions are absolute,
-so a step starting at ``from_`` (a cached decode step) uses rows ``[offset + from_, offset +
-to)`` of P.
+so row i of batch b at position p (``context.step.positions[b, i]``: from_ + i for a step
+over [from_, to)) uses row ``offset + p`` of P.
 
 Input ``(B, 1, H, W)``; output the same. Weights, in order: ``Embedding`` (P, W) =
 [max_position_embeddings, hidden], the PyTorch layout (P counts the offset rows); then, only
@@ -54,9 +54,10 @@ class PositionalEmbeddingLayer(Layer):
         context.setOutputDimensions([dims[0]])
 
     def incremental_forwarding(self, context, from_, to):
-        if self.offset + to > self.positions:
-            raise context.error(f"position {to - 1} is past max_position_embeddings "
+        step = context.step
+        if self.offset + step.end > self.positions:
+            raise context.error(f"position {step.end - 1} is past max_position_embeddings "
                                 f"{self.positions - self.offset}")
         type_row = context.weights[1][self.props["token_type"]] if self.has_types else NO_TYPE
         position_add(context.inputs[0], context.weights[0], type_row, context.outputs[0],
-                     to - from_, self.offset + from_)
+                     to - from_, step.positions, self.offset)

@@ -1,7 +1,7 @@
 """``sinusoidal_embedding``: fixed sinusoidal positions, added ("Attention is all you need";
 Marian's ``MarianSinusoidalPositionalEmbedding``).
 
-    out[b, i] = x[b, i] + S[from_ + i]                                   i in [0, step)
+    out[b, i] = x[b, i] + S[p]        i in [0, step), p its position (from_ + i)
     S[p, j]     = sin(p / 10000^(2j / D))          j in [0, ceil(D/2))
     S[p, c + j] = cos(p / 10000^(2j / D))          j in [0, floor(D/2)),  c = ceil(D/2)
 
@@ -49,8 +49,9 @@ class SinusoidalEmbeddingLayer(Layer):
         context.setOutputDimensions([dims[0]])
 
     def incremental_forwarding(self, context, from_, to):
-        if to > self.positions:
-            raise context.error(f"position {to - 1} is past max_position_embeddings "
+        step = context.step
+        if step.end > self.positions:
+            raise context.error(f"position {step.end - 1} is past max_position_embeddings "
                                 f"{self.positions}")
         position_add(context.inputs[0], self.table, NO_TYPE, context.outputs[0], to - from_,
-                     from_)
+                     step.positions, 0)

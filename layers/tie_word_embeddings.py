@@ -5,7 +5,8 @@ One layer type, two modes, chosen by ``unit``:
 - embedding mode (``unit`` unset): exactly ``embedding_layer``:
   ``out[b, i] = W[ids[b, i]] * scale``, weight ``Embedding`` (in_dim, out_dim) = [vocab, hidden].
 - lm-head mode (``unit`` set, used with ``shared_from=embedding0``):
-  ``logits[b] = (x[b, step - 1] * scale) @ W^T (+ bias)``, x (B, 1, H, D) -> (B, 1, 1, unit)
+  ``logits[b, j] = (x[b, r_j] * scale) @ W^T (+ bias)``, x (B, 1, H, D) -> (B, 1, L, unit), the
+  rows r_j as ``lm_head``'s (the step's last; one per sequence of a step of several)
   (T5 scales the decoder output by d_model^-1/2 before its tied head). The weight request
   ``Embedding`` (unit, D) resolves to the embedding's tensor, so the head adds no bytes to the
   .bin.
@@ -13,11 +14,11 @@ One layer type, two modes, chosen by ``unit``:
 Properties: ``in_dim``, ``out_dim``, ``scale`` (1.0), ``unit``, and ``disable_bias``.
 """
 
-from causallm.kernels import linear
-from causallm.runtime.layer import Layer, TensorDim
+from causallm.runtime.layer import Layer
 from causallm.runtime.properties import float_, uint
 from causallm.layers.embedding_layer import embedding_lookup, finalize_embedding
 from causallm.layers.fully_connected import NO_BIAS
+from causallm.layers.lm_head import head_dims, project_last
 
 
 class TieWordEmbedding(Layer):
@@ -39,19 +40,18 @@ class TieWordEmbedding(Layer):
         self.has_bias = not self.props["disable_bias"]
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)
-        context.setOutputDimensions([TensorDim(x.batch, 1, 1, unit)])
+        context.setOutputDimensions([head_dims(self, context, x, unit)])
 
     def incremental_forwarding(self, context, from_, to):
         w = context.weights
         if not self.lm_head:
             embedding_lookup(self, context, w[0], to - from_)
             return
-        x, out = context.inputs[0], context.outputs[0]
-        last = min(to - from_, x.shape[1]) - 1
         if self.scale == 1.0:
-            linear(x, w[0].T, w[1] if self.has_bias else NO_BIAS, out, last, 0, 1)
+            project_last(self, context, w[0].T, w[1] if self.has_bias else NO_BIAS)
             return
-        linear(x, w[0].T, NO_BIAS, out, last, 0, 1)
+        out = context.outputs[0]
+        project_last(self, context, w[0].T, NO_BIAS)
         out *= self.scale  # (x s) W^T = s (x W^T)
         if self.has_bias:
             out += w[1]

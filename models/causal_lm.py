@@ -77,6 +77,14 @@ class CausalLM(LanguageModel):
         """Rows of every KV cache: the positions a run can use."""
         return self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
 
+    def kvCacheBytes(self) -> int:
+        """Bytes of the KV caches of one sequence (a slot): every layer's keys and values at
+        max_timestep positions (a family with other layer counts or head sizes may differ a
+        little; this sizes a server's default slots)."""
+        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        return (2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM
+                * self.max_timestep * per)
+
     def cacheSize(self) -> str:
         """What sets max_timestep, for messages: the settings and where they were set."""
         origin = self.nntr_cfg.origin
@@ -117,7 +125,13 @@ class CausalLM(LanguageModel):
         logits = self.model.incremental_inference(B, self.stageInputs(tokens.reshape(B, 1), pos),
                                                   None, 1, pos, pos + 1, stage=self.TEXT_STAGE)[0]
         self.position = pos + 1
-        return logits
+        return self.firstHeadRow(logits)
+
+    def firstHeadRow(self, logits: np.ndarray) -> np.ndarray:
+        """(B, vocab): the logits of a step of one sequence per batch row, out of the head's
+        (B, L * vocab) (L rows when the caches hold more sequences than batch rows)."""
+        heads = max(1, self.SLOTS // (self.BATCH_SIZE * self.rowsPerPrompt()))
+        return logits if heads == 1 else logits.reshape(logits.shape[0], heads, -1)[:, 0]
 
     def reorder(self, rows) -> None:
         """Beam search: row r continues the sequence of row ``rows[r]``, KV caches included."""
@@ -172,7 +186,7 @@ class CausalLM(LanguageModel):
             logits = self.model.incremental_inference(B, self.stageInputs(ids[:, c:c + n], pos),
                                                       None, n, pos, pos + n,
                                                       stage=self.TEXT_STAGE)[0]
-        return logits
+        return self.firstHeadRow(logits)
 
     def prefillChunks(self, ids: np.ndarray):
         """(offset, length) of each prefill step over ``ids`` (B, P): INIT_SEQ_LEN rows at a

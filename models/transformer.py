@@ -121,6 +121,8 @@ class Transformer:
                         nntr_cfg: JsonConfig) -> None:
         d = NNTR_DEFAULTS
         self.BATCH_SIZE = nntr_cfg.get_int("batch_size", d["batch_size"], minimum=1)
+        # sequences the KV caches hold (0: one per batch row); a server's slots
+        self.SLOTS = nntr_cfg.get_int("slots", 0, minimum=0)
         self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
         if self.MODEL_TENSOR_TYPE not in MODEL_TENSOR_TYPES:
             raise nntr_cfg.error("model_tensor_type", f"one of {', '.join(MODEL_TENSOR_TYPES)}")
@@ -248,6 +250,8 @@ class Transformer:
                        withKey("model_tensor_type", self.MODEL_TENSOR_TYPE)]
         if self.MEMORY_SWAP:
             model_props += [withKey("fsu", "true"), withKey("fsu_lookahead", self.FSU_LOOKAHEAD)]
+        if self.SLOTS:
+            model_props.append(withKey("slots", self.SLOTS))
         self.model.setProperty(model_props)
         try:
             self.model.compile(ExecutionMode.INFERENCE)

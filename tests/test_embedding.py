@@ -107,8 +107,9 @@ def test_position_add_kernel(typed):
     x, table = rand(2, 6, 19, seed=3), rand(40, 19, seed=4)
     type_row = rand(19, seed=5) if typed else np.zeros(0, F32)
     y = np.full_like(x, np.nan)
-    position_add(x, table, type_row, y, 4, 30)
-    want = x[:, :4] + table[30:34] + (type_row if typed else 0.0)
+    positions = np.array([[28, 29, 30, 31, 0, 0], [5, 9, 6, 7, 0, 0]], np.int64)  # own rows each
+    position_add(x, table, type_row, y, 4, positions, 2)
+    want = x[:, :4] + table[positions[:, :4] + 2] + (type_row if typed else 0.0)
     np.testing.assert_allclose(y[:, :4], want, rtol=1e-6, atol=1e-6)
     assert np.isnan(y[:, 4:]).all()
 

@@ -526,14 +526,15 @@ def test_serial_and_parallel_kernels_agree_exactly():
     vc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
     cos, sin = np.cos(np.ones((T, D // 2), np.float32)), np.sin(np.ones((T, D // 2), np.float32))
     outs = []
+    slots, positions = att.step_rows(B, 7, 5)
     serial = lambda *args: att._attend(*args, 0, B * KV * 3)  # noqa: E731  every task, in turn
     for kernel in (att.attention_parallel, serial):
         out = np.zeros_like(q)
         scratch = np.zeros((B * H, T + D), np.float32)
         kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), np.zeros((0, 0, 0), np.float32),
                np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
-               np.zeros((0, 0), np.int64), scratch, 7, 5, 12, 0, H, KV, D, 4, 4, True, 0.0,
-               D ** -0.5, 3)
+               np.zeros((0, 0), np.int64), scratch, slots, positions, 5, 12, 0, H, KV, D, 4, 4,
+               True, 0.0, D ** -0.5, 3)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
 

@@ -722,7 +722,7 @@ def test_mha_to_past_max_timestep():
     close(got[0], attend(q[0, :T], k[0, :T], v[0, :T], causal_mask(T), 6, 2), RTOL, ATOL)
     with pytest.raises(CausalLMError) as e:
         run_steps(model, q, k, v, [(8, 9)])
-    one_line_error(e, "layer 'attn'", "position 9 is past max_timestep 8")
+    one_line_error(e, "layer 'attn'", "position 8 is past max_timestep 8")
     fresh, _ = mha_model(5, T, props=[withKey("rope_theta", 10000.0)])
     with pytest.raises(CausalLMError) as e:                 # a prefill running past the cache
         run_steps(fresh, q, k, v, [(4, 9)])

@@ -387,3 +387,81 @@ def test_serve_without_the_extra_names_it(tmp_path):
     assert p.returncode == 2
     assert p.stderr.startswith("error: causallm serve needs Starlette and uvicorn")
     assert "causallm[serve]" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ many users
+def metrics(url) -> dict:
+    """/metrics' samples: {name: value}, checking the text format's HELP/TYPE lines."""
+    r = httpx.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    values, typed = {}, set()
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name, value = line.split()
+            assert name.split("_sum")[0].split("_count")[0] in typed, name
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_count_requests_tokens_and_slots(server):
+    before = metrics(server)
+    assert before["causallm_slots"] == 4  # the default --parallel
+    complete(server, prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    after = metrics(server)
+    assert after["causallm_requests_total"] == before["causallm_requests_total"] + 1
+    assert after["causallm_generated_tokens_total"] == before["causallm_generated_tokens_total"] + 8
+    assert after["causallm_time_to_first_token_seconds_count"] == \
+        before["causallm_time_to_first_token_seconds_count"] + 1
+    assert after["causallm_slots_busy"] == 0 and after["causallm_queue_depth"] == 0
+
+
+def test_a_resent_conversation_prefills_only_its_new_turn(client, local):
+    """Each turn resends the whole conversation: the earlier turns are found in a slot (the
+    cached tokens OpenAI's usage reports) and the answers are still the Python API's."""
+    messages = [{"role": "system", "content": "You answer in one sentence."},
+                {"role": "user", "content": "What is a tuple?"}]
+    total = cached = 0
+    for turn in range(3):
+        r = client.chat.completions.create(model="x", messages=messages, max_tokens=12,
+                                           temperature=0)
+        answer = r.choices[0].message.content
+        assert answer == local.generate(messages, greedy=True, max_new_tokens=12)
+        if turn:
+            assert r.usage.prompt_tokens_details.cached_tokens >= previous
+        previous = r.usage.prompt_tokens
+        total += r.usage.prompt_tokens
+        cached += r.usage.prompt_tokens_details.cached_tokens
+        messages += [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": f"And question {turn}?"}]
+    assert cached > total / 2
+
+
+def test_a_full_queue_is_503_and_the_server_keeps_serving(tmp_path, local):
+    """One slot and no queue: a request that comes while a generation holds the slot is
+    refused at once (503, Retry-After), and served once the slot is free."""
+    proc, url = start_server(TINY, tmp_path / "server.log", "-n", "1500", "--parallel", "1",
+                             "--queue", "0")
+    try:
+        busy = None
+        for _ in range(5):  # in case the 1500 tokens are done before the request comes
+            with httpx.Client(timeout=300) as c:
+                with c.stream("POST", url + "/v1/completions",
+                              json={**LONG, "stream": True}) as r:
+                    lines = r.iter_lines()  # kept: closing it would close the stream
+                    assert next(lines).startswith("data: ")  # it holds the one slot
+                    busy = httpx.post(url + "/v1/completions",
+                                      json={**LONG, "max_tokens": 4}, timeout=300)
+            if busy.status_code == 503:
+                break
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert busy.json()["error"]["code"] == "server_busy"
+        for _ in range(100):  # the closed stream's slot is freed at the next step
+            if metrics(url)["causallm_slots_busy"] == 0:
+                break
+            time.sleep(0.1)
+        assert complete(url, prompt=PROMPTS[0], max_tokens=4, temperature=0)["choices"][0][
+            "text"] == local.generate(PROMPTS[0], greedy=True, max_new_tokens=4)
+    finally:
+        stop_server(proc)

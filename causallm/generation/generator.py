@@ -27,7 +27,8 @@ import resource
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
+from typing import Sequence as Sequence_
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class Generative(Protocol):
 
     BATCH_SIZE: int
 
-    def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: Sequence[int],
+    def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: Sequence_[int],
               metrics: PerformanceMetrics) -> Start: ...
 
     def step(self, tokens: np.ndarray) -> np.ndarray: ...
@@ -167,7 +168,7 @@ class StopText:
     a suffix that could begin one is always held back.
     """
 
-    def __init__(self, stop_strings: Sequence[str]) -> None:
+    def __init__(self, stop_strings: Sequence_[str]) -> None:
         self.stops = list(stop_strings)
         self.held = ""
 
@@ -187,7 +188,7 @@ class StopText:
         return held
 
 
-def cut_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
+def cut_at_stop(text: str, stop_strings: Sequence_[str]) -> tuple[str, bool]:
     """``text`` up to the first occurrence of any stop string, and whether one occurred."""
     cut, stopped = StopText(stop_strings).feed(text)
     return (cut, True) if stopped else (text, False)
@@ -207,6 +208,67 @@ def check_prompts(prompt_ids: list[list[int]], batch: int, max_new_tokens: int) 
         raise CausalLMError(f"generate: max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
+class Sequence:
+    """One sequence's new tokens as they come: its ids, its text through a UTF-8-safe
+    ``StreamDecoder`` and its stop strings (``StopText``), and why it ended. ``take(token)``
+    records a chosen token: an EOS id ends it ("eos", neither decoded nor shown); a stop string
+    in its text ends it ("stop", the text cut before it); ``on_text(piece)`` sees the text as
+    it is decided. ``finish()`` flushes the decoder at the end. ``history`` is what the
+    penalties count: the ids before the new ones (``context``: a cached system prompt, then the
+    prompt) and the new ones."""
+
+    def __init__(self, prompt_ids: Sequence_[int], settings: GenerationSettings,
+                 tokenizer=None, on_text: Callable[[str], None] | None = None,
+                 context: Sequence_[int] = ()) -> None:
+        self.prompt = [int(t) for t in prompt_ids]
+        self.settings = settings
+        self.history = [int(t) for t in context] + self.prompt
+        self.generated: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.eos = set(settings.eos_token_id)
+        self.decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
+        self.stops = StopText(settings.stop_strings)
+        self.on_text = on_text
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def take(self, token: int) -> None:
+        token = int(token)
+        self.generated.append(token)
+        self.history.append(token)
+        if token in self.eos:
+            self.finish_reason = "eos"
+        elif self.decoder is not None:
+            self._show(self.decoder.step(token))
+
+    def finish(self, reason: str = "length") -> None:
+        """End the sequence (``reason`` unless it already ended), its held text shown."""
+        if self.finish_reason != "stop" and self.decoder is not None:
+            self._show(self.decoder.flush(), last=True)
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def _show(self, chunk: str, last: bool = False) -> None:
+        text, stopped = self.stops.feed(chunk)
+        if stopped:
+            self.finish_reason = "stop"
+        elif last:
+            text += self.stops.release()
+        self.text += text
+        if text and self.on_text is not None:
+            self.on_text(text)
+
+
+def _writer(stream) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+    return write
+
+
 class Generator:
     """Generates with ``model`` (a ``Generative``) as ``settings`` say (greedy or sampling: one
     row per prompt), stopping a row at an EOS id. With a ``tokenizer``, the new text of every
@@ -222,7 +284,7 @@ class Generator:
         self.stream = stream
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int, start_pos: int = 0,
-                 context_ids: Sequence[int] = (),
+                 context_ids: Sequence_[int] = (),
                  on_token: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Start ``model`` on ``prompt_ids`` (one equal-length list per batch row) and generate
         up to ``max_new_tokens`` new tokens per row. ``on_token(b, token_id)`` is called for
@@ -233,74 +295,50 @@ class Generator:
         metrics = PerformanceMetrics()
         s = self.settings
         result = GenerationResult(prompt_ids=[list(r) for r in prompt_ids],
-                                  generated_ids=[[] for _ in range(B)],
-                                  finish_reasons=["length"] * B, do_sample=s.do_sample,
-                                  metrics=metrics)
+                                  do_sample=s.do_sample, metrics=metrics)
         if s.stop_strings and self.tokenizer is None:
             raise CausalLMError("generate: stop strings need a tokenizer to decode the text")
-        decoders = [StreamDecoder(self.tokenizer) for _ in range(B)] if self.tokenizer else []
-        stops = [StopText(s.stop_strings) for _ in range(B)]
-        texts = [""] * B
-        finished = [False] * B
-
-        def show(b: int, chunk: str, last: bool = False) -> None:
-            """Add decoded text to row b through its stop strings (``last``: and what they
-            held back, which is then no stop string); row 0's goes to the stream."""
-            text, stopped = stops[b].feed(chunk)
-            if stopped:
-                finished[b] = True
-                result.finish_reasons[b] = "stop"
-            elif last:
-                text += stops[b].release()
-            texts[b] += text
-            if b == 0 and text and self.stream is not None:
-                self.stream.write(text)
-                self.stream.flush()
-
-        def emit(tokens: np.ndarray) -> None:
-            for b in range(B):
-                if finished[b]:
-                    continue
-                token = int(tokens[b])
-                result.generated_ids[b].append(token)
-                histories[b].append(token)
-                if on_token is not None:
-                    on_token(b, token)
-                if token in self.eos:
-                    finished[b] = True
-                    result.finish_reasons[b] = "eos"
-                elif decoders:
-                    show(b, decoders[b].step(token))
-
         t0 = time.perf_counter()
         start = self.model.start(np.asarray(prompt_ids, dtype=np.float32), start_pos,
                                  list(context_ids), metrics)
-        histories = start.history
+        stream = self.stream
+        rows = [Sequence(prompt_ids[b], s, self.tokenizer,
+                         _writer(stream) if b == 0 and stream is not None else None)
+                for b in range(B)]
+        for row, history in zip(rows, start.history):
+            row.history = history  # the model's: a beam's rows, a cached system prompt
         n_new = min(max_new_tokens, start.capacity)
-        prompt_len = len(histories[0])
+        prompt_len = len(start.history[0])
         sampler = Sampler(s.temperature, s.top_k, s.top_p, seed=s.seed, do_sample=s.do_sample,
                           processors=build_processors(s, prompt_len, prompt_len + n_new),
                           min_p=s.min_p, typical_p=s.typical_p)
+
+        def emit(tokens: np.ndarray) -> None:
+            for b, row in enumerate(rows):
+                if row.finished:
+                    continue
+                if on_token is not None:  # before the token's text is shown
+                    on_token(b, int(tokens[b]))
+                row.take(tokens[b])
+
         with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
-            emit(sampler.select(start.logits, histories))
+            emit(sampler.select(start.logits, [r.history for r in rows]))
         steps = 0
         tokens = np.zeros(B, dtype=np.float32)
         with metrics.phase("generation", 0):
-            while steps + 1 < n_new and not all(finished):
-                tokens[:] = [h[-1] for h in histories]
+            while steps + 1 < n_new and not all(r.finished for r in rows):
+                tokens[:] = [r.history[-1] for r in rows]
                 logits = self.model.step(tokens)
                 steps += 1
-                emit(sampler.select(logits, histories))
+                emit(sampler.select(logits, [r.history for r in rows]))
         metrics.generation_tokens = steps
-        for b, decoder in enumerate(decoders):
-            if result.finish_reasons[b] != "stop":
-                show(b, decoder.flush(), last=True)
-        if self.stream is not None:
-            self.stream.flush()
-        result.texts = texts
-        if n_new < max_new_tokens:
-            result.finish_reasons = ["cache_full" if r == "length" else r
-                                     for r in result.finish_reasons]
+        for row in rows:
+            row.finish("length" if n_new == max_new_tokens else "cache_full")
+        if stream is not None:
+            stream.flush()
+        result.generated_ids = [r.generated for r in rows]
+        result.texts = [r.text for r in rows]
+        result.finish_reasons = [r.finish_reason for r in rows]
         metrics.total_duration_ms = (time.perf_counter() - t0) * 1e3
         metrics.peak_memory_kb = peak_memory_kb()
         return result

@@ -5,13 +5,20 @@ attention, whose softmax spans both (T5Gemma2's decoder).
 Layouts (d = head_dim, g = kv head of q head h = h // (n_heads // n_kv), contiguous groups as
 HF ``repeat_kv``)::
 
-    q, out              (B, H, n_heads * d)   rows [0, nrows) hold positions pos0 + i
+    q, out              (B, H, n_heads * d)   rows [0, nrows) of the step
     k, v                (B, H, n_kv * d)
-    k_cache, v_cache    (B', n_kv, T, d)      a self cache: [b, j, t] holds kv head j of position t
+    slots, positions    (B, >= nrows) int64   row i of batch b belongs to the sequence whose keys
+                                              are cache row slots[b, i], at position
+                                              positions[b, i] (by default slot b, positions
+                                              pos0 + i: one sequence per batch row; a step may
+                                              also carry rows of several sequences, each at its
+                                              own position, in one batch row)
+    k_cache, v_cache    (S, n_kv, T, d)       a self cache: [s, j, t] holds kv head j of position
+                                              t of the sequence in slot s
                         or (B', T, n_kv * d)  keys given as rows (an encoder's, cross keys): row
                                               t holds position t, head j at [j*d, (j+1)*d);
                                               B' divides B: query row b reads key row b // (B / B')
-    cos, sin            (rows >= pos0 + nrows, d/2)   from rope.rope_tables
+    cos, sin            (rows > every position, d/2)   from rope.rope_tables
     sinks               (n_heads,) or (0,)
     bias                (B, n_heads, 2C + 1) or (0, 0, 0): bias[b, h, C + t - p] is added to the
                         score of key t for the query at p (T5's relative position bias)
@@ -25,8 +32,8 @@ HF ``repeat_kv``)::
 RoPE (rotate-half, as HF ``apply_rotary_pos_emb``) at position p, halves a = x[:d/2],
 b = x[d/2:]:  a' = a*cos[p] - b*sin[p],  b' = b*cos[p] + a*sin[p].  Keys are cached rotated.
 
-For query row i at p = pos0 + i, the keys of the cache are t in [lo, hi), of the kv_len rows
-holding keys::
+For query row i at p = positions[b, i], the keys of its slot's cache are t in [lo, hi), of the
+kv_len rows holding keys::
 
     causal:      lo = max(0, p - window + 1),    hi = max(p + 1, key_end[b, i])
     non-causal:  lo = max(0, p - window + 1),    hi = min(kv_len, p + window_right)
@@ -35,7 +42,7 @@ i.e. the keys at distance < window before the query (and the query's own), and o
 non-causal side those at distance < window_right after it: HF's bidirectional sliding window
 ``|q - kv| < window`` has window_right = window, T5Gemma2's encoder window W has
 window = (W + 1) // 2 and window_right = W // 2 + 1. Self-attention has kv_len = pos0 + nrows
-(the keys written so far); cross-attention (the cache holds the encoder's kv_len keys, no
+(the keys written so far; a causal query reads none past its own position); cross-attention (the cache holds the encoder's kv_len keys, no
 window) has every key. Then the cross keys, when given, all of them::
 
     s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]]       t in [lo, hi), then every cross key
@@ -95,29 +102,46 @@ def _row_at(cache, b, g, t, d):
     return lambda cache, b, g, t, d: (b * cache.shape[1] + t) * cache.shape[2] + g * d
 
 
+def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim, *,
+                   slots=None, positions=None):
+    """k_cache[s, g, p] = RoPE(k[b, i, head g], p); v_cache[s, g, p] = v[b, i, head g] for the
+    step's rows i < nrows of every batch b, at slot s = slots[b, i] (default b) and position
+    p = positions[b, i] (default pos0 + i). The caches (S, n_kv, T, d) are float32, or uint16
+    FP16 bits (values rounded to nearest even)."""
+    if positions is None:
+        slots, positions = step_rows(k.shape[0], pos0, nrows)
+    _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
+
+
+def step_rows(batch, pos0, nrows):
+    """The (slots, positions) of a step of ``nrows`` rows at pos0 in every batch row b: slot b,
+    positions pos0 + i; (batch, nrows) int64 each."""
+    slots = np.repeat(np.arange(batch, dtype=np.int64)[:, None], nrows, axis=1)
+    positions = np.repeat(np.arange(pos0, pos0 + nrows, dtype=np.int64)[None, :], batch, axis=0)
+    return slots, positions
+
+
 @njit(cache=True)
-def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim):
-    """k_cache[b, g, pos0+i] = RoPE(k[b, i, head g], pos0+i); v_cache[b, g, pos0+i] = v[b, i,
-    head g]; i < nrows. The caches (B, n_kv, T, d) are float32, or uint16 FP16 bits (values
-    rounded to nearest even)."""
+def _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
     B = k.shape[0]
     d = head_dim
     half = d // 2
     for b in range(B):
         for i in range(nrows):
-            p = pos0 + i
+            p = positions[b, i]
+            sl = slots[b, i]
             c = cos[p]
             s = sin[p]
             for g in range(n_kv):
                 src = k[b, i, g * d:(g + 1) * d]
-                dst = k_cache[b, g, p]
+                dst = k_cache[sl, g, p]
                 for j in range(half):
                     a = src[j]
                     bb = src[j + half]
                     dst[j] = _store_impl(a * c[j] - bb * s[j], dst)
                     dst[j + half] = _store_impl(bb * c[j] + a * s[j], dst)
                 vs = v[b, i, g * d:(g + 1) * d]
-                vd = v_cache[b, g, p]
+                vd = v_cache[sl, g, p]
                 for j in range(d):
                     vd[j] = _store_impl(vs[j], vd)
 
@@ -192,8 +216,8 @@ PARALLEL_MIN_WORK = 1 << 18
 
 @njit(cache=True, fastmath=_FASTMATH)
 def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
-            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window, window_right,
-            causal, softcap, scale, parts, task0, task1):
+            slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
+            window_right, causal, softcap, scale, parts, task0, task1):
     """Tasks [task0, task1), each rows i < nrows of the query heads [h0, h1) of kv head g of
     batch b: task = (b, g, part), the group's heads split into ``parts``. Each key and value row
     is read once for them all; head h keeps its scores and rotated query in scratch row
@@ -215,10 +239,10 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
         b = task // (n_kv * parts)
         g = (task // parts) % n_kv
         h0 = g * group + (task % parts) * per
-        kb = b * k_cache.shape[0] // q.shape[0]  # cross-attention: groups of query rows share keys
         xb = b * cross_k.shape[0] // q.shape[0] if cross_len > 0 else 0
         for i in range(nrows):
-            p = pos0 + i
+            p = positions[b, i]
+            kb = slots[b, i]
             c = cos[p]
             s = sin[p]
             for h in range(h0, h0 + per):
@@ -291,13 +315,13 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
 def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
-                       key_end, scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-                       window, window_right, causal, softcap, scale, parts):
+                       key_end, scratch, slots, positions, nrows, kv_len, cross_len, n_heads,
+                       n_kv, head_dim, window, window_right, causal, softcap, scale, parts):
     """attention() with the (b, kv head, part) tasks spread over the thread pool."""
     for task in prange(q.shape[0] * n_kv * parts):
         _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
-                scratch, pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-                window_right, causal, softcap, scale, parts, task, task + 1)
+                scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
+                window, window_right, causal, softcap, scale, parts, task, task + 1)
 
 
 NO_WINDOW = 1 << 40
@@ -312,7 +336,7 @@ for _a in (NO_SINKS, NO_BIAS, NO_CROSS, NO_KEY_END):
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,
               head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
               softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
-              cross_len=0, key_end=NO_KEY_END):
+              cross_len=0, key_end=NO_KEY_END, slots=None, positions=None):
     """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc);
     ``window_right`` defaults to ``window``. The caches are float32 or FP16 bits (uint16).
 
@@ -335,9 +359,15 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
         parts = group  # too few groups for the threads: a task per head
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
+    if positions is None or slots is None:
+        default_slots, default_positions = step_rows(q.shape[0], pos0, nrows)
+        if slots is None:  # slot b, or for keys as rows (B', ...) row b // (B / B')
+            slots = default_slots * k_cache.shape[0] // q.shape[0]
+        if positions is None:
+            positions = default_positions
     args = (q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
-            pos0, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, min(window, NO_WINDOW),
-            min(window_right, NO_WINDOW), causal, softcap, scale, parts)
+            slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
+            min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts)
     if parallel:
         attention_parallel(*args)
     else:

@@ -11,15 +11,16 @@ from numba import njit
 
 
 @njit(cache=True)
-def position_add(x, table, type_row, y, nrows, pos0):
-    """y[b, i] = (x[b, i] + type_row) + table[pos0 + i] for i < nrows; no type_row if empty."""
+def position_add(x, table, type_row, y, nrows, positions, offset):
+    """y[b, i] = (x[b, i] + type_row) + table[offset + positions[b, i]] for i < nrows; no
+    type_row if empty."""
     W = x.shape[2]
     typed = type_row.shape[0] == W
     for b in range(x.shape[0]):
         for i in range(nrows):
             xr = x[b, i]
             yr = y[b, i]
-            pr = table[pos0 + i]
+            pr = table[offset + positions[b, i]]
             if typed:
                 for j in range(W):
                     yr[j] = (xr[j] + type_row[j]) + pr[j]

@@ -71,6 +71,7 @@ class CompiledGraph:
     stages: list[Stage]
     stage_of: dict[str, str]            # layer name -> its stage
     kept: set[tuple[str, int]]          # tensors read by a later stage
+    slots_of: dict[str, int] = field(default_factory=dict)  # stage -> sequences its caches hold
 
     @property
     def input_names(self) -> list[str]:
@@ -82,7 +83,7 @@ class CompiledGraph:
 
 
 def compile_graph(nodes: list[LayerNode], stage_specs: list[StageSpec], batch: int,
-                  tensor_type: str) -> CompiledGraph:
+                  tensor_type: str, slots: int = 0) -> CompiledGraph:
     """Run the steps of the module docstring over ``nodes`` (in insertion order)."""
     if not nodes:
         raise CausalLMError("compile: the model has no layers")
@@ -100,9 +101,16 @@ def compile_graph(nodes: list[LayerNode], stage_specs: list[StageSpec], batch: i
     for stage in stages:
         stage.nodes = _siblings_together(stage.nodes)
     batch_of = {s.name: s.batch for s in stages}
+    slots_of = {s.name: slots or s.batch for s in stages}
+    for stage in stages:
+        if slots_of[stage.name] % stage.batch:
+            raise CausalLMError(f"model: slots {slots} is not a multiple of stage "
+                                f"'{stage.name}''s batch {stage.batch}")
     contexts, out_dims, weight_specs = _finalize(order, by_name, tensor_type,
-                                                 {n: batch_of[s] for n, s in stage_of.items()})
-    return CompiledGraph(order, contexts, out_dims, weight_specs, stages, stage_of, kept)
+                                                 {n: batch_of[s] for n, s in stage_of.items()},
+                                                 {n: slots_of[s] for n, s in stage_of.items()})
+    return CompiledGraph(order, contexts, out_dims, weight_specs, stages, stage_of, kept,
+                         slots_of)
 
 
 def _name_nodes(nodes: list[LayerNode]) -> None:
@@ -183,7 +191,7 @@ def _topological_sort(nodes: list[LayerNode]) -> list[LayerNode]:
 
 
 def _finalize(order: list[LayerNode], by_name: dict[str, LayerNode], tensor_type: str,
-              batch_of: dict[str, int]):
+              batch_of: dict[str, int], slots_of: dict[str, int]):
     w_dtype, a_dtype = tensor_type.split("-")
     out_dims: dict[str, list[TensorDim]] = {}
     contexts: list[InitLayerContext] = []
@@ -206,6 +214,7 @@ def _finalize(order: list[LayerNode], by_name: dict[str, LayerNode], tensor_type
         ctx = InitLayerContext(name, node.getType(), input_dims, batch_of[name], shared or name,
                                dtype.upper(), a_dtype)
         ctx.input_shape = node.getProperty("input_shape")
+        ctx.slots = slots_of[name]
         _fill_defaults(node)
         node.layer.finalize(ctx)
         if not ctx.output_dims:

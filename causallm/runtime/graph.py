@@ -58,6 +58,7 @@ MODEL_TENSOR_TYPES = (
 
 MODEL_PROPERTIES: dict[str, Prop] = {
     "batch_size": uint(1),
+    "slots": uint(0),
     "epochs": uint(1),
     "model_tensor_type": Prop("str", "FP32-FP32", choices=MODEL_TENSOR_TYPES),
     "fsu": bool_(False),
@@ -150,7 +151,7 @@ class Model:
         if mode != ExecutionMode.INFERENCE:
             raise CausalLMError("compile: only ExecutionMode.INFERENCE is supported")
         self._graph = compile_graph(self._nodes, self._stage_specs, self.props["batch_size"],
-                                    self.props["model_tensor_type"])
+                                    self.props["model_tensor_type"], self.props["slots"])
         self._sorted = self._graph.nodes
         self._contexts = self._graph.contexts
         self._weight_specs = self._graph.weight_specs
@@ -167,7 +168,9 @@ class Model:
         self._packable = {s.full_name: s.packable for s in self._weight_specs}
         buffers = plan_buffers(graph)
         batch_of = {stage.name: stage.batch for stage in graph.stages}
-        states = {stage.name: StageState(stage.name) for stage in graph.stages}
+        states = {stage.name: StageState(stage.name, stage.batch, 1, graph.slots_of[stage.name],
+                                         graph.slots_of[stage.name] // stage.batch)
+                  for stage in graph.stages}
         contexts = {}
         self._kv_caches: list[KVCache] = []
         for node, ictx in zip(graph.nodes, graph.contexts):
@@ -176,6 +179,7 @@ class Model:
             refs = node.getInputConnections()
             rctx.inputs = [buffers[p][i] for p, i in refs]
             rctx.input_stages = [states[graph.stage_of[p]] for p, _ in refs]
+            rctx.step = states[graph.stage_of[name]]
             rctx.outputs = buffers[name]
             caches = {i for c in ictx.kv_caches if c.kind == SELF for i in (c.tensor, c.tensor + 1)}
             rctx.tensors = [(_pages_on_demand if i in caches else np.zeros)(t.shape, dtype=t.dtype)
@@ -290,14 +294,16 @@ class Model:
     def incremental_inference(self, batch: int, inputs: list, labels: list | None = None,
                               init_seq_len: int | None = None, from_: int = 0, to: int = 1,
                               output_hidden_state: bool = False,
-                              stage: str | None = None) -> list[np.ndarray]:
+                              stage: str | None = None, rows=None) -> list[np.ndarray]:
         """Run one step of ``stage`` (the only one when None) over positions ``[from_, to)``
         and return each of its outputs as a new ``(batch, feature_len)`` float32 array.
 
         ``inputs`` holds one array per input layer of the stage; the step's values sit at
         ``[:, :to - from_]`` of each (token ids as floats for a language model).
         ``labels``, ``init_seq_len`` and ``output_hidden_state`` are accepted for the C++
-        signature and unused, as in nntrainer.
+        signature and unused, as in nntrainer. ``rows`` = (slots, positions, last) makes the
+        step one of several sequences (runtime/runner.StageState.set_rows): each row's KV-cache
+        slot and position, and the rows whose outputs the heads compute.
         """
         self._require(_INITIALIZED, "incremental_inference()")
         runner = self._stage(stage)
@@ -307,7 +313,7 @@ class Model:
         if self._dirty:
             self._refresh_weights()
         threads.own()
-        return runner.run(inputs, from_, to)
+        return runner.run(inputs, from_, to, rows)
 
     def warmup(self) -> None:
         """Run a 1-row and a 2-row step of zeros at position 0 in every stage, in order, so

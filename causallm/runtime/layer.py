@@ -5,10 +5,13 @@ Mirrors nntrainer's ``Layer`` / ``InitLayerContext`` / ``RunLayerContext``:
 - ``finalize(context)`` reads the input dimensions, sets the output dimensions and requests
   weights (saved and loaded, in request order), tensors (scratch) and KV caches.
 - ``incremental_forwarding(context, from_, to)`` computes rows ``[0, to - from_)`` of its outputs
-  from rows ``[0, to - from_)`` of its inputs (the step buffer convention, spec §2.5). Only
-  position-aware layers (``mha_core``) look at ``from_`` and ``to`` themselves. An input made by
-  an earlier stage (the encoder output a cross-attention reads) holds that stage's last step:
-  ``context.input_stages[i]`` says which rows.
+  from rows ``[0, to - from_)`` of its inputs (the step buffer convention). Only
+  position-aware layers look further: row i of batch b belongs to the sequence in KV-cache
+  slot ``context.step.slots[b, i]``, at position ``context.step.positions[b, i]`` (by default
+  slot b, position from_ + i; a step of several sequences, each at its own position, sets them
+  otherwise, see runtime/runner.py), and a head projects the rows ``context.step.last``. An
+  input made by an earlier stage (the encoder output a cross-attention reads) holds that
+  stage's last step: ``context.input_stages[i]`` says which rows.
 
 Activations are float32 arrays of shape ``(batch, channel * height, width)``; their NNTrainer
 dimension ``batch:channel:height:width`` is a :class:`TensorDim`. Weights are float32 arrays of
@@ -124,6 +127,7 @@ class InitLayerContext:
         self.layer_type = layer_type
         self.input_dims = input_dims
         self.batch = batch
+        self.slots = batch  # sequences the KV caches hold (the model's ``slots``; default batch)
         self.weight_scope = weight_scope
         self.weight_dtype = weight_dtype
         self.activation_dtype = activation_dtype
@@ -196,11 +200,13 @@ class RunLayerContext:
     The lists are plain attributes so the per-token path does no lookups beyond an index.
     """
 
-    __slots__ = ("name", "inputs", "outputs", "weights", "tensors", "batch", "input_stages")
+    __slots__ = ("name", "inputs", "outputs", "weights", "tensors", "batch", "input_stages",
+                 "step")
 
     def __init__(self, name: str, batch: int) -> None:
         self.name = name
         self.batch = batch
+        self.step = None  # the StageState of the layer's own stage: its rows' slots, positions
         self.input_stages: list = []  # the StageState that wrote each input (rows of its step)
         self.inputs: list[np.ndarray] = []
         self.outputs: list[np.ndarray] = []

@@ -23,16 +23,82 @@ from causallm.runtime.layer import RunLayerContext
 
 
 class StageState:
-    """The span ``[from_, to)`` of a stage's last step (``to == 0``: it has not run)."""
+    """The span ``[from_, to)`` of a stage's last step (``to == 0``: it has not run), and where
+    its rows belong: row i of batch b is the token of the sequence in KV-cache slot
+    ``slots[b, i]`` at position ``positions[b, i]``; a head projects rows ``last[b, :n_last]``
+    of each batch; ``end`` is one past the largest position.
 
-    __slots__ = ("name", "from_", "to")
+    A step over ``[from_, to)`` (``span``) is one sequence per batch row: slot b, positions
+    from_ + i, the head on the last row. A step of several sequences (``set_rows``) puts their
+    rows side by side, each at its own position, a decode token of one beside a prompt chunk of
+    another: the other layers see rows and never ask whose they are.
+    """
 
-    def __init__(self, name: str) -> None:
+    __slots__ = ("name", "from_", "to", "slots", "positions", "last", "n_last", "last_row",
+                 "end", "n_slots", "_spans")
+
+    def __init__(self, name: str, batch: int = 1, rows: int = 1, n_slots: int | None = None,
+                 heads: int = 1) -> None:
         self.name, self.from_, self.to = name, 0, 0
+        self.n_slots = batch if n_slots is None else n_slots
+        self.slots = np.zeros((batch, rows), dtype=np.int64)
+        self.positions = np.zeros((batch, rows), dtype=np.int64)
+        self.last = np.zeros((batch, heads), dtype=np.int64)
+        self.n_last = 1
+        self.last_row: int | None = 0  # the one row every batch's head projects, when so
+        self.end = 0
+        self._spans = False  # whether slots holds the span layout (slot b for batch row b)
 
     @property
     def rows(self) -> int:
         return self.to - self.from_
+
+    def _hold(self, n: int) -> None:
+        """Room for a step of n rows (the arrays grow to the longest step seen)."""
+        if n > self.slots.shape[1]:
+            B = self.slots.shape[0]
+            self.slots = np.zeros((B, n), dtype=np.int64)
+            self.positions = np.zeros((B, n), dtype=np.int64)
+            self._spans = False
+
+    def span(self, from_: int, to: int) -> None:
+        """Rows [0, to - from_) of batch b: slot b, positions [from_, to)."""
+        self._hold(to - from_)
+        if not self._spans:
+            self.slots[:] = np.arange(self.slots.shape[0], dtype=np.int64)[:, None]
+            self._spans = True
+        self.positions[:, :to - from_] = np.arange(from_, to, dtype=np.int64)
+        self.last[:, 0] = to - from_ - 1
+        self.n_last, self.last_row, self.end = 1, to - from_ - 1, to
+
+    def set_rows(self, slots, positions, last, where: str) -> None:
+        """A step of several sequences: ``slots`` and ``positions`` (batch, n) for its n rows,
+        ``last`` (batch, m) the rows whose logits the head computes (at most ``heads``)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        last = np.asarray(last, dtype=np.int64)
+        B, n = self.slots.shape[0], self.to - self.from_
+        if slots.shape != (B, n) or positions.shape != (B, n):
+            raise CausalLMError(f"{where}: slots and positions must be ({B}, {n}) for a step of "
+                                f"{n} rows, got {slots.shape} and {positions.shape}")
+        if last.ndim != 2 or last.shape[0] != B or not 1 <= last.shape[1] <= self.last.shape[1]:
+            raise CausalLMError(f"{where}: the head's rows must be ({B}, 1 to "
+                                f"{self.last.shape[1]}), got {last.shape}")
+        if slots.min() < 0 or slots.max() >= self.n_slots:
+            raise CausalLMError(f"{where}: a slot is outside [0, {self.n_slots})")
+        if positions.min() < 0:
+            raise CausalLMError(f"{where}: a position is negative")
+        if last.min() < 0 or last.max() >= n:
+            raise CausalLMError(f"{where}: a head row is outside the step's {n} rows")
+        self._hold(n)
+        self.slots[:, :n] = slots
+        self.positions[:, :n] = positions
+        m = last.shape[1]
+        self.last[:, :m] = last
+        uniform = m == 1 and (last == last[0, 0]).all()  # one row, the same in every batch
+        self.n_last, self.end = m, int(positions.max()) + 1
+        self.last_row = int(last[0, 0]) if uniform else None
+        self._spans = False
 
 
 class StageRunner:
@@ -67,7 +133,9 @@ class StageRunner:
         """The most values per batch row any input holds (its step buffer)."""
         return min(buf.shape[1] for buf in self._inputs)
 
-    def run(self, inputs: list, from_: int, to: int) -> list[np.ndarray]:
+    def run(self, inputs: list, from_: int, to: int, rows=None) -> list[np.ndarray]:
+        """One step over ``[from_, to)``; ``rows`` = (slots, positions, last) for a step of
+        several sequences (``StageState.set_rows``)."""
         batch, step = self.batch, to - from_
         where = f"incremental_inference (stage '{self.name}')"
         if from_ < 0 or step < 1:
@@ -90,6 +158,14 @@ class StageRunner:
             buf[:, :data.shape[1]] = data
         state = self.state
         state.from_, state.to = from_, to
+        if rows is None:
+            state.span(from_, to)
+        else:
+            try:
+                state.set_rows(*rows, where)
+            except CausalLMError:
+                state.from_ = state.to = 0
+                raise
         try:
             for layer, ctx in self.plan:
                 layer.incremental_forwarding(ctx, from_, to)
