@@ -46,9 +46,9 @@ Text that is not a kept call stays content, whole: when a call does not hold, it
 text after it is read again. The content is the text without its calls and the whitespace after
 each: whitespace before calls stays only as the separator of text before and after them (at the
 reply's start or end it goes). With no call the content is the text exactly; with calls and
-nothing else it is None. These markers are special tokens in several vocabularies (``[TOOL_CALLS]``, ``[ARGS]``,
-``[CALL_ID]``, ``<|python_tag|>``, Hermes 3's ``<tool_call>``): the text given here must be decoded
-keeping them (:data:`MARKERS`).
+nothing else it is None. Several markers are special tokens of their vocabularies
+(``[TOOL_CALLS]``, ``[ARGS]``, ``[CALL_ID]``, ``<|python_tag|>``; ``<tool_call>`` in some): the
+text given here must be decoded keeping them (:data:`MARKERS`).
 
 :class:`ToolCallStream` reads the text as it is decoded: content that no continuation can turn
 into a call is given at once, text that may still become one (a marker's first characters, an
