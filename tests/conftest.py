@@ -37,3 +37,24 @@ def gemma3_gguf(tmp_path_factory):
     if real_files.GEMMA3_MISSING:
         pytest.skip(real_files.GEMMA3_MISSING)
     return real_files.join_gemma3(str(tmp_path_factory.mktemp("gemma3")))
+
+
+@pytest.fixture
+def chat_clock(monkeypatch):
+    """``chat_clock(iso)``: the time chat templates read (``strftime_now``) fixed at ``iso``, as
+    the fixture makers fixed it (templates that print today's date)."""
+    import datetime
+
+    import causallm.chat as chat_module
+
+    def fix(iso: str) -> None:
+        now = datetime.datetime.fromisoformat(iso)
+
+        class Clock(datetime.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return now
+
+        monkeypatch.setattr(chat_module, "datetime", Clock)
+
+    return fix

@@ -7,7 +7,6 @@ raised. Our rendering must equal that text exactly and raise where it raised. Th
 fixed as the fixture maker fixed it (templates that print today's date).
 """
 
-import datetime
 import importlib.util
 import glob
 import json
@@ -15,7 +14,6 @@ import os
 
 import pytest
 
-import causallm.chat as chat_module
 from causallm.chat import ChatTemplate
 from causallm.errors import CausalLMError
 from causallm.tokenizer import Tokenizer
@@ -28,15 +26,8 @@ CASES = [(name, i) for name, t in TEMPLATES.items() for i in range(len(t["cases"
 
 
 @pytest.fixture(autouse=True)
-def fixed_clock(monkeypatch):
-    now = datetime.datetime.fromisoformat(FIXTURE["now"])
-
-    class Clock(datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return now
-
-    monkeypatch.setattr(chat_module, "datetime", Clock)
+def fixed_clock(chat_clock):
+    chat_clock(FIXTURE["now"])
 
 
 def template(name):

@@ -111,6 +111,59 @@ def cases_for(name: str, template: str) -> list:
     return cases
 
 
+def tokenizer_of(folder: str):
+    """transformers' tokenizer of a template folder (module docstring): a copy of it with the
+    project's tokenizer.json added; a processor's chat_template.json set as AutoProcessor sets
+    it."""
+    from transformers import PreTrainedTokenizerFast
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in os.listdir(folder):
+            src = os.path.join(folder, f)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(tmp, f))
+        shutil.copy(os.path.join(TINY, "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+        tok = PreTrainedTokenizerFast.from_pretrained(tmp)
+        processor_file = os.path.join(tmp, "chat_template.json")
+        if tok.chat_template is None and os.path.exists(processor_file):
+            with open(processor_file, encoding="utf-8") as f:
+                tok.chat_template = json.load(f)["chat_template"]
+    return tok
+
+
+def fixed_clock():
+    """A context in which the templates' ``strftime_now`` sees NOW."""
+    from transformers.utils import chat_template_utils
+
+    class FixedClock(_datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return NOW
+
+    return mock.patch.object(chat_template_utils, "datetime", FixedClock)
+
+
+def render(tok, case: dict, messages, tools, gen: bool, extra: dict) -> None:
+    """``case["expected"]``: transformers' text of ``messages``, or ``case["error"]``: what the
+    template raised."""
+    try:
+        case["expected"] = tok.apply_chat_template(messages, tools=tools,
+                                                   add_generation_prompt=gen, tokenize=False,
+                                                   **extra)
+    except Exception as e:  # the template raised, or failed on the data
+        case["error"] = f"{type(e).__name__}: {e}"
+
+
+def report(name: str, cases: list) -> None:
+    ok = sum("expected" in c for c in cases)
+    print(f"{name}: {ok} rendered, {len(cases) - ok} raised", file=sys.stderr)
+
+
+def write(path: str, data) -> None:
+    """``data`` as JSON (indented, non-ASCII kept, a final newline)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
 SMOLLM2_QUESTION = "What is the capital of France?"
 
 
@@ -134,9 +187,7 @@ def smollm2_reply(out: str) -> None:
     record = {"gguf": name, "messages": messages, "prompt_ids": ids[0].tolist(),
               "generated_ids": new.tolist(),
               "text": tok.decode(new, skip_special_tokens=True)}
-    with open(out, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(record, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    write(out, record)
     print(f"smollm2: {record['text']!r}", file=sys.stderr)
 
 
@@ -151,53 +202,28 @@ def main(argv=None) -> int:
         smollm2_reply(os.path.join(ROOT, "tests", "fixtures", "chat-smollm2.json"))
 
     import transformers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.utils import chat_template_utils
-
-    class FixedClock(_datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return NOW
 
     folders = {name: os.path.join(DATA, name) for name in sorted(os.listdir(DATA))
                if os.path.isdir(os.path.join(DATA, name))}
     folders["tiny-llama"] = TINY
     out = {"transformers_version": transformers.__version__, "now": NOW.isoformat(),
            "templates": {}}
-    with mock.patch.object(chat_template_utils, "datetime", FixedClock):
+    with fixed_clock():
         for name, folder in folders.items():
-            with tempfile.TemporaryDirectory() as tmp:
-                for f in os.listdir(folder):
-                    src = os.path.join(folder, f)
-                    (shutil.copytree if os.path.isdir(src) else shutil.copy)(
-                        src, os.path.join(tmp, f))
-                shutil.copy(os.path.join(TINY, "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
-                tok = PreTrainedTokenizerFast.from_pretrained(tmp)
-                processor_file = os.path.join(tmp, "chat_template.json")
-                if tok.chat_template is None and os.path.exists(processor_file):
-                    with open(processor_file, encoding="utf-8") as f:
-                        tok.chat_template = json.load(f)["chat_template"]
+            tok = tokenizer_of(folder)
             template = tok.chat_template if isinstance(tok.chat_template, str) \
                 else "\n".join(tok.chat_template.values())
             rendered = []
             for title, messages, gen, tools, extra in cases_for(name, template):
                 case = {"title": title, "messages": messages, "add_generation_prompt": gen,
                         "tools": tools, "extra": extra}
-                try:
-                    case["expected"] = tok.apply_chat_template(
-                        messages, tools=tools, add_generation_prompt=gen, tokenize=False,
-                        **extra)
-                except Exception as e:  # the template raised, or failed on the data
-                    case["error"] = f"{type(e).__name__}: {e}"
+                render(tok, case, messages, tools, gen, extra)
                 rendered.append(case)
             out["templates"][name] = {"folder": os.path.relpath(folder, ROOT),
                                       "special_tokens": tok.special_tokens_map,
                                       "cases": rendered}
-            ok = sum("expected" in c for c in rendered)
-            print(f"{name}: {ok} rendered, {len(rendered) - ok} raised", file=sys.stderr)
-    with open(args.out, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(out, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+            report(name, rendered)
+    write(args.out, out)
     return 0
 
 
