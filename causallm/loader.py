@@ -164,7 +164,7 @@ class LoadedModel:
                                     f"chat_template.jinja or the .gguf's); pass a prompt string")
         return self._template
 
-    def encode(self, prompt) -> list[int]:
+    def encode(self, prompt, tools: list | None = None) -> list[int]:
         """The token ids generation starts from: a string as the CLI encodes a prompt (the
         model's ``tokenize``), a list of {"role", "content"} messages rendered by the chat
         template and encoded without adding special tokens again (as transformers), or a
@@ -179,7 +179,8 @@ class LoadedModel:
             return list(prompt)
         if isinstance(prompt, (list, tuple)) and prompt and all(
                 isinstance(m, dict) for m in prompt):
-            text = self.chat_template().render(list(prompt), add_generation_prompt=True)
+            text = self.chat_template().render(list(prompt), add_generation_prompt=True,
+                                               tools=tools)
             return self.model.tokenizer.Encode(text, add_special_tokens=False)
         raise CausalLMError("the prompt must be a string, a non-empty list of "
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
@@ -209,10 +210,10 @@ class LoadedModel:
         except TypeError as e:
             raise CausalLMError(f"unknown generation option ({e})") from None
 
-    def _encode_turn(self, prompt) -> list[int]:
+    def _encode_turn(self, prompt, tools: list | None = None) -> list[int]:
         """``encode``; a chat reply also ends at the template's end-of-turn token (<|im_end|>
         ...), added to the model's EOS ids (hold ``lock``)."""
-        ids = self.encode(prompt)
+        ids = self.encode(prompt, tools)
         if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
             self.model.addEosTokenIds(self.chat_template().endOfTurnIds(self.model.tokenizer))
         return ids
@@ -223,7 +224,7 @@ class LoadedModel:
                  stop: str | list[str] | None = None, greedy: bool = False,
                  repetition_penalty: float | None = None, images=None,
                  on_text: Callable[[str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None,
+                 should_stop: Callable[[], bool] | None = None, tools: list | None = None,
                  **options) -> Completion:
         """Generate from ``prompt`` (see ``encode``) up to ``max_new_tokens`` (default:
         nntr_config num_to_generate). ``temperature`` / ``top_p`` / ``top_k`` switch sampling
@@ -234,7 +235,8 @@ class LoadedModel:
         images or pixel values) go with the prompt as the CLI's --image do (at its
         placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
         is decoded; ``should_stop()`` is asked before every token and ends the generation
-        (raising ``Stopped``) when true."""
+        (raising ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages
+        through the template, as transformers' ``tools=``."""
         with self.lock:
             self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
                               repetition_penalty, options)
@@ -245,7 +247,7 @@ class LoadedModel:
                 self._scheduler.forget()  # this generation writes over slot 0's cache
             model.setImages(images or [])  # before encoding: placeholders expand to image tokens
             try:
-                ids = self._encode_turn(prompt)
+                ids = self._encode_turn(prompt, tools)
 
                 def check(_row: int, _token: int) -> None:
                     if should_stop():
@@ -292,23 +294,28 @@ class LoadedModel:
                 top_k: int | None = None, seed: int | None = None,
                 stop: str | list[str] | None = None, greedy: bool = False,
                 repetition_penalty: float | None = None,
-                on_text: Callable[[str], None] | None = None, **options):
+                on_text: Callable[[str], None] | None = None, tools: list | None = None,
+                logprobs: int | None = None, skip_special_tokens: bool = True, **options):
         """A ``Request`` for the scheduler: ``prompt`` and options as ``complete`` takes them
-        (no images), its settings fixed now."""
+        (no images), its settings fixed now; ``logprobs`` k records each new token's
+        log-probability and the k most likely (``Request.token_logprobs``);
+        ``skip_special_tokens=False`` keeps special tokens in the text (a template's tool-call
+        markers)."""
         from causallm.generation.scheduler import Request
 
         with self.lock:
             try:
                 self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop,
                                   greedy, repetition_penalty, options)
-                ids = self._encode_turn(prompt)
+                ids = self._encode_turn(prompt, tools)
                 model = self.model
                 settings = model.generationSettings()
                 n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
             finally:
                 for key, value in self._defaults.items():
                     setattr(self.model, key, value)
-        return Request(ids, settings, n, model.tokenizer, on_text)
+        return Request(ids, settings, n, model.tokenizer, on_text, logprobs=logprobs,
+                       skip_special_tokens=skip_special_tokens)
 
     def complete_many(self, prompts: list, **options) -> list[Completion]:
         """``complete`` of each prompt, decoded together (as many at a time as the model has

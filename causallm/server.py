@@ -55,10 +55,12 @@ from causallm.loader import LoadedModel, Stopped, completion_of
 
 log = logging.getLogger("causallm.server")
 
-UNSUPPORTED = {"logprobs": (False, None), "top_logprobs": (None, 0), "tools": (None, []),
-               "tool_choice": (None, "none"), "functions": (None, []), "suffix": (None, ""),
+UNSUPPORTED = {"functions": (None, []), "function_call": (None, "none"), "suffix": (None, ""),
                "best_of": (None, 1), "echo": (None, False)}
 """Fields this server cannot honour -> the values that ask for nothing (accepted)."""
+
+MAX_CHOICES = 16
+"""The largest ``n``: choices of one request, each a sequence of its own."""
 
 
 class BadRequest(Exception):
@@ -143,8 +145,6 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
     the table). Absent fields leave the model's generation_config.json values."""
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest("'model' must be a string", "model")
-    if integer(body, "n", 1) not in (None, 1):
-        raise BadRequest("only n=1 is supported (one choice per request)", "n")
     for name, (absent, off) in UNSUPPORTED.items():
         if body.get(name) not in (absent, off):
             raise BadRequest(f"'{name}' is not supported by this server", name)
@@ -183,6 +183,20 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
         if banned:
             options["bad_words_ids"] = list(loaded.model.BAD_WORDS_IDS) + banned
     return options
+
+
+def logprobs_option(body: dict, chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with, or None for none: chat's
+    ``logprobs`` (true/false) and ``top_logprobs`` (0 to 20, only with logprobs), completions'
+    ``logprobs`` (an integer 0 to 5, or null)."""
+    if not chat:
+        return integer(body, "logprobs", 0, 5)
+    top = integer(body, "top_logprobs", 0, 20)
+    if not boolean(body, "logprobs"):
+        if top is not None:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -226,40 +240,31 @@ def completion_prompt(body: dict):
 
 # -- the app ---------------------------------------------------------------------------------
 class _Job:
-    """One generation's events on an asyncio queue: ("text", piece) when streamed, ("done",
-    Completion), ("error", exception). ``stats`` counts the generations stopped because their
-    client went away."""
+    """One choice's generation; its events go to ``events``, an asyncio queue a request's
+    choices share, as (index, kind, value): ("text", (piece, logprob entries)) when streamed,
+    ("done", Completion), ("error", exception). ``stats`` counts the generations stopped
+    because their client went away."""
 
-    def __init__(self, stats: dict) -> None:
+    def __init__(self, events: asyncio.Queue, index: int, stats: dict) -> None:
         self.loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue = asyncio.Queue()
+        self.events, self.index = events, index
         self.cancelled = False
         self.stats = stats
 
     def put(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
 
     def cancel(self) -> None:
         self.cancelled = True
-
-    async def next(self, request: Request):
-        """The next event; None when the client went away meanwhile (the job is cancelled)."""
-        while True:
-            try:
-                return await asyncio.wait_for(self.events.get(), 0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cancel()
-                    return None
 
 
 class _WorkerJob(_Job):
     """A generation on the one worker thread, through ``LoadedModel.complete``."""
 
-    def __init__(self, loaded: LoadedModel, executor, prompt, options: dict, stream: bool,
-                 stats: dict) -> None:
-        super().__init__(stats)
-        on_text = (lambda t: self.put("text", t)) if stream else None
+    def __init__(self, events, index, stats, loaded: LoadedModel, executor, prompt,
+                 options: dict, stream: bool) -> None:
+        super().__init__(events, index, stats)
+        on_text = (lambda t: self.put("text", (t, []))) if stream else None
         self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
 
     def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
@@ -276,15 +281,22 @@ class _WorkerJob(_Job):
 
 class _ScheduledJob(_Job):
     """A generation decoded beside others by the scheduler (``LoadedModel.request``); its
-    prompt and options are checked, and the queue's room, before this returns."""
+    prompt and options are checked, and the queue's room, before this returns. A streamed
+    text piece carries the log-probabilities of the tokens since the last piece."""
 
-    def __init__(self, loaded: LoadedModel, prompt, options: dict, stream: bool,
-                 stats: dict) -> None:
-        super().__init__(stats)
-        self.request = loaded.request(prompt, on_text=(lambda t: self.put("text", t))
-                                      if stream else None, **options)
+    def __init__(self, events, index, stats, loaded: LoadedModel, prompt, options: dict,
+                 stream: bool) -> None:
+        super().__init__(events, index, stats)
+        self.sent = 0
+        self.request = loaded.request(prompt, on_text=self._text if stream else None,
+                                      **options)
         self.request.on_done = self._done
         loaded.scheduler.submit(self.request)
+
+    def _text(self, piece: str) -> None:
+        entries = self.request.token_logprobs[self.sent:]
+        self.sent += len(entries)
+        self.put("text", (piece, entries))
 
     def _done(self, request) -> None:
         if request.finish_reason == "cancelled":
@@ -300,6 +312,29 @@ class _ScheduledJob(_Job):
         self.request.cancel()
 
 
+class _Jobs:
+    """A request's choices (``n``): their jobs, and their events in the order they come."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.jobs: list[_Job] = []
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
+
+    async def next(self, request: Request):
+        """The next (index, kind, value); None when the client went away meanwhile (every
+        choice is cancelled)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.cancel()
+                    return None
+
+
 def _error_of(e: BaseException, param: str) -> BadRequest:
     if isinstance(e, BadRequest):
         return e
@@ -310,11 +345,153 @@ def _error_of(e: BaseException, param: str) -> BadRequest:
     return BadRequest(f"internal error: {type(e).__name__}: {e}", None, None, 500, "server_error")
 
 
+class _ToolCalls:
+    """A chat request's ``tools`` and ``tool_choice`` (causallm/tool_calls.py): the messages
+    prepared for the template (their calls and tool results in the template's form), the
+    options that render the tools and keep the template's call markers in the decoded text, and
+    whether and how the answer's calls are read (``family``)."""
+
+    def __init__(self, body: dict, messages: list[dict], loaded: LoadedModel) -> None:
+        from causallm.tool_calls import (
+            ToolRequestError, check_tools, detect_family, prepare_messages)
+
+        try:
+            self.tools, self.choice = check_tools(body)
+            history = any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+            self.family = None
+            if self.tools is not None or history:
+                self.family = detect_family(loaded.chat_template())
+            self.messages = prepare_messages(messages, self.family)
+        except ToolRequestError as e:
+            raise BadRequest(str(e), e.param) from None
+        except CausalLMError as e:
+            raise BadRequest(str(e), "messages") from None
+        self.parse = self.tools is not None and self.choice != "none"
+        if self.parse and self.family is None:
+            raise BadRequest("this model's chat template writes tool calls in a form the server "
+                             "does not read (known: Hermes/Qwen <tool_call>, Llama 3.1 JSON, "
+                             "Mistral [TOOL_CALLS])", "tools")
+        if self.parse and self.choice != "auto":
+            raise BadRequest("'tool_choice' \"required\" or a named function needs constrained "
+                             "decoding, which this server does not do for tools yet: use "
+                             "\"auto\"", "tool_choice")
+        self.options = {}
+        if self.tools is not None:
+            self.options = {"tools": self.tools, "skip_special_tokens": not self.parse}
+
+
+class _Answer:
+    """One choice of a response, in OpenAI's shapes: ``whole(completion)`` when not streamed;
+    streamed, ``piece(text, logprob entries)`` and ``last(completion)`` give its chunks'
+    choices. With tools, the text goes through a ToolCallStream: content as soon as it cannot
+    be a call, calls when complete, finish_reason "tool_calls" when the answer made some."""
+
+    def __init__(self, chat: bool, stream: bool, index: int, calls: _ToolCalls | None,
+                 loaded: LoadedModel) -> None:
+        from causallm.tool_calls import ToolCallStream
+
+        self.chat, self.stream, self.index = chat, stream, index
+        self.tokenizer = loaded.model.tokenizer
+        self.calls = calls if calls is not None and calls.parse else None
+        self.reader = (ToolCallStream(self.calls.family, self.calls.tools)
+                       if self.calls is not None and stream else None)
+        self.logprobs = None  # entries not yet sent (a streamed answer)
+        self.sent = 0
+        self.offset = 0
+
+    # -- log-probabilities ------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.Decode([token_id], skip_special_tokens=False)
+
+    def _chat_logprobs(self, entries) -> dict:
+        def one(token_id, lp):
+            text = self._token(token_id)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return {"content": [{**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]}
+                            for t, lp, top in entries]}
+
+    def _completion_logprobs(self, entries) -> dict:
+        tokens = [self._token(t) for t, _, _ in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [{self._token(i): v for i, v in top} for _, _, top in entries],
+                "text_offset": offsets}
+
+    def _logprobs(self, entries):
+        if entries is None:
+            return None
+        return self._chat_logprobs(entries) if self.chat else self._completion_logprobs(entries)
+
+    @staticmethod
+    def _entries(done):
+        request = done.result
+        return getattr(request, "token_logprobs", None) if getattr(request, "logprobs", None) \
+            is not None else None
+
+    # -- shapes -----------------------------------------------------------------------------
+    def whole(self, done) -> dict:
+        from causallm.tool_calls import finish_reason, parse_tool_calls
+
+        entries = self._entries(done)
+        logprobs = self._logprobs(entries)
+        if not self.chat:
+            return {"index": self.index, "text": done.text, "logprobs": logprobs,
+                    "finish_reason": done.finish_reason}
+        message = {"role": "assistant", "content": done.text}
+        finish = done.finish_reason
+        if self.calls is not None:
+            content, calls = parse_tool_calls(done.text, self.calls.family, self.calls.tools)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
+            finish = finish_reason(calls, finish)
+        return {"index": self.index, "message": message, "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def _part(self, delta_or_text, entries, finish=None) -> dict:
+        logprobs = self._logprobs(entries) if entries else None
+        if self.chat:
+            return {"index": self.index, "delta": delta_or_text, "logprobs": logprobs,
+                    "finish_reason": finish}
+        return {"index": self.index, "text": delta_or_text, "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def piece(self, text: str, entries: list) -> list[dict]:
+        self.sent += len(entries)
+        if self.reader is None:
+            return [self._part({"content": text} if self.chat else text, entries)]
+        parts = [self._part(delta, None) for delta in self.reader.feed(text)]
+        if entries:
+            self.logprobs = (self.logprobs or []) + list(entries)
+        if parts and self.logprobs:
+            parts[0]["logprobs"] = self._logprobs(self.logprobs)
+            self.logprobs = None
+        return parts
+
+    def last(self, done) -> list[dict]:
+        from causallm.tool_calls import finish_reason
+
+        entries = self._entries(done)
+        rest = (self.logprobs or []) + list(entries[self.sent:] if entries else [])
+        parts = []
+        finish = done.finish_reason
+        if self.reader is not None:
+            parts = [self._part(delta, None) for delta in self.reader.finish()]
+            finish = finish_reason(self.reader.calls, finish)
+        if rest:
+            parts.append(self._part({} if self.chat else "", rest))
+        parts.append(self._part({} if self.chat else "", None, finish))
+        return parts
+
+
 class _CancellingStream(StreamingResponse):
-    """A StreamingResponse that cancels its job however the response ends (a client that
+    """A StreamingResponse that cancels its jobs however the response ends (a client that
     disconnects ends it early)."""
 
-    def __init__(self, content, job: _Job) -> None:
+    def __init__(self, content, job) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache"})
         self.job = job
@@ -346,10 +523,13 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
             raise BadRequest("the request body must be a JSON object")
         return body
 
-    def usage(done) -> dict:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    def usage(done: list) -> dict:
+        """OpenAI's usage of a request's choices: the prompt once, every choice's tokens."""
+        prompt = done[0].prompt_tokens
+        completion = sum(d.completion_tokens for d in done)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens}}
 
     async def generate(request: Request, chat: bool) -> Response:
         body = await read_body(request)
@@ -359,6 +539,17 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         prompt = chat_messages(body) if chat else completion_prompt(body)
         param = "messages" if chat else "prompt"
         options = generation_options(body, loaded)
+        n = integer(body, "n", 1, MAX_CHOICES) or 1
+        top = logprobs_option(body, chat)
+        if top is not None:
+            if scheduler is None:
+                raise BadRequest(f"'logprobs' needs a model that decodes several requests "
+                                 f"together ({loaded.architecture} does not)", "logprobs")
+            options["logprobs"] = top
+        calls = _ToolCalls(body, prompt, loaded) if chat else None
+        if calls is not None:
+            prompt = calls.messages
+            options.update(calls.options)
         stream = boolean(body, "stream")
         stream_options = body.get("stream_options")
         if stream_options is not None and not (isinstance(stream_options, dict) and stream):
@@ -370,38 +561,52 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         head = {"id": rid, "object": kind + (".chunk" if chat and stream else ""),
                 "created": int(time.time()), "model": model_id}
 
-        def choice(text: str | None, finish: str | None) -> dict:
-            if not chat:
-                return {"index": 0, "text": text or "", "logprobs": None,
-                        "finish_reason": finish}
-            if not stream:
-                return {"index": 0, "message": {"role": "assistant", "content": text},
-                        "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "delta": {} if text is None else {"content": text},
-                    "logprobs": None, "finish_reason": finish}
-
-        if scheduler is None:
-            job = _WorkerJob(loaded, executor, prompt, options, stream, stats)
-        else:
+        jobs = _Jobs()
+        for i in range(n):
+            seeded = dict(options)
+            if options.get("seed") is not None:
+                seeded["seed"] = options["seed"] + i  # n samples, n different draws
             try:
-                job = _ScheduledJob(loaded, prompt, options, stream, stats)
+                if scheduler is None:
+                    job = _WorkerJob(jobs.events, i, stats, loaded, executor, prompt, seeded,
+                                     stream)
+                else:
+                    job = _ScheduledJob(jobs.events, i, stats, loaded, prompt, seeded, stream)
             except QueueFull as e:
+                jobs.cancel()
                 raise BadRequest(str(e), None, "server_busy", 503, "server_error",
                                  {"Retry-After": "1"}) from None
             except CausalLMError as e:
+                jobs.cancel()
                 raise _error_of(e, param) from None
+            jobs.jobs.append(job)
         try:  # the first event (the whole answer when not streamed) decides on a 400
-            first = await job.next(request)
+            first = await jobs.next(request)
         except BaseException:
-            job.cancel()
+            jobs.cancel()
             raise
         if first is None:
             return Response(status_code=499)  # nobody is listening
-        if first[0] == "error":
-            raise _error_of(first[1], param)
+        if first[1] == "error":
+            jobs.cancel()
+            raise _error_of(first[2], param)
+        answers = [_Answer(chat, stream, i, calls, loaded) for i in range(n)]
+
         if not stream:
-            done = first[1]
-            return _json({**head, "choices": [choice(done.text, done.finish_reason)],
+            done: list = [None] * n
+            event = first
+            while True:
+                i, what, value = event
+                if what == "error":
+                    jobs.cancel()
+                    raise _error_of(value, param)
+                done[i] = value
+                if all(d is not None for d in done):
+                    break
+                event = await jobs.next(request)
+                if event is None:
+                    return Response(status_code=499)
+            return _json({**head, "choices": [a.whole(d) for a, d in zip(answers, done)],
                           "usage": usage(done)})
 
         def chunk(data: dict) -> bytes:
@@ -412,31 +617,36 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         async def events():
             try:
                 if chat:
-                    yield chunk({"choices": [{"index": 0, "delta": {"role": "assistant",
+                    yield chunk({"choices": [{"index": i, "delta": {"role": "assistant",
                                                                     "content": ""},
-                                              "logprobs": None, "finish_reason": None}]})
-                event = first
+                                              "logprobs": None, "finish_reason": None}
+                                             for i in range(n)]})
+                event, finished = first, [None] * n
                 while True:
-                    kind_, value = event
-                    if kind_ == "text":
-                        yield chunk({"choices": [choice(value, None)]})
-                    elif kind_ == "error":
+                    i, what, value = event
+                    if what == "text":
+                        for part in answers[i].piece(*value):
+                            yield chunk({"choices": [part]})
+                    elif what == "error":
                         err = _error_of(value, param)
                         yield b"data: " + orjson.dumps({"error": {
                             "message": str(err), "type": err.kind, "param": err.param,
                             "code": err.code}}) + b"\n\n"
                         break
                     else:
-                        yield chunk({"choices": [choice(None, value.finish_reason)]})
-                        if include_usage:
-                            yield chunk({"choices": [], "usage": usage(value)})
-                        break
-                    event = await job.events.get()
+                        finished[i] = value
+                        for part in answers[i].last(value):
+                            yield chunk({"choices": [part]})
+                        if all(f is not None for f in finished):
+                            if include_usage:
+                                yield chunk({"choices": [], "usage": usage(finished)})
+                            break
+                    event = await jobs.events.get()
                 yield b"data: [DONE]\n\n"
             finally:
-                job.cancel()
+                jobs.cancel()
 
-        return _CancellingStream(events(), job)
+        return _CancellingStream(events(), jobs)
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)

@@ -145,3 +145,21 @@ def test_the_head_projects_only_rows_asked_for():
     scheduler.generate([r])
     _, tokens, logits = reference("llama-gqa3", 3)
     assert_logits_close(r.sampler.seen[0], logits[0], "first token after a chunked prefill")
+
+
+def test_logprobs_are_the_models_distribution():
+    """Each new token's log-probability and the top 3 are log_softmax of transformers'
+    logits for that step."""
+    folder = "qwen3-swa6-bias"
+    model, scheduler = engine(folder)
+    r = forced_request(model, folder, 1)
+    r.logprobs = 3
+    scheduler.generate([r])
+    _, tokens, logits = reference(folder, 1)
+    for step, (token, lp, top) in enumerate(r.token_logprobs):
+        row = logits[step].astype(np.float64)
+        want = row - row.max() - np.log(np.exp(row - row.max()).sum())
+        assert token == tokens[step]
+        assert abs(lp - want[token]) < 1e-3
+        assert [i for i, _ in top] == list(np.argsort(-want, kind="stable")[:3])
+        np.testing.assert_allclose([v for _, v in top], np.sort(want)[::-1][:3], atol=1e-3)

@@ -12,6 +12,7 @@ which the server still serves.
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -302,8 +303,9 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "image part": ("/v1/chat/completions",
                    {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                    "messages[0].content"),
-    "role the template refuses": ("/v1/chat/completions",
-                                  {"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+    "a tool result answering no call": ("/v1/chat/completions",
+                                        {"messages": [{"role": "tool", "content": "x"}]},
+                                        "messages[0].tool_call_id"),
     "max_tokens 0": ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, "max_tokens"),
     "max_tokens beyond the cache": ("/v1/chat/completions", {**CHAT, "max_tokens": 10 ** 6},
                                     "max_tokens"),
@@ -316,7 +318,8 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
                              "temperature"),
     "top_p 0": ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
     "seed a float": ("/v1/completions", {"prompt": "x", "seed": 1.5}, "seed"),
-    "n 2": ("/v1/chat/completions", {**CHAT, "n": 2}, "n"),
+    "n 0": ("/v1/chat/completions", {**CHAT, "n": 0}, "n"),
+    "n 17": ("/v1/chat/completions", {**CHAT, "n": 17}, "n"),
     "stream a string": ("/v1/chat/completions", {**CHAT, "stream": "yes"}, "stream"),
     "stream_options without stream": ("/v1/chat/completions",
                                       {**CHAT, "stream_options": {"include_usage": True}},
@@ -337,9 +340,18 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "no prompt": ("/v1/completions", {"model": "x"}, "prompt"),
     "two prompts": ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
     "token id out of range": ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
-    "logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
-    "tools": ("/v1/chat/completions",
-              {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    "top_logprobs without logprobs": ("/v1/chat/completions", {**CHAT, "top_logprobs": 2},
+                                      "top_logprobs"),
+    "top_logprobs 21": ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21},
+                        "top_logprobs"),
+    "completion logprobs 6": ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+    "logprobs a string": ("/v1/chat/completions", {**CHAT, "logprobs": "yes"}, "logprobs"),
+    "a tool without a name": ("/v1/chat/completions",
+                              {**CHAT, "tools": [{"type": "function", "function": {}}]},
+                              "tools[0].function.name"),
+    "tools the template cannot call": (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     "prompt longer than the cache": ("/v1/completions", {"prompt": "word " * 2000}, "prompt"),
     "streamed prompt longer than the cache": (
         "/v1/chat/completions",
@@ -463,5 +475,90 @@ def test_a_full_queue_is_503_and_the_server_keeps_serving(tmp_path, local):
             time.sleep(0.1)
         assert complete(url, prompt=PROMPTS[0], max_tokens=4, temperature=0)["choices"][0][
             "text"] == local.generate(PROMPTS[0], greedy=True, max_new_tokens=4)
+    finally:
+        stop_server(proc)
+
+
+def test_logprobs_of_chat_and_completions_streamed_and_not(client, local):
+    """Each new token's log-probability and its alternatives (the model's distribution, before
+    the configs' repetition penalty picks among them): the Python API's values (the same model
+    alone), streamed or not."""
+    body = dict(model="x", messages=QUESTION, max_tokens=8, temperature=0, logprobs=True,
+                top_logprobs=2)
+    whole = client.chat.completions.create(**body)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    request = local.request(QUESTION, max_new_tokens=8, greedy=True, logprobs=2)
+    local.scheduler.generate([request])
+    for entry, (token, lp, top) in zip(content, request.token_logprobs):
+        assert entry.token == local.model.tokenizer.Decode([token])
+        assert entry.logprob == pytest.approx(lp, abs=1e-4)
+        assert entry.logprob <= entry.top_logprobs[0].logprob <= 0
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([v for _, v in top],
+                                                                       abs=1e-4)
+        assert bytes(entry.bytes).decode() == entry.token
+    streamed = [e for c in client.chat.completions.create(**body, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+    done = complete(server_url(client), prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                    logprobs=3)["choices"][0]
+    lp = done["logprobs"]
+    assert "".join(lp["tokens"]) == done["text"] and len(lp["tokens"]) == 6
+    assert all(len(top) == 3 and max(top.values()) >= v
+               for top, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(6)]
+
+
+def server_url(client) -> str:
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
+
+
+def test_n_choices_are_sequences_of_their_own(client):
+    """n choices decode side by side; with a seed each draws its own tokens, the same on
+    every request; streamed, each index's pieces make its whole answer."""
+    body = dict(model="x", messages=QUESTION, max_tokens=10, temperature=0.9, seed=7, n=3)
+    first = client.chat.completions.create(**body)
+    again = client.chat.completions.create(**body)
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert texts == [c.message.content for c in again.choices]
+    assert len(set(texts)) > 1
+    assert 3 <= first.usage.completion_tokens <= 30
+    pieces = ["", "", ""]
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            pieces[c.index] += c.delta.content or ""
+    assert pieces == texts
+
+
+def test_tools_render_through_the_template_and_the_answer_is_read(tmp_path):
+    """tiny-llama with Qwen2.5's chat template (its <tool_call> format): the tools are in the
+    prompt the template renders (the Python API's prompt), and the answer, which this random
+    model never makes a call of, comes back as content, the same streamed and not."""
+    folder = tmp_path / "tiny-qwen-template"
+    shutil.copytree(TINY, folder)
+    shutil.copy(os.path.join(ROOT, "tests", "data", "chat_templates", "qwen2.5",
+                             "chat_template.jinja"), folder / "chat_template.jinja")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    proc, url = start_server(str(folder), tmp_path / "server.log")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        body = dict(model="x", messages=QUESTION, max_tokens=12, temperature=0)
+        plain = client.chat.completions.create(**body)
+        with_tools = client.chat.completions.create(**body, tools=tools)
+        local = causallm.load(str(folder))
+        want = local.encode(QUESTION, tools=tools)
+        assert with_tools.usage.prompt_tokens == len(want) > plain.usage.prompt_tokens
+        message = with_tools.choices[0].message
+        assert message.tool_calls is None and with_tools.choices[0].finish_reason == "length"
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           client.chat.completions.create(**body, tools=tools, stream=True)
+                           if c.choices)
+        assert streamed == message.content
     finally:
         stop_server(proc)

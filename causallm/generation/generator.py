@@ -219,7 +219,7 @@ class Sequence:
 
     def __init__(self, prompt_ids: Sequence_[int], settings: GenerationSettings,
                  tokenizer=None, on_text: Callable[[str], None] | None = None,
-                 context: Sequence_[int] = ()) -> None:
+                 context: Sequence_[int] = (), skip_special_tokens: bool = True) -> None:
         self.prompt = [int(t) for t in prompt_ids]
         self.settings = settings
         self.history = [int(t) for t in context] + self.prompt
@@ -227,7 +227,8 @@ class Sequence:
         self.text = ""
         self.finish_reason: str | None = None
         self.eos = set(settings.eos_token_id)
-        self.decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
+        self.decoder = (StreamDecoder(tokenizer, skip_special_tokens)
+                        if tokenizer is not None else None)
         self.stops = StopText(settings.stop_strings)
         self.on_text = on_text
 

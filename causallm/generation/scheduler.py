@@ -32,8 +32,17 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.generation.generator import Sequence
-from causallm.generation.processors import GenerationSettings, build_processors
+from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
 from causallm.generation.sampler import Sampler
+
+
+def token_logprobs(logits: np.ndarray, token: int, k: int):
+    """(token, log p(token), [(id, log p)] of the k most likely, most likely first) for one
+    row of logits (V,): p = softmax(logits)."""
+    lp = log_softmax(logits)
+    top = np.argpartition(-lp, k)[:k] if 0 < k < lp.shape[0] else np.arange(min(k, lp.shape[0]))
+    top = top[np.argsort(-lp[top], kind="stable")]
+    return token, float(lp[token]), [(int(i), float(lp[i])) for i in top]
 
 
 class QueueFull(CausalLMError):
@@ -43,22 +52,29 @@ class QueueFull(CausalLMError):
 class Request(Sequence):
     """A sequence to generate (``Sequence``: its tokens, text and finish reason) and its place
     in the engine: the slot it decodes in and how many of its tokens the cache holds (``fed``).
-    ``cached`` counts the prompt tokens found in the slot (prefix reuse). ``done`` is set when
+    ``cached`` counts the prompt tokens found in the slot (prefix reuse). With ``logprobs`` k
+    (0 or more), ``token_logprobs`` gets, for each new token before its text is shown, (token,
+    its log-probability, the k most likely tokens and theirs): the model's distribution,
+    log_softmax of the logits before any processor or sampling setting. ``done`` is set when
     it has finished; ``error`` holds what ended it abnormally. Timestamps (perf_counter):
     ``submitted``, ``first_token``, ``ended``."""
 
     def __init__(self, prompt_ids: Sequence_[int], settings: GenerationSettings,
                  max_new_tokens: int, tokenizer=None,
                  on_text: Callable[[str], None] | None = None,
-                 on_token: Callable[["Request", int], None] | None = None) -> None:
+                 on_token: Callable[["Request", int], None] | None = None,
+                 logprobs: int | None = None, skip_special_tokens: bool = True) -> None:
         if not prompt_ids:
             raise CausalLMError("generate: the prompt encodes to no tokens")
         if max_new_tokens < 1:
             raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
                                 f"{max_new_tokens}")
-        super().__init__(prompt_ids, settings, tokenizer, on_text)
+        super().__init__(prompt_ids, settings, tokenizer, on_text,
+                         skip_special_tokens=skip_special_tokens)
         self.max_new_tokens = max_new_tokens
         self.on_token = on_token
+        self.logprobs = logprobs
+        self.token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
         self.on_done: Callable[["Request"], None] | None = None  # called once it is done
         self.sampler = Sampler(settings.temperature, settings.top_k, settings.top_p,
                                seed=settings.seed, do_sample=settings.do_sample,
@@ -269,6 +285,8 @@ class Scheduler:
         for k, r in enumerate(owners):
             try:
                 token = int(r.sampler.select(logits[k:k + 1], [r.history])[0])
+                if r.logprobs is not None:
+                    r.token_logprobs.append(token_logprobs(logits[k], token, r.logprobs))
                 if r.first_token is None:
                     r.first_token = time.perf_counter()
                     self.stats["ttft_sum"] += r.first_token - r.submitted
