@@ -181,6 +181,9 @@ class LoadedModel:
                 isinstance(m, dict) for m in prompt):
             text = self.chat_template().render(list(prompt), add_generation_prompt=True,
                                                tools=tools)
+            images = getattr(self.model, "images", None)
+            if images:  # a vision model's image placeholders, written out as its tokens
+                text = self.model.processor.expandPrompt(text, len(images))
             return self.model.tokenizer.Encode(text, add_special_tokens=False)
         raise CausalLMError("the prompt must be a string, a non-empty list of "
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")

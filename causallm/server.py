@@ -199,30 +199,63 @@ def logprobs_option(body: dict, chat: bool) -> int | None:
     return top or 0
 
 
-def chat_messages(body: dict) -> list[dict]:
-    """``messages``: a non-empty list of {"role": str, "content": str or text parts}; the parts'
-    texts are joined."""
+def chat_messages(body: dict) -> tuple[list[dict], list]:
+    """``messages``: a non-empty list of {"role": str, "content": str or parts}, and the images
+    their parts carry, in order. Parts are ``{"type": "text", "text": ...}`` and ``{"type":
+    "image_url", "image_url": {"url": "data:image/...;base64,..."}}``: a message of text parts
+    has their texts joined; one with images keeps its parts in Hugging Face's form (``{"type":
+    "image"}`` where an image goes, which a vision model's chat template renders as its image
+    placeholder)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {\"role\", \"content\"} "
                          "objects", "messages")
-    out = []
+    out, images = [], []
     for k, m in enumerate(messages):
         where = f"messages[{k}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"{where} must be an object with a string 'role'", where)
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise BadRequest(f"{where}.content: only text parts ({{\"type\": \"text\", "
-                                 f"\"text\": ...}}) are supported", f"{where}.content")
-            content = "".join(p["text"] for p in content)
+            parts = []
+            for j, part in enumerate(content):
+                at = f"{where}.content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    parts.append({"type": "text", "text": part["text"]})
+                elif kind == "image_url":
+                    images.append(data_uri_image(part.get("image_url"), f"{at}.image_url"))
+                    parts.append({"type": "image"})
+                else:
+                    raise BadRequest(f"{at}: a part must be {{\"type\": \"text\", \"text\": "
+                                     f"...}} or {{\"type\": \"image_url\", \"image_url\": "
+                                     f"{{\"url\": ...}}}}", f"{where}.content")
+            content = parts if any(p["type"] == "image" for p in parts) else \
+                "".join(p["text"] for p in parts)
         elif content is not None and not isinstance(content, str):
-            raise BadRequest(f"{where}.content must be a string or a list of text parts",
+            raise BadRequest(f"{where}.content must be a string or a list of parts",
                              f"{where}.content")
         out.append({**m, "content": content})
-    return out
+    return out, images
+
+
+def data_uri_image(value, where: str):
+    """The Pillow image of an ``image_url`` ``{"url": "data:image/<type>;base64,<data>"}`` (the
+    server reads no URL of the network)."""
+    from causallm.io.images import decode_image
+
+    url = value.get("url") if isinstance(value, dict) else None
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(f"{where}: must be {{\"url\": \"data:image/...;base64,...\"}} (the "
+                         f"server fetches no URLs)", where)
+    head, _, data = url.partition(",")
+    try:
+        if not head.endswith(";base64") or not data:
+            raise ValueError("a data URL of base64 data expected")
+        return decode_image(base64.b64decode(data, validate=True), where)
+    except (ValueError, CausalLMError) as e:  # binascii.Error is a ValueError
+        message = str(e) if isinstance(e, CausalLMError) else f"{where}: {e}"
+        raise BadRequest(message, where) from None
 
 
 def completion_prompt(body: dict):
@@ -536,9 +569,14 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         if not loaded.generates:
             raise BadRequest(f"model '{model_id}' does not generate text (it is an embedding "
                              f"model: use /v1/embeddings)", "model", "model_not_supported")
-        prompt = chat_messages(body) if chat else completion_prompt(body)
+        prompt, images = chat_messages(body) if chat else (completion_prompt(body), [])
         param = "messages" if chat else "prompt"
         options = generation_options(body, loaded)
+        if images:
+            if getattr(loaded.model, "VISION", None) is None:
+                raise BadRequest(f"{loaded.architecture} takes no images (it has no vision "
+                                 f"tower)", "messages")
+            options["images"] = images
         n = integer(body, "n", 1, MAX_CHOICES) or 1
         top = logprobs_option(body, chat)
         if top is not None:

@@ -10,6 +10,7 @@ server answers the next request; every bad request is a 400 with OpenAI's error 
 which the server still serves.
 """
 
+import base64
 import json
 import os
 import shutil
@@ -300,9 +301,15 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
                              "messages[0]"),
     "content a number": ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
                          "messages[0].content"),
-    "image part": ("/v1/chat/completions",
-                   {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-                   "messages[0].content"),
+    "image part without a URL": ("/v1/chat/completions",
+                                 {"messages": [{"role": "user",
+                                                "content": [{"type": "image_url"}]}]},
+                                 "messages[0].content[0].image_url"),
+    "image from the network": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]},
+        "messages[0].content[0].image_url"),
+    "a part of no known type": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "audio"}]}]}, "messages[0].content"),
     "a tool result answering no call": ("/v1/chat/completions",
                                         {"messages": [{"role": "tool", "content": "x"}]},
                                         "messages[0].tool_call_id"),
@@ -562,3 +569,48 @@ def test_tools_render_through_the_template_and_the_answer_is_read(tmp_path):
         assert streamed == message.content
     finally:
         stop_server(proc)
+
+
+def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path):
+    """Gemma 3 vision (a fixture, with Gemma 3's chat template): image_url parts as data URLs
+    in a chat message are the images of the generation, at the template's placeholders; the
+    answer is the Python API's for the same messages and images. A text model refuses
+    images; a part that is not an image is a 400 naming it."""
+    folder = tmp_path / "gemma3-vision-chat"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "gemma3-vision"), folder)
+    shutil.copy(os.path.join(ROOT, "tests", "data", "chat_templates", "gemma-3",
+                             "chat_template.json"), folder / "chat_template.json")
+    paths = [os.path.join(ROOT, "tests", "fixtures", "images", n)
+             for n in ("rgb-40x24.png", "rgba-20x36.png")]
+
+    def part(path):
+        data = base64.b64encode(open(path, "rb").read()).decode()
+        return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+    messages = [{"role": "user", "content": [part(paths[0]), part(paths[1]),
+                                             {"type": "text", "text": "What differs?"}]}]
+    proc, url = start_server(str(folder), tmp_path / "server.log")
+    try:
+        r = httpx.post(url + "/v1/chat/completions", json={
+            "messages": messages, "max_tokens": 8, "temperature": 0}, timeout=300)
+        assert r.status_code == 200, r.text
+        local = causallm.load(str(folder))
+        want = local.complete([{"role": "user", "content": [
+            {"type": "image"}, {"type": "image"}, {"type": "text", "text": "What differs?"}]}],
+            images=paths, greedy=True, max_new_tokens=8)
+        assert r.json()["choices"][0]["message"]["content"] == want.text
+        assert r.json()["usage"]["prompt_tokens"] == want.prompt_tokens > 32  # 2 x 16 image tokens
+        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "messages[0].content[0].image_url"
+    finally:
+        stop_server(proc)
+
+
+def test_a_text_model_refuses_images(server):
+    data = base64.b64encode(open(os.path.join(ROOT, "tests", "fixtures", "images",
+                                              "rgb-40x24.png"), "rb").read()).decode()
+    r = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]})
+    assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]

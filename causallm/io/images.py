@@ -21,6 +21,7 @@ a missing or unreadable file, a file that is not an image, a config key of the w
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
@@ -43,21 +44,29 @@ def _pil():
 
 def load_image(path: str):
     """The image file ``path`` as a Pillow image, decoded and turned upright (EXIF)."""
-    Image, ImageOps = _pil()
     if not os.path.exists(path):
         raise CausalLMError(f"{path}: image file not found")
     if os.path.isdir(path):
         raise CausalLMError(f"{path}: is a folder, not an image file")
+    return decode_image(path, path)
+
+
+def decode_image(source, name: str):
+    """``source`` (a path, or an image file's bytes) as a Pillow image, decoded and turned
+    upright (EXIF); errors name ``name``."""
+    Image, ImageOps = _pil()
+    if isinstance(source, (bytes, bytearray)):
+        source = io.BytesIO(source)
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             image.load()
             return ImageOps.exif_transpose(image)
     except OSError as e:  # PIL.UnidentifiedImageError is an OSError too
         reason = "not an image Pillow can read" if isinstance(e, Image.UnidentifiedImageError) \
             else f"cannot read it ({e})"
-        raise CausalLMError(f"{path}: {reason}") from None
+        raise CausalLMError(f"{name}: {reason}") from None
     except (ValueError, Image.DecompressionBombError) as e:
-        raise CausalLMError(f"{path}: cannot read it ({e})") from None
+        raise CausalLMError(f"{name}: cannot read it ({e})") from None
 
 
 def convert_rgb(image):
