@@ -179,6 +179,7 @@ class LoadedModel:
                  top_k: int | None = None, seed: int | None = None,
                  stop: str | list[str] | None = None, greedy: bool = False,
                  repetition_penalty: float | None = None, images=None,
+                 response_format: dict | None = None, json_schema: dict | None = None,
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  **options) -> Completion:
@@ -189,7 +190,11 @@ class LoadedModel:
         first one; ``options`` are further LanguageModel.setGenerationOptions keywords
         (``min_p``, ``presence_penalty``, ...). ``images`` (a vision model's: paths, Pillow
         images or pixel values) go with the prompt as the CLI's --image do (at its
-        placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
+        placeholders, or in front), for this call only. ``response_format`` (OpenAI's:
+        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name",
+        "schema", "strict"}}``) or ``json_schema`` (a JSON Schema dict) holds the text to JSON
+        that parses (and validates), needing the ``grammar`` extra
+        (causallm/generation/constraint.py). ``on_text(piece)`` sees the text as it
         is decoded; ``should_stop()`` is asked before every token and ends the generation
         (raising ``Stopped``) when true."""
         if not self.generates:
@@ -202,6 +207,7 @@ class LoadedModel:
             stop = [stop]
         if stop:
             options["stop_strings"] = list(stop)
+        options.update(response_format=response_format, json_schema=json_schema)
         options = {k: v for k, v in options.items() if v is not None}
         with self.lock:
             if should_stop is not None and should_stop():

@@ -10,11 +10,13 @@ A model only has to start and step (``Generative``):
 - ``step(tokens) -> logits``: feed one token per row at the next position.
 
 The generator owns the rest, the same for every model: token selection (``Sampler``: greedy or
-sampling, the processors and warpers), stop rules (an EOS id ends its row, ``eos``; a stop
-string in its text, ``stop``; ``max_new_tokens``, ``length``; the caches' capacity,
-``cache_full``), streaming text (a UTF-8-safe ``StreamDecoder`` per row, EOS and stop strings
-never printed, row 0 written to ``stream``) and the metrics (``PerformanceMetrics``: encode,
-prefill and generation phases, peak memory).
+sampling, the processors and warpers; with a response format, each row's ``JsonConstraint``
+masks the tokens its grammar refuses and is advanced by the token chosen), stop rules (an EOS
+id ends its row, ``eos``; a stop string in its text, or the row's JSON value complete,
+``stop``; ``max_new_tokens``, ``length``; the caches' capacity, ``cache_full``), streaming text
+(a UTF-8-safe ``StreamDecoder`` per row, EOS and stop strings never printed, row 0 written to
+``stream``) and the metrics (``PerformanceMetrics``: encode, prefill and generation phases,
+peak memory).
 
 Fixed against the C++ loop (spec §10): every token, the first included, goes through the same
 selection (G6, G16); every token is streamed and recorded, EOS is neither printed nor followed
@@ -240,15 +242,18 @@ class Generator:
             raise CausalLMError("generate: stop strings need a tokenizer to decode the text")
         decoders = [StreamDecoder(self.tokenizer) for _ in range(B)] if self.tokenizer else []
         stops = [StopText(s.stop_strings) for _ in range(B)]
+        constraints = None if s.response_format is None else \
+            [s.response_format.constraint(s.eos_token_id) for _ in range(B)]
         texts = [""] * B
         finished = [False] * B
+        cut = [False] * B  # the row's text ended at a stop string
 
         def show(b: int, chunk: str, last: bool = False) -> None:
             """Add decoded text to row b through its stop strings (``last``: and what they
             held back, which is then no stop string); row 0's goes to the stream."""
             text, stopped = stops[b].feed(chunk)
             if stopped:
-                finished[b] = True
+                finished[b] = cut[b] = True
                 result.finish_reasons[b] = "stop"
             elif last:
                 text += stops[b].release()
@@ -269,8 +274,19 @@ class Generator:
                 if token in self.eos:
                     finished[b] = True
                     result.finish_reasons[b] = "eos"
-                elif decoders:
+                    continue
+                if constraints is not None:
+                    constraints[b].advance(token)
+                if decoders:
                     show(b, decoders[b].step(token))
+                if constraints is not None and constraints[b].done and not finished[b]:
+                    finished[b] = True  # the JSON value is complete
+                    result.finish_reasons[b] = "stop"
+
+        def running(rows: list | None) -> list | None:
+            """Each running row's constraint; None for a finished row (nothing more to mask)."""
+            return None if rows is None else [None if finished[b] else c
+                                              for b, c in enumerate(rows)]
 
         t0 = time.perf_counter()
         start = self.model.start(np.asarray(prompt_ids, dtype=np.float32), start_pos,
@@ -282,7 +298,7 @@ class Generator:
                           processors=build_processors(s, prompt_len, prompt_len + n_new),
                           min_p=s.min_p, typical_p=s.typical_p)
         with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
-            emit(sampler.select(start.logits, histories))
+            emit(sampler.select(start.logits, histories, running(constraints)))
         steps = 0
         tokens = np.zeros(B, dtype=np.float32)
         with metrics.phase("generation", 0):
@@ -290,10 +306,10 @@ class Generator:
                 tokens[:] = [h[-1] for h in histories]
                 logits = self.model.step(tokens)
                 steps += 1
-                emit(sampler.select(logits, histories))
+                emit(sampler.select(logits, histories, running(constraints)))
         metrics.generation_tokens = steps
         for b, decoder in enumerate(decoders):
-            if result.finish_reasons[b] != "stop":
+            if not cut[b]:
                 show(b, decoder.flush(), last=True)
         if self.stream is not None:
             self.stream.flush()
