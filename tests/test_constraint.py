@@ -372,6 +372,19 @@ def test_generated_text_parses_and_validates(model, request):
 
 
 @needs_llguidance
+def test_batch_rows_keep_their_own_grammar():
+    """Two sampled rows of one batch: each is its own JSON value and stops when it is complete,
+    the other going on."""
+    lm = causallm.load(GQA3, batch_size=2)
+    result = lm.complete("Give me JSON:", max_new_tokens=150, temperature=1.0, seed=5,
+                         json_schema=PERSON).result
+    assert result.finish_reasons == ["stop", "stop"]
+    assert len(set(map(len, result.generated_ids))) == 2  # they ended at different steps
+    for text in result.texts:
+        validate(json.loads(text))
+
+
+@needs_llguidance
 @pytest.mark.parametrize("model", ["tiny", "gqa3"])
 def test_json_object_gives_a_json_object(model, request):
     lm = request.getfixturevalue(model)
