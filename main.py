@@ -83,6 +83,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="end generation when the text contains STR, which is not printed "
                         "(repeatable)")
+    p.add_argument("--json-schema", default=None, metavar="FILE_OR_JSON",
+                   help="hold the answer to JSON valid under this JSON Schema (a file, or the "
+                        "schema's text when it starts with '{'); needs the 'grammar' extra")
+    p.add_argument("--json-object", action="store_true",
+                   help="hold the answer to one JSON object (OpenAI's json_object response "
+                        "format); needs the 'grammar' extra")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--system", default=None,
@@ -141,6 +147,9 @@ def _check_args(args: argparse.Namespace) -> None:
          "--interactive reads the prompts from the terminal; pass no PROMPT"),
         (args.interactive and (args.json or args.image),
          "--interactive does not go with --json or --image"),
+        (args.json_schema is not None and args.json_object,
+         "--json-schema and --json-object do not go together (a schema says what the object "
+         "holds)"),
     ]
     for bad, message in checks:
         if bad:
@@ -172,6 +181,33 @@ def _arg_text(text: str, what: str) -> str:
     """A command-line string as the user typed it: argv bytes that are not UTF-8 arrive as
     lone surrogates (surrogateescape), named here by their byte offset."""
     return _utf8(text.encode("utf-8", "surrogateescape"), what)
+
+
+def read_json_schema(value: str) -> tuple[dict, str]:
+    """--json-schema's schema and how errors name it: the text itself when it starts with '{',
+    else the file it names."""
+    import orjson
+
+    from causallm.errors import CausalLMError
+
+    value = _arg_text(value, "--json-schema")
+    if value.lstrip().startswith("{"):
+        text, where = value, "--json-schema"
+    else:
+        where = f"--json-schema {value}"
+        try:
+            with open(value, "rb") as f:
+                text = _utf8(f.read(), where)
+        except FileNotFoundError:
+            raise CausalLMError(f"{where}: no such file (give a JSON Schema file, or the "
+                                f"schema's text starting with '{{')") from None
+        except OSError as e:
+            raise CausalLMError(f"{where}: cannot read it ({e.strerror})") from None
+    try:
+        schema = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise CausalLMError(f"{where}: not valid JSON ({e})") from None
+    return schema, where
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -259,15 +295,22 @@ def run(args: argparse.Namespace) -> int:
                                 f"'sample_input' in {nntr_cfg.path}")
         prompt = nntr_cfg.get_str("sample_input")
 
-    model.setGenerationOptions(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                               repetition_penalty=args.repeat_penalty, seed=args.seed,
-                               greedy=args.greedy, num_beams=args.num_beams,
-                               num_return_sequences=args.num_return_sequences,
-                               min_p=args.min_p, typical_p=args.typical_p,
-                               presence_penalty=args.presence_penalty,
-                               frequency_penalty=args.frequency_penalty,
-                               no_repeat_ngram_size=args.no_repeat_ngram_size,
-                               min_new_tokens=args.min_new_tokens, stop_strings=args.stop)
+    schema, schema_source = read_json_schema(args.json_schema) if args.json_schema else \
+        (None, None)
+    try:
+        model.setGenerationOptions(
+            temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+            repetition_penalty=args.repeat_penalty, seed=args.seed, greedy=args.greedy,
+            num_beams=args.num_beams, num_return_sequences=args.num_return_sequences,
+            min_p=args.min_p, typical_p=args.typical_p, presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
+            no_repeat_ngram_size=args.no_repeat_ngram_size, min_new_tokens=args.min_new_tokens,
+            stop_strings=args.stop, json_schema=schema,
+            response_format={"type": "json_object"} if args.json_object else None)
+    except CausalLMError as e:  # the schema's errors name the flag and the file
+        if schema_source and str(e).startswith("json_schema: "):
+            raise CausalLMError(f"{schema_source}: {str(e)[len('json_schema: '):]}") from None
+        raise
     chat = _chat_template(args, model)
     if chat is not None and not args.interactive:  # rendered before the weights load
         messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -68,12 +68,14 @@ def last_line(text: str) -> str:
 
 
 def spawn(script: str, args: list[str], threads: int, timeout: float | None = None,
-          quiet: bool = False) -> dict:
+          quiet: bool = False, python: str | None = None) -> dict:
     """Run ``script --child ARGS`` with every thread pool sized to ``threads``; the result it
     reported. ``timeout`` seconds at most; ``quiet`` keeps the child's stderr, whose last line
-    then explains a failure, off the terminal. A failure raises ChildFailed."""
+    then explains a failure, off the terminal; ``python``: the interpreter (this one). A
+    failure raises ChildFailed."""
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(script), "--child", *args],
+        proc = subprocess.run([python or sys.executable, os.path.abspath(script), "--child",
+                               *args],
                               env=thread_env(threads), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE if quiet else None, text=True,
                               timeout=timeout)

@@ -202,6 +202,7 @@ class LoadedModel:
             stop = [stop]
         if stop:
             options["stop_strings"] = list(stop)
+        options.update(response_format=response_format, json_schema=json_schema)
         options = {k: v for k, v in options.items() if v is not None}
         model = self.model
         for key, value in self._defaults.items():  # the configs' values, every call
@@ -236,10 +237,14 @@ class LoadedModel:
         first one; ``options`` are further LanguageModel.setGenerationOptions keywords
         (``min_p``, ``presence_penalty``, ...). ``images`` (a vision model's: paths, Pillow
         images or pixel values) go with the prompt as the CLI's --image do (at its
-        placeholders, or in front), for this call only. ``on_text(piece)`` sees the text as it
-        is decoded; ``should_stop()`` is asked before every token and ends the generation
-        (raising ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages
-        through the template, as transformers' ``tools=``."""
+        placeholders, or in front), for this call only. ``response_format`` (OpenAI's:
+        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name",
+        "schema", "strict"}}``) or ``json_schema`` (a JSON Schema dict), options too, hold the
+        text to JSON that parses (and validates), needing the ``grammar`` extra
+        (causallm/generation/constraint.py). ``on_text(piece)`` sees the text as it is decoded;
+        ``should_stop()`` is asked before every token and ends the generation (raising
+        ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages through the
+        template, as transformers' ``tools=``."""
         with self.lock:
             self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
                               repetition_penalty, options)

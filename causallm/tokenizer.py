@@ -41,6 +41,11 @@ class Tokenizer:
         self._tokenizer = hf_tokenizer
         self.path = path
 
+    @property
+    def backend(self):
+        """What this wraps: a ``tokenizers.Tokenizer`` or a ``GGUFTokenizer``."""
+        return self._tokenizer
+
     @classmethod
     def FromFile(cls, path: str | os.PathLike) -> "Tokenizer":
         """Load a Hugging Face ``tokenizer.json`` (C++: ``Tokenizer::FromBlobJSON(file bytes)``).

@@ -25,6 +25,7 @@ import sys
 
 from causallm.errors import CausalLMError
 from causallm.generation.beam import BeamSearch
+from causallm.generation.constraint import compile_json_schema, compile_response_format
 from causallm.generation.generator import GenerationResult, Generator, PerformanceMetrics
 from causallm.generation.processors import GenerationSettings
 from causallm.generation.sampler import Sampler
@@ -95,6 +96,7 @@ class LanguageModel(Transformer):
         self.SEED = None
         self.PRESENCE_PENALTY = 0.0   # OpenAI's / llama.cpp's, not generation_config keys
         self.FREQUENCY_PENALTY = 0.0
+        self.RESPONSE_FORMAT = None   # a compiled response format (structured output), or None
         self.readSearchParameters(cfg, generation_cfg)
         self.config_warnings = unappliedKeyWarnings(generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
@@ -159,12 +161,18 @@ class LanguageModel(Transformer):
                              no_repeat_ngram_size: int | None = None,
                              min_new_tokens: int | None = None,
                              bad_words_ids: list[list[int]] | None = None,
-                             stop_strings: list[str] | None = None) -> None:
+                             stop_strings: list[str] | None = None,
+                             response_format: dict | None = None,
+                             json_schema: dict | None = None) -> None:
         """The CLI's options over the configs' values (None keeps the config's): a temperature,
         top-k, top-p, min-p or typical-p switches sampling on; ``greedy`` means one beam,
         argmax; temperature 0 is greedy (``samples``). ``bad_words_ids`` and ``stop_strings``
-        replace the generation_config ones. The beams size the graph: set them before
-        ``initialize()``."""
+        replace the generation_config ones. ``response_format`` (OpenAI's: ``{"type":
+        "json_object"}``, ``{"type": "json_schema", "json_schema": {"name", "schema",
+        "strict"}}`` or ``{"type": "text"}``) or ``json_schema`` (a JSON Schema object) holds
+        the answer to JSON (causallm/generation/constraint.py), compiled here against the
+        tokenizer so a bad one fails before anything runs; one beam only. The beams size the
+        graph: set them before ``initialize()``."""
         checks = [
             (min_p is not None and not 0.0 <= min_p <= 1.0,
              f"min_p must be in [0, 1], got {min_p}"),
@@ -184,6 +192,12 @@ class LanguageModel(Transformer):
         for bad, message in checks:
             if bad:
                 raise CausalLMError(message)
+        if response_format is not None and json_schema is not None:
+            raise CausalLMError("give response_format or json_schema, not both")
+        if response_format is not None:
+            self.RESPONSE_FORMAT = compile_response_format(self.tokenizer, response_format)
+        elif json_schema is not None:
+            self.RESPONSE_FORMAT = compile_json_schema(self.tokenizer, json_schema)
         for name, value in (("TEMPERATURE", temperature), ("TOP_K", top_k), ("TOP_P", top_p),
                             ("REPETITION_PENALTY", repetition_penalty), ("SEED", seed),
                             ("NUM_BEAMS", num_beams),
@@ -209,6 +223,15 @@ class LanguageModel(Transformer):
         if self.is_initialized and self.NUM_BEAMS != self.beams_built:
             raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
                                 f"num_beams before initialize()")
+        if self.RESPONSE_FORMAT is not None and self.NUM_BEAMS > 1:
+            raise CausalLMError(f"a response format (JSON schema or JSON object) holds one "
+                                f"sequence to its grammar: it does not go with {self.NUM_BEAMS} "
+                                f"beams (use num_beams 1)")
+        if self.RESPONSE_FORMAT is not None and (self.FORCED_BOS_TOKEN_ID is not None
+                                                 or self.FORCED_EOS_TOKEN_ID):
+            raise CausalLMError("a response format (JSON schema or JSON object) does not go with "
+                                "the generation config's forced_bos_token_id / "
+                                "forced_eos_token_id: the tokens they force are not JSON")
 
     def rowsPerPrompt(self) -> int:
         """Decoder rows per prompt: one per beam."""
@@ -242,7 +265,8 @@ class LanguageModel(Transformer):
             eos_token_id=list(self.EOS_TOKEN_ID), num_beams=self.NUM_BEAMS,
             length_penalty=self.LENGTH_PENALTY, early_stopping=self.EARLY_STOPPING,
             num_return_sequences=self.NUM_RETURN_SEQUENCES,
-            renormalize_logits=self.RENORMALIZE_LOGITS, seed=self.SEED)
+            renormalize_logits=self.RENORMALIZE_LOGITS, seed=self.SEED,
+            response_format=self.RESPONSE_FORMAT)
 
     def samples(self, do_sample: bool) -> bool:
         """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of

@@ -10,11 +10,13 @@ A model only has to start and step (``Generative``):
 - ``step(tokens) -> logits``: feed one token per row at the next position.
 
 The generator owns the rest, the same for every model: token selection (``Sampler``: greedy or
-sampling, the processors and warpers), stop rules (an EOS id ends its row, ``eos``; a stop
-string in its text, ``stop``; ``max_new_tokens``, ``length``; the caches' capacity,
-``cache_full``), streaming text (a UTF-8-safe ``StreamDecoder`` per row, EOS and stop strings
-never printed, row 0 written to ``stream``) and the metrics (``PerformanceMetrics``: encode,
-prefill and generation phases, peak memory).
+sampling, the processors and warpers; with a response format, each row's ``JsonConstraint``
+masks the tokens its grammar refuses and is advanced by the token chosen), stop rules (an EOS
+id ends its row, ``eos``; a stop string in its text, or the row's JSON value complete,
+``stop``; ``max_new_tokens``, ``length``; the caches' capacity, ``cache_full``), streaming text
+(a UTF-8-safe ``StreamDecoder`` per row, EOS and stop strings never printed, row 0 written to
+``stream``) and the metrics (``PerformanceMetrics``: encode, prefill and generation phases,
+peak memory).
 
 Fixed against the C++ loop (spec §10): every token, the first included, goes through the same
 selection (G6, G16); every token is streamed and recorded, EOS is neither printed nor followed
@@ -210,12 +212,14 @@ def check_prompts(prompt_ids: list[list[int]], batch: int, max_new_tokens: int) 
 
 class Sequence:
     """One sequence's new tokens as they come: its ids, its text through a UTF-8-safe
-    ``StreamDecoder`` and its stop strings (``StopText``), and why it ended. ``take(token)``
-    records a chosen token: an EOS id ends it ("eos", neither decoded nor shown); a stop string
-    in its text ends it ("stop", the text cut before it); ``on_text(piece)`` sees the text as
-    it is decided. ``finish()`` flushes the decoder at the end. ``history`` is what the
-    penalties count: the ids before the new ones (``context``: a cached system prompt, then the
-    prompt) and the new ones."""
+    ``StreamDecoder`` and its stop strings (``StopText``), its response format's
+    ``constraint`` (None without one: the sampler masks with it), and why it ended.
+    ``take(token)`` records a chosen token: an EOS id ends it ("eos", neither decoded nor
+    shown); a stop string in its text ends it ("stop", the text cut before it), and so does its
+    JSON value complete ("stop"); ``on_text(piece)`` sees the text as it is decided.
+    ``finish()`` flushes the decoder at the end. ``history`` is what the penalties count: the ids
+    before the new ones (``context``: a cached system prompt, then the prompt) and the new
+    ones."""
 
     def __init__(self, prompt_ids: Sequence_[int], settings: GenerationSettings,
                  tokenizer=None, on_text: Callable[[str], None] | None = None,
@@ -231,6 +235,9 @@ class Sequence:
                         if tokenizer is not None else None)
         self.stops = StopText(settings.stop_strings)
         self.on_text = on_text
+        self.cut = False  # the text ended at a stop string
+        self.constraint = None if settings.response_format is None else \
+            settings.response_format.constraint(settings.eos_token_id)
 
     @property
     def finished(self) -> bool:
@@ -242,12 +249,22 @@ class Sequence:
         self.history.append(token)
         if token in self.eos:
             self.finish_reason = "eos"
-        elif self.decoder is not None:
+            return
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        if self.decoder is not None:
             self._show(self.decoder.step(token))
+        if self.constraint is not None and self.constraint.done and not self.finished:
+            self.finish_reason = "stop"  # the JSON value is complete
+
+    @property
+    def masking(self):
+        """The constraint the sampler masks this sequence's next token with (None: none)."""
+        return None if self.finished else self.constraint
 
     def finish(self, reason: str = "length") -> None:
         """End the sequence (``reason`` unless it already ended), its held text shown."""
-        if self.finish_reason != "stop" and self.decoder is not None:
+        if not self.cut and self.decoder is not None:
             self._show(self.decoder.flush(), last=True)
         if self.finish_reason is None:
             self.finish_reason = reason
@@ -256,6 +273,7 @@ class Sequence:
         text, stopped = self.stops.feed(chunk)
         if stopped:
             self.finish_reason = "stop"
+            self.cut = True
         elif last:
             text += self.stops.release()
         self.text += text
@@ -322,8 +340,11 @@ class Generator:
                     on_token(b, int(tokens[b]))
                 row.take(tokens[b])
 
+        def masks() -> list | None:
+            return None if s.response_format is None else [r.masking for r in rows]
+
         with metrics.phase("prefill", 0):  # choosing the first token belongs to the prefill
-            emit(sampler.select(start.logits, [r.history for r in rows]))
+            emit(sampler.select(start.logits, [r.history for r in rows], masks()))
         steps = 0
         tokens = np.zeros(B, dtype=np.float32)
         with metrics.phase("generation", 0):
@@ -331,7 +352,7 @@ class Generator:
                 tokens[:] = [r.history[-1] for r in rows]
                 logits = self.model.step(tokens)
                 steps += 1
-                emit(sampler.select(logits, [r.history for r in rows]))
+                emit(sampler.select(logits, [r.history for r in rows], masks()))
         metrics.generation_tokens = steps
         for row in rows:
             row.finish("length" if n_new == max_new_tokens else "cache_full")

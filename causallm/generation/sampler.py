@@ -10,7 +10,9 @@ Order, as in ``transformers`` ``generate()``:
 
 1. repetition penalty (``RepetitionPenaltyLogitsProcessor``) over the ids seen so far;
 2. bad words (``NoBadWordsLogitsProcessor`` for single-token entries): logit = -inf;
-3. greedy: the first maximum. Sampling: temperature, then top-k, then top-p, then min-p, then
+3. a grammar's mask when the row has one (causallm/generation/constraint.py: structured
+   output), tokens it refuses at -inf;
+4. greedy: the first maximum. Sampling: temperature, then top-k, then top-p, then min-p, then
    typical-p (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
    ``MinPLogitsWarper``, ``TypicalLogitsWarper``, in the order ``_get_logits_processor`` adds
    them), then one draw from softmax(logits) computed in float64.
@@ -220,13 +222,18 @@ class Sampler:
         self._cdf = np.empty(0, dtype=np.float64)  # scratch cumulative weights, (V,)
 
     def select(self, logits: np.ndarray,
-               histories: Sequence[Iterable[int]] | None = None) -> np.ndarray:
-        """Next ids for logits (B, V); ``histories[b]`` = ids row b has seen (prompt + output)."""
+               histories: Sequence[Iterable[int]] | None = None,
+               constraints: Sequence | None = None) -> np.ndarray:
+        """Next ids for logits (B, V); ``histories[b]`` = ids row b has seen (prompt + output);
+        ``constraints[b]``: row b's grammar (a ``JsonConstraint``, or None), whose ``mask``
+        runs after the processors and before the warpers (``process``)."""
         if logits.ndim != 2:
             raise ValueError(f"Sampler.select expects logits of shape (B, V), got {logits.shape}")
         batch, vocab_size = logits.shape
         if histories is not None and len(histories) != batch:
             raise ValueError(f"Sampler.select: {len(histories)} histories for {batch} rows")
+        if constraints is not None and len(constraints) != batch:
+            raise ValueError(f"Sampler.select: {len(constraints)} constraints for {batch} rows")
         if self._row.shape[0] != vocab_size:
             self._row = np.empty(vocab_size, dtype=np.float32)
             self._cdf = np.empty(vocab_size, dtype=np.float64)
@@ -234,20 +241,23 @@ class Sampler:
         chosen = np.empty(batch, dtype=np.int64)
         for b in range(batch):
             np.copyto(row, logits[b], casting="same_kind")
-            self.process(row, None if histories is None else histories[b])
+            self.process(row, None if histories is None else histories[b],
+                         None if constraints is None else constraints[b])
             if self.do_sample:
                 chosen[b] = self._draw(row, b)
             else:
                 chosen[b] = np.argmax(row)
                 if not row[chosen[b]] > -np.inf:  # NaN, or every token banned
-                    raise CausalLMError(f"Sampler: row {b} has no finite logit "
-                                        f"(NaN, or every token is a bad word)")
+                    raise CausalLMError(f"Sampler: row {b} has no finite logit (NaN, or every "
+                                        f"token is a bad word or refused by the grammar)")
         return chosen
 
-    def process(self, row: np.ndarray, history: Iterable[int] | None) -> np.ndarray:
+    def process(self, row: np.ndarray, history: Iterable[int] | None,
+                constraint=None) -> np.ndarray:
         """The scores ``select`` chooses from, in place on ``row`` (V,): the processors (or the
-        repetition penalty over ``history`` and the bad words), then, when sampling, the
-        warpers. Returns ``row``."""
+        repetition penalty over ``history`` and the bad words), then the ``constraint``'s mask
+        (the tokens its grammar refuses at -inf), then, when sampling, the warpers. Returns
+        ``row``."""
         if self.processors is not None:
             for processor in self.processors:
                 processor(history, row)
@@ -256,6 +266,8 @@ class Sampler:
                 applyRepetitionPenalty(row, history, self.repetition_penalty)
             if self.bad_word_ids.size:
                 applyBadWordsPenalty(row, self.bad_word_ids)
+        if constraint is not None:
+            constraint.mask(row)
         if self.do_sample:
             applyTKP(row, self.temperature, self.top_k, self.top_p)
             applyMinP(row, self.min_p)

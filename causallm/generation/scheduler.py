@@ -119,6 +119,12 @@ def _common(a: list[int], b: list[int]) -> int:
     return i
 
 
+STEP_ROWS = 256
+"""Rows a step takes at most by default (``max_rows``): a long prompt is prefilled 256 tokens a
+step, so the sequences decoding beside it wait one such step per token, not the whole
+prompt."""
+
+
 class Scheduler:
     """Decodes the requests ``submit`` gives it in steps of several sequences (module
     docstring). ``step()`` runs one step; ``run(stop)`` steps whenever there is work until
@@ -136,7 +142,7 @@ class Scheduler:
                                 "(its sequences are slots, not batch rows)")
         self.slots = [_Slot(i) for i in range(self.n_slots)]
         self.capacity = model.max_timestep
-        self.max_rows = min(max_rows or model.INIT_SEQ_LEN, model.INIT_SEQ_LEN)
+        self.max_rows = min(max_rows or STEP_ROWS, model.INIT_SEQ_LEN)
         self.max_queue = max_queue
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -284,7 +290,8 @@ class Scheduler:
         logits = logits.reshape(self.n_slots, -1)
         for k, r in enumerate(owners):
             try:
-                token = int(r.sampler.select(logits[k:k + 1], [r.history])[0])
+                token = int(r.sampler.select(logits[k:k + 1], [r.history],
+                                             None if r.constraint is None else [r.masking])[0])
                 if r.logprobs is not None:
                     r.token_logprobs.append(token_logprobs(logits[k], token, r.logprobs))
                 if r.first_token is None:

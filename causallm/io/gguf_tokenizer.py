@@ -59,6 +59,7 @@ from causallm.kernels.bpe import (
     BYTE_LEVEL,
     GEMMA_SPACES,
     LIVE,
+    SPECIAL,
     Vocab,
     build_merges,
     build_vocab,
@@ -168,20 +169,27 @@ class GGUFTokenizer:
     # -- encoding --------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
         """The token ids of ``text`` (module docstring)."""
-        raw = text.encode("utf-8")
-        buf = np.frombuffer(raw, np.uint8)
-        if self.byte_level:
-            ids = self._encode_byte_level(raw, buf)
-        else:
-            out = np.empty(3 * len(raw) + 3, np.int32)
-            ids = out[:encode_sentencepiece(self.vocab, buf, self.space_prefix, self.unk,
-                                            out)].tolist()
+        ids = self._encode(text, self.space_prefix)
         if add_special_tokens:
             if self.bos is not None:
                 ids.insert(0, self.bos)
             if self.eos is not None:
                 ids.append(self.eos)
         return Encoding(ids)
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """The ids of ``text`` as the continuation of a text: no special tokens added, and no
+        ``▁`` put before its first piece (Llama's space prefix); what a grammar engine
+        tokenizes the bytes its grammar forces with."""
+        return self._encode(text, False)
+
+    def _encode(self, text: str, space_prefix: bool) -> list[int]:
+        raw = text.encode("utf-8")
+        buf = np.frombuffer(raw, np.uint8)
+        if self.byte_level:
+            return self._encode_byte_level(raw, buf)
+        out = np.empty(3 * len(raw) + 3, np.int32)
+        return out[:encode_sentencepiece(self.vocab, buf, space_prefix, self.unk, out)].tolist()
 
     def _encode_byte_level(self, raw: bytes, buf: np.ndarray) -> list[int]:
         """Added tokens cut out, each piece between them split by the pre-tokenizer, every word
@@ -217,6 +225,39 @@ class GGUFTokenizer:
         return text[1:] if self.space_prefix and text.startswith(" ") else text
 
     # -- the vocabulary --------------------------------------------------------------------
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each token id stands for in decoded text, what a grammar matches tokens
+        by: "gpt2": each character's byte under GPT-2's table (a spelling with a character
+        outside it: its own UTF-8, as ``decode``); "llama": ``<0xNN>`` is byte NN, else the
+        spelling with ``▁`` as a space. A token that is not live is ``b""``; a special
+        token (``special_ids``) is its spelling."""
+        data, offsets, flags = self.vocab.data.tobytes(), self.vocab.offsets.tolist(), \
+            self.vocab.flags
+        spellings = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+        if self.byte_level:
+            out = []
+            for spelling in spellings:
+                try:
+                    out.append(spelling.decode("utf-8").translate(_BYTE_OF_CHAR).encode("latin-1"))
+                except UnicodeEncodeError:  # a character outside the table: the spelling
+                    out.append(spelling)
+        else:
+            out = [s.replace(_SPACE, b" ") for s in spellings]
+            for b, t in enumerate(self.vocab.byte_ids.tolist()):
+                if t >= 0:
+                    out[t] = bytes([b])
+        for t in self.special_ids():
+            out[t] = spellings[t]
+        for t in np.flatnonzero(flags & LIVE == 0).tolist():
+            out[t] = b""
+        return out
+
+    def special_ids(self) -> list[int]:
+        """The ids of the live control tokens (``decode(..., skip_special_tokens=True)`` drops
+        them)."""
+        both = LIVE | SPECIAL
+        return np.flatnonzero(self.vocab.flags & both == both).tolist()
+
     def get_vocab_size(self, with_added_tokens: bool = True) -> int:
         """The number of distinct spellings (every added token is one of the vocabulary's)."""
         return self._size
@@ -251,6 +292,11 @@ class GGUFTokenizer:
 
 
 _MASK64 = (1 << 64) - 1
+_SPACE = "\u2581".encode()
+_BYTE_OF_CHAR = {**{b: 0xFFFF for b in range(256)},
+                 **{int(c): b for b, c in enumerate(BYTE_CHARS.tolist())}}
+"""str.translate table: a GPT-2 byte character -> its byte; any other character below 256 ->
+U+FFFF, which no byte is (so such a spelling fails to encode as Latin-1)."""
 
 
 def _per_token(file, key: str, default) -> np.ndarray:
