@@ -164,7 +164,7 @@ class LoadedModel:
                                     f"chat_template.jinja or the .gguf's); pass a prompt string")
         return self._template
 
-    def encode(self, prompt, tools: list | None = None) -> list[int]:
+    def encode(self, prompt, tools: list | None = None, reply_prefix: str = "") -> list[int]:
         """The token ids generation starts from: a string as the CLI encodes a prompt (the
         model's ``tokenize``), a list of {"role", "content"} messages rendered by the chat
         template and encoded without adding special tokens again (as transformers), or a
@@ -180,7 +180,7 @@ class LoadedModel:
         if isinstance(prompt, (list, tuple)) and prompt and all(
                 isinstance(m, dict) for m in prompt):
             text = self.chat_template().render(list(prompt), add_generation_prompt=True,
-                                               tools=tools)
+                                               tools=tools) + reply_prefix
             images = getattr(self.model, "images", None)
             if images:  # a vision model's image placeholders, written out as its tokens
                 text = self.model.processor.expandPrompt(text, len(images))
@@ -202,7 +202,6 @@ class LoadedModel:
             stop = [stop]
         if stop:
             options["stop_strings"] = list(stop)
-        options.update(response_format=response_format, json_schema=json_schema)
         options = {k: v for k, v in options.items() if v is not None}
         model = self.model
         for key, value in self._defaults.items():  # the configs' values, every call
@@ -214,10 +213,11 @@ class LoadedModel:
         except TypeError as e:
             raise CausalLMError(f"unknown generation option ({e})") from None
 
-    def _encode_turn(self, prompt, tools: list | None = None) -> list[int]:
+    def _encode_turn(self, prompt, tools: list | None = None,
+                     reply_prefix: str = "") -> list[int]:
         """``encode``; a chat reply also ends at the template's end-of-turn token (<|im_end|>
         ...), added to the model's EOS ids (hold ``lock``)."""
-        ids = self.encode(prompt, tools)
+        ids = self.encode(prompt, tools, reply_prefix)
         if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
             self.model.addEosTokenIds(self.chat_template().endOfTurnIds(self.model.tokenizer))
         return ids
@@ -229,7 +229,7 @@ class LoadedModel:
                  repetition_penalty: float | None = None, images=None,
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, tools: list | None = None,
-                 **options) -> Completion:
+                 reply_prefix: str = "", **options) -> Completion:
         """Generate from ``prompt`` (see ``encode``) up to ``max_new_tokens`` (default:
         nntr_config num_to_generate). ``temperature`` / ``top_p`` / ``top_k`` switch sampling
         on (temperature 0 is greedy), ``greedy`` forces argmax; without them the configs decide
@@ -244,7 +244,8 @@ class LoadedModel:
         (causallm/generation/constraint.py). ``on_text(piece)`` sees the text as it is decoded;
         ``should_stop()`` is asked before every token and ends the generation (raising
         ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages through the
-        template, as transformers' ``tools=``."""
+        template, as transformers' ``tools=``; ``reply_prefix`` is text the reply starts with,
+        after the rendered messages."""
         with self.lock:
             self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
                               repetition_penalty, options)
@@ -255,7 +256,7 @@ class LoadedModel:
                 self._scheduler.forget()  # this generation writes over slot 0's cache
             model.setImages(images or [])  # before encoding: placeholders expand to image tokens
             try:
-                ids = self._encode_turn(prompt, tools)
+                ids = self._encode_turn(prompt, tools, reply_prefix)
 
                 def check(_row: int, _token: int) -> None:
                     if should_stop():
@@ -303,19 +304,21 @@ class LoadedModel:
                 stop: str | list[str] | None = None, greedy: bool = False,
                 repetition_penalty: float | None = None,
                 on_text: Callable[[str], None] | None = None, tools: list | None = None,
-                logprobs: int | None = None, skip_special_tokens: bool = True, **options):
+                logprobs: int | None = None, skip_special_tokens: bool = True,
+                reply_prefix: str = "", **options):
         """A ``Request`` for the scheduler: ``prompt`` and options as ``complete`` takes them
         (no images), its settings fixed now; ``logprobs`` k records each new token's
         log-probability and the k most likely (``Request.token_logprobs``);
         ``skip_special_tokens=False`` keeps special tokens in the text (a template's tool-call
-        markers)."""
+        markers); ``reply_prefix`` is text the reply starts with, after chat messages' rendered
+        prompt (a forced tool call's marker)."""
         from causallm.generation.scheduler import Request
 
         with self.lock:
             try:
                 self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop,
                                   greedy, repetition_penalty, options)
-                ids = self._encode_turn(prompt, tools)
+                ids = self._encode_turn(prompt, tools, reply_prefix)
                 model = self.model
                 settings = model.generationSettings()
                 n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens

@@ -166,6 +166,14 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
         value = number(body, name, -2, 2)
         if value:  # 0 (OpenAI's default) is off
             options[name] = value
+    response_format = body.get("response_format")
+    if response_format is not None:
+        from causallm.generation.constraint import compile_response_format
+        try:  # checked here, before the request queues: a 400 naming the field
+            compile_response_format(loaded.model.tokenizer, response_format)
+        except CausalLMError as e:
+            raise BadRequest(str(e), "response_format") from None
+        options["response_format"] = response_format
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
@@ -298,6 +306,7 @@ class _WorkerJob(_Job):
                  options: dict, stream: bool) -> None:
         super().__init__(events, index, stats)
         on_text = (lambda t: self.put("text", (t, []))) if stream else None
+        options = {k: v for k, v in options.items() if k != "skip_special_tokens"}
         self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
 
     def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
@@ -386,7 +395,7 @@ class _ToolCalls:
 
     def __init__(self, body: dict, messages: list[dict], loaded: LoadedModel) -> None:
         from causallm.tool_calls import (
-            ToolRequestError, check_tools, detect_family, prepare_messages)
+            ToolRequestError, check_tools, detect_family, prepare_messages, tool_call_schema)
 
         try:
             self.tools, self.choice = check_tools(body)
@@ -404,13 +413,21 @@ class _ToolCalls:
             raise BadRequest("this model's chat template writes tool calls in a form the server "
                              "does not read (known: Hermes/Qwen <tool_call>, Llama 3.1 JSON, "
                              "Mistral [TOOL_CALLS])", "tools")
-        if self.parse and self.choice != "auto":
-            raise BadRequest("'tool_choice' \"required\" or a named function needs constrained "
-                             "decoding, which this server does not do for tools yet: use "
-                             "\"auto\"", "tool_choice")
         self.options = {}
         if self.tools is not None:
             self.options = {"tools": self.tools, "skip_special_tokens": not self.parse}
+        self.forced = None
+        if self.parse and self.choice != "auto":  # "required" or a named function
+            self.forced = tool_call_schema(self.tools, self.choice, self.family)
+            if self.forced is None:
+                raise BadRequest(f"'tool_choice' \"required\" over several tools cannot be "
+                                 f"forced in this template's call format ({self.family}): name "
+                                 f"one function, or use \"auto\"", "tool_choice")
+            if body.get("response_format") is not None:
+                raise BadRequest("'response_format' does not go with a forced 'tool_choice'",
+                                 "response_format")
+            # the reply starts with the call's marker and is held to the call's JSON
+            self.options.update(reply_prefix=self.forced.prefix, json_schema=self.forced.schema)
 
 
 class _Answer:
@@ -428,6 +445,11 @@ class _Answer:
         self.calls = calls if calls is not None and calls.parse else None
         self.reader = (ToolCallStream(self.calls.family, self.calls.tools)
                        if self.calls is not None and stream else None)
+        forced = self.calls.forced if self.calls is not None else None
+        self.prefix, self.suffix = (forced.prefix, forced.suffix) if forced else ("", "")
+        self.held = []  # the reader's first deltas (the forced prefix: held, not content)
+        if self.reader is not None and self.prefix:
+            self.held = self.reader.feed(self.prefix)
         self.logprobs = None  # entries not yet sent (a streamed answer)
         self.sent = 0
         self.offset = 0
@@ -476,7 +498,8 @@ class _Answer:
         message = {"role": "assistant", "content": done.text}
         finish = done.finish_reason
         if self.calls is not None:
-            content, calls = parse_tool_calls(done.text, self.calls.family, self.calls.tools)
+            content, calls = parse_tool_calls(self.prefix + done.text + self.suffix,
+                                              self.calls.family, self.calls.tools)
             message["content"] = content
             if calls:
                 message["tool_calls"] = calls
@@ -496,7 +519,8 @@ class _Answer:
         self.sent += len(entries)
         if self.reader is None:
             return [self._part({"content": text} if self.chat else text, entries)]
-        parts = [self._part(delta, None) for delta in self.reader.feed(text)]
+        deltas, self.held = self.held + self.reader.feed(text), []
+        parts = [self._part(delta, None) for delta in deltas]
         if entries:
             self.logprobs = (self.logprobs or []) + list(entries)
         if parts and self.logprobs:
@@ -512,7 +536,8 @@ class _Answer:
         parts = []
         finish = done.finish_reason
         if self.reader is not None:
-            parts = [self._part(delta, None) for delta in self.reader.finish()]
+            deltas = self.held + self.reader.feed(self.suffix) + self.reader.finish()
+            parts = [self._part(delta, None) for delta in deltas]
             finish = finish_reason(self.reader.calls, finish)
         if rest:
             parts.append(self._part({} if self.chat else "", rest))

@@ -33,7 +33,7 @@ class Forced:
         self.tokens = list(tokens)
         self.seen = []
 
-    def select(self, logits, histories):
+    def select(self, logits, histories, constraints=None):
         self.seen.append(logits[0].copy())
         return np.array([self.tokens[len(self.seen) - 1]])
 

@@ -614,3 +614,62 @@ def test_a_text_model_refuses_images(server):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]})
     assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
+
+
+def test_a_required_tool_call_is_forced_and_read_back(tmp_path):
+    """tool_choice naming a function: the reply starts with the template's call marker and is
+    held to the call's JSON (the function's parameters' schema), so even this random model
+    calls it; streamed, the same call comes as one tool_calls delta."""
+    folder = tmp_path / "tiny-qwen-template"
+    shutil.copytree(TINY, folder)
+    shutil.copy(os.path.join(ROOT, "tests", "data", "chat_templates", "qwen2.5",
+                             "chat_template.jinja"), folder / "chat_template.jinja")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"], "additionalProperties": False}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    proc, url = start_server(str(folder), tmp_path / "server.log", "-n", "400")  # 331 + 400
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        body = dict(model="x", messages=QUESTION, max_tokens=200, temperature=0, tools=tools,
+                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        r = client.chat.completions.create(**body)
+        call, = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+        deltas = [d for c in client.chat.completions.create(**body, stream=True) if c.choices
+                  for d in (c.choices[0].delta.tool_calls or [])]
+        assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+            [(call.function.name, json.loads(call.function.arguments))]
+        with pytest.raises(openai.BadRequestError) as e:  # names a tool not declared
+            client.chat.completions.create(**{**body, "tool_choice": {
+                "type": "function", "function": {"name": "nope"}}})
+        assert e.value.body["param"] == "tool_choice.function.name"
+    finally:
+        stop_server(proc)
+
+
+def test_response_format_holds_the_answer_to_the_schema(client, local):
+    """json_schema: the answer parses and validates (a random model's, so only the constraint
+    makes it JSON), as the Python API's does, streamed too; a schema that is not one is a 400."""
+    schema = {"type": "object", "properties": {
+        "answer": {"type": "string", "enum": ["yes", "no"]},
+        "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["answer", "score"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}}
+    body = dict(model="x", messages=QUESTION, max_tokens=60, temperature=0, response_format=fmt)
+    r = client.chat.completions.create(**body)
+    value = json.loads(r.choices[0].message.content)
+    assert value["answer"] in ("yes", "no") and 0 <= value["score"] <= 9
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == local.complete(
+        QUESTION, greedy=True, max_new_tokens=60, response_format=fmt).text
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(**body, stream=True) if c.choices)
+    assert streamed == r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**{**body, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}})
+    assert e.value.body["param"] == "response_format"
