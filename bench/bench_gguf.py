@@ -64,7 +64,8 @@ from dataclasses import dataclass
 
 from children import (SEED, ChildFailed, best_pp_tg, busy_cores, busy_neighbour, kl_top1,
                       last_line, leading_agreement, machine_load, measured_run, new_folder,
-                      output_options, peak_rss_mb, print_results, quiet_llama_cpp, report, spawn, thread_env)
+                      output_options, peak_rss_mb, print_results, quiet_llama_cpp, report,
+                      spawn, thread_env)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)

@@ -418,6 +418,9 @@ def main(argv=None) -> None:
     ap.add_argument("--no-llama", action="store_true", help="ours alone: no llama-server")
     output_options(ap, CACHE_DIR)
     args = ap.parse_args(argv)
+    if min(args.threads, args.requests, args.max_tokens, args.parallel, args.ctx,
+           *args.clients) < 1:
+        ap.error("-t, --clients, --requests, --max-tokens, --parallel and --ctx must be >= 1")
     if args.from_json:
         with open(args.from_json) as f:
             print_table(json.load(f), sys.stdout)
@@ -482,7 +485,8 @@ def print_table(doc: dict, out) -> None:
     if tools:
         w(f"llama-server: llama-cpp-python {tools['version']}'s llama.cpp, -np {doc['parallel']} "
           f"-c {doc['ctx']}; {tools['system_info']}\n")
-    w(f"ours: {'--parallel ' + str(doc['parallel']) if doc['ours_parallel_option'] else 'no --parallel option'}\n")
+    parallel = f"--parallel {doc['parallel']}" if doc["ours_parallel_option"] else "no --parallel"
+    w(f"ours: main.py serve, {parallel}\n")
     for line in doc["skipped"]:
         w(f"skipped: {line}\n")
     servers = doc["servers"]
