@@ -35,10 +35,11 @@ For each file, ours and llama.cpp side by side, with our ratio, measured in this
    agrees. llama.cpp's side runs through llama-cpp-python's low-level API.
 
 llama.cpp's tools are built once into ``--cache-dir`` from the llama-cpp-python source package
-(its vendored llama.cpp; cmake, Release, GGML_NATIVE=ON, targets llama-simple and llama-bench),
-with the AMX fix below on a CPU that has AMX. The table ends with the targets, checked: start to
-first token <= 1.5x llama.cpp's, peak RSS <= 1.2x llama.cpp's, our greedy agreement >=
-llama.cpp's and our KL <= llama.cpp's. bench/README.md says more.
+(its vendored llama.cpp; cmake, Release, GGML_NATIVE=ON, targets llama-simple and llama-bench;
+bench_serve.py adds llama-server to the same build), with the AMX fix below on a CPU that has
+AMX. The table ends with the targets, checked: start to first token <= 1.5x llama.cpp's, peak
+RSS <= 1.2x llama.cpp's, our greedy agreement >= llama.cpp's and our KL <= llama.cpp's.
+bench/README.md says more.
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ import zipfile
 from dataclasses import dataclass
 
 from children import (SEED, ChildFailed, best_pp_tg, busy_cores, busy_neighbour, kl_top1,
-                      last_line, leading_agreement, measured_run, new_folder, peak_rss_mb,
-                      quiet_llama_cpp, report, spawn, thread_env)
+                      last_line, leading_agreement, machine_load, measured_run, new_folder,
+                      output_options, peak_rss_mb, print_results, quiet_llama_cpp, report,
+                      spawn, thread_env)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "causallm-bench")
+"""Where joined or downloaded files and the llama.cpp build live (``--cache-dir``)."""
 LLAMA_CPP_VERSION = "0.3.36"
 """llama-cpp-python's source package to build llama.cpp from when llama-cpp-python is not
 installed (when it is, its own version, so the tools and the quality child agree)."""
@@ -479,9 +483,15 @@ def system_info(bin_dir: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else f"unknown ({last_line(proc.stderr)})"
 
 
-def llama_cpp_tools(cache_dir: str, threads: int) -> dict:
-    """llama-simple and llama-bench, built once under ``cache_dir``: the folder, the build
-    log, whether the AMX fix is in, and the build's system-info line."""
+LLAMA_CPP_TARGETS = ("llama-simple", "llama-bench")
+"""The llama.cpp programs this bench runs; bench_serve.py asks for ``llama-server`` too."""
+
+
+def llama_cpp_tools(cache_dir: str, threads: int, targets=LLAMA_CPP_TARGETS) -> dict:
+    """The llama.cpp programs ``targets``, built under ``cache_dir`` when one of them is missing
+    (cmake finds the others up to date; the build is configured with the server on, so that
+    ``llama-server`` joins the same build): the folder, the build log (appended to), whether
+    the AMX fix is in, and the build's system-info line."""
     try:
         version = importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
@@ -492,24 +502,23 @@ def llama_cpp_tools(cache_dir: str, threads: int) -> dict:
     bin_dir = os.path.join(build, "bin")
     build_log = os.path.join(root, "build-amx-patched.log" if amx else "build.log")
     tools = {"version": version, "bin_dir": bin_dir, "build_log": build_log, "amx_fix": amx}
-    if not all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in ("llama-simple",
-                                                                      "llama-bench")):
+    if not all(os.access(os.path.join(bin_dir, t), os.X_OK) for t in targets):
         missing = [t for t in ("cmake", "cc", "c++") if shutil.which(t) is None]
         if missing:
             raise Skip(f"llama.cpp skipped: {', '.join(missing)} not found (it is built from "
                        f"source with cmake and a C/C++ compiler)")
         os.makedirs(root, exist_ok=True)
         src = llama_cpp_source(root, version, amx)
-        log(f"[llama.cpp] building llama-simple and llama-bench in {build} (several minutes; "
+        log(f"[llama.cpp] building {', '.join(targets)} in {build} (several minutes; "
             f"log: {build_log})")
         t0 = time.perf_counter()
-        with open(build_log, "w") as out:
+        with open(build_log, "a") as out:
             for cmd in (["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
                          "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                         "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
+                         "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_APP=OFF",
                          "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"],
                         ["cmake", "--build", build, "--config", "Release", "-j", str(threads),
-                         "--target", "llama-simple", "llama-bench"]):
+                         "--target", *targets]):
                 out.write("$ " + " ".join(cmd) + "\n")
                 out.flush()
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
@@ -648,11 +657,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-llama-cpp", action="store_true", help="measure ours alone")
     ap.add_argument("--busy", action="store_true",
                     help="measure pp again beside a process that keeps one core busy")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON only")
-    ap.add_argument("--from-json", default=None, metavar="FILE",
-                    help="print the table of the results a --json run saved, running nothing")
-    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache",
-                                                        "causallm-bench"))
+    output_options(ap, CACHE_DIR)
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
@@ -687,10 +692,7 @@ def main(argv=None) -> None:
     # process's (Linux): a value at or below this one says nothing about the child
     doc["loadavg_after"] = os.getloadavg()
     doc["parent_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if args.json:
-        print(json.dumps(doc, indent=1))
-    else:
-        print_table(doc, sys.stdout)
+    print_results(doc, args.json, print_table)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -701,8 +703,7 @@ def print_table(doc: dict, out) -> None:
     tools = doc.get("llama.cpp")
     busy = doc["busy_cores_before"]
     w(f"threads {doc['threads']}, best of {doc['repeat']} after a warm-up, pp{P}, tg{D}; "
-      f"{'?' if busy is None else f'{busy:.2f}'} of {os.cpu_count()} cores busy before the "
-      f"start, load average {doc['loadavg_after'][0]:.2f} at the end\n")
+      f"{machine_load(doc)}\n")
     if busy is not None and busy > 0.25:
         w("NOTE: other processes were using the CPU: spinning thread pools (ours and "
           "llama.cpp's) make multi-threaded numbers unreliable"

@@ -130,6 +130,32 @@ def measured_run(cmd: list[str], env: dict | None = None, cwd: str | None = None
             "stderr": out["stderr"].decode(errors="replace")}
 
 
+def output_options(ap, cache_dir: str) -> None:
+    """The options the real-file benches share on ``ap`` (an ArgumentParser): --json,
+    --from-json FILE and --cache-dir DIR (default ``cache_dir``)."""
+    ap.add_argument("--json", action="store_true", help="print the results as JSON only")
+    ap.add_argument("--from-json", default=None, metavar="FILE",
+                    help="print the table of the results a --json run saved, running nothing")
+    ap.add_argument("--cache-dir", default=cache_dir)
+
+
+def print_results(doc: dict, as_json: bool, print_table) -> None:
+    """A run's results ``doc`` on stdout: as JSON, or the table ``print_table(doc, out)``
+    writes."""
+    if as_json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print_table(doc, sys.stdout)
+
+
+def machine_load(doc: dict) -> str:
+    """How busy the machine was around a run whose results ``doc`` holds
+    (``busy_cores_before``, ``loadavg_after``), in words."""
+    busy = doc["busy_cores_before"]
+    return (f"{'?' if busy is None else f'{busy:.2f}'} of {os.cpu_count()} cores busy before "
+            f"the start, load average {doc['loadavg_after'][0]:.2f} at the end")
+
+
 def busy_cores(seconds: float = 1.0) -> float | None:
     """CPU cores kept busy by other processes while this one sleeps ``seconds`` (/proc/stat);
     None where /proc/stat is not available."""
