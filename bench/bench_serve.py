@@ -29,8 +29,9 @@ Each server gets one warm-up request, then:
 
 Before the servers, our CLI's decode speed on the same file and threads: ``main.py FILE PROMPT
 -n 64 --greedy --json -t T`` (its ``generation.tps``, the best of two runs). Targets: one
-client's tokens/s >= 0.9x that, and evaluated prompt tokens <= 1.2x the conversation's final
-length. Completion tokens come from the servers' ``usage`` (else the text chunks counted).
+client's decode speed (a request's tokens after its first over the time after its first, the
+median request: as the CLI's figure, the prefill left out) >= 0.9x that, and evaluated prompt
+tokens <= 1.2x the conversation's final length. Completion tokens come from the servers' ``usage`` (else the text chunks counted).
 A file with a chat template is served through ``/v1/chat/completions``; one without (the
 Gemma 3 GGUF has none) through ``/v1/completions``, the turns written out in the family's
 format here. Both servers are stopped (their process groups killed) however the run ends.
@@ -62,7 +63,7 @@ START_TIMEOUT = 900
 REQUEST_TIMEOUT = 600
 CLI_RUNS = 2
 TARGETS = """\
-targets: one client's tokens/s >= 0.9x our CLI's decode tok/s on the file; prompt tokens
+targets: one client's decode tok/s >= 0.9x our CLI's decode tok/s on the file; prompt tokens
 evaluated over the conversation <= 1.2x its final length"""
 
 SUBJECTS = ("the history of lighthouses", "how bees make honey", "the water cycle",
@@ -292,8 +293,13 @@ def load_level(server: Server, C: int, R: int, first: int, args, mode) -> dict:
     runs = [r for rs in results for r in rs]
     wall = max(e for _, e in spans) - min(s for s, _ in spans)
     tokens = sum(r["completion_tokens"] for r in runs)
+    decode = sorted((r["completion_tokens"] - 1) / (r["latency_s"] - r["ttft_s"]) for r in runs
+                    if r["ttft_s"] is not None and r["completion_tokens"] > 1
+                    and r["latency_s"] > r["ttft_s"])
     return {"clients": C, "requests": len(runs), "wall_s": wall, "completion_tokens": tokens,
-            "tok_s": tokens / wall, "p95_latency_s": p95([r["latency_s"] for r in runs]),
+            "tok_s": tokens / wall,
+            "decode_tok_s": decode[len(decode) // 2] if decode else None,
+            "p95_latency_s": p95([r["latency_s"] for r in runs]),
             "p95_ttft_s": p95([r["ttft_s"] for r in runs if r["ttft_s"] is not None]),
             "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs]}
 
@@ -518,12 +524,16 @@ def print_table(doc: dict, out) -> None:
     cli = doc.get("cli", {})
     if "failed" in cli:
         notes.append(f"CLI: {cli['failed']}")
-    one = a.get("levels", {}).get("1", {}).get("tok_s")
+    one = a.get("levels", {}).get("1", {}).get("decode_tok_s")
+    if 1 in doc["clients"]:
+        row("1 client: decode tok/s after the first token (median request)", one,
+            b.get("levels", {}).get("1", {}).get("decode_tok_s"), "{:.1f}")
     if cli.get("tps"):
         target = "-"
         if one:
             ok = one / cli["tps"] >= 0.9
-            target = f"1 client / CLI = {one / cli['tps']:.2f} >= 0.9 {'met' if ok else 'MISSED'}"
+            target = (f"1 client's decode / CLI = {one / cli['tps']:.2f} >= 0.9 "
+                      f"{'met' if ok else 'MISSED'}")
         row(f"our CLI decode, tok/s (-n {doc['max_tokens']} --greedy)", cli["tps"], None,
             "{:.1f}", target)
     ca, cb = a.get("conversation", {}), b.get("conversation", {})

@@ -196,6 +196,7 @@ class Scheduler:
                     self.cond.wait(0.5)
             if not stop.is_set():
                 self.step()
+                time.sleep(0)  # the GIL to other threads between steps (a server's loop)
 
     def forget(self) -> None:
         """Drop what the free slots hold (their caches were written by other means)."""
