@@ -163,3 +163,19 @@ def test_logprobs_are_the_models_distribution():
         assert abs(lp - want[token]) < 1e-3
         assert [i for i, _ in top] == list(np.argsort(-want, kind="stable")[:3])
         np.testing.assert_allclose([v for _, v in top], np.sort(want)[::-1][:3], atol=1e-3)
+
+
+def test_a_failing_step_ends_its_requests_with_the_error_and_the_engine_goes_on():
+    """A step that raises (here: a token id outside the vocabulary, which the embedding
+    refuses) ends the requests it carried with that error; the next request is served."""
+    model, scheduler = engine("llama-gqa3", slots=2)
+    settings = model.generationSettings(False)
+    bad = Request([5, 6, 10 ** 6], settings, 4)
+    with pytest.raises(CausalLMError, match="out of range"):
+        scheduler.generate([bad])
+    assert bad.done.is_set() and bad.finish_reason == "error" and not scheduler.running
+    r = forced_request(model, "llama-gqa3", 0)
+    scheduler.generate([r])
+    _, tokens, logits = reference("llama-gqa3", 0)
+    for step, row in enumerate(r.sampler.seen):
+        assert_logits_close(row, logits[step], f"after a failed step, step {step}")

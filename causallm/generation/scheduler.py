@@ -195,7 +195,10 @@ class Scheduler:
                 while not (self.waiting or self.running) and not stop.is_set():
                     self.cond.wait(0.5)
             if not stop.is_set():
-                self.step()
+                try:
+                    self.step()
+                except Exception:  # its requests have their error; the loop goes on
+                    pass
                 time.sleep(0)  # the GIL to other threads between steps (a server's loop)
 
     def forget(self) -> None:
@@ -251,7 +254,20 @@ class Scheduler:
 
     def step(self) -> bool:
         """One step of every running sequence (module docstring); False when there was
-        nothing to run."""
+        nothing to run. A step that fails ends every running request with its error (their
+        slots' caches are then unknown: forgotten) and raises it."""
+        try:
+            return self._step()
+        except BaseException as e:
+            for r in list(self.running):
+                r.error = e
+                r.finish_reason = "error"
+                r.slot.tokens.clear()
+                self.running.remove(r)
+                self._end(r, "error")
+            raise
+
+    def _step(self) -> bool:
         self._admit()
         for r in [r for r in self.running if r.cancelled]:
             self.running.remove(r)
