@@ -214,6 +214,10 @@ def test_sampling_with_a_seed_repeats(client):
 
     first = sample()
     assert sample() == first
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="x", prompt=PROMPTS[2], max_tokens=24, temperature=1.3, top_p=0.95, seed=11,
+        stream=True) if c.choices)
+    assert streamed == first
 
 
 def test_concurrent_requests_each_get_their_own_answer(server):
@@ -540,35 +544,41 @@ def test_n_choices_are_sequences_of_their_own(client):
     assert pieces == texts
 
 
-def test_tools_render_through_the_template_and_the_answer_is_read(tmp_path):
-    """tiny-llama with Qwen2.5's chat template (its <tool_call> format): the tools are in the
-    prompt the template renders (the Python API's prompt), and the answer, which this random
-    model never makes a call of, comes back as content, the same streamed and not."""
-    folder = tmp_path / "tiny-qwen-template"
+@pytest.fixture(scope="module")
+def qwen_template(tmp_path_factory):
+    """tiny-llama with Qwen2.5's chat template (its <tool_call> format), served with room for
+    a long prompt (the tools rendered: 331 tokens) and an answer -> (folder, base URL)."""
+    folder = tmp_path_factory.mktemp("tools") / "tiny-qwen-template"
     shutil.copytree(TINY, folder)
     shutil.copy(os.path.join(ROOT, "tests", "data", "chat_templates", "qwen2.5",
                              "chat_template.jinja"), folder / "chat_template.jinja")
+    proc, url = start_server(str(folder), folder.parent / "server.log", "-n", "400")
+    yield folder, url
+    stop_server(proc)
+
+
+def test_tools_render_through_the_template_and_the_answer_is_read(qwen_template):
+    """The tools are in the prompt the template renders (the Python API's prompt), and the
+    answer, which this random model never makes a call of, comes back as content, the same
+    streamed and not."""
+    folder, url = qwen_template
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                        "required": ["city"]}}}]
-    proc, url = start_server(str(folder), tmp_path / "server.log")
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        body = dict(model="x", messages=QUESTION, max_tokens=12, temperature=0)
-        plain = client.chat.completions.create(**body)
-        with_tools = client.chat.completions.create(**body, tools=tools)
-        local = causallm.load(str(folder))
-        want = local.encode(QUESTION, tools=tools)
-        assert with_tools.usage.prompt_tokens == len(want) > plain.usage.prompt_tokens
-        message = with_tools.choices[0].message
-        assert message.tool_calls is None and with_tools.choices[0].finish_reason == "length"
-        streamed = "".join(c.choices[0].delta.content or "" for c in
-                           client.chat.completions.create(**body, tools=tools, stream=True)
-                           if c.choices)
-        assert streamed == message.content
-    finally:
-        stop_server(proc)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    body = dict(model="x", messages=QUESTION, max_tokens=12, temperature=0)
+    plain = client.chat.completions.create(**body)
+    with_tools = client.chat.completions.create(**body, tools=tools)
+    local = causallm.load(str(folder))
+    want = local.encode(QUESTION, tools=tools)
+    assert with_tools.usage.prompt_tokens == len(want) > plain.usage.prompt_tokens
+    message = with_tools.choices[0].message
+    assert message.tool_calls is None and with_tools.choices[0].finish_reason == "length"
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(**body, tools=tools, stream=True)
+                       if c.choices)
+    assert streamed == message.content
 
 
 def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path):
@@ -600,6 +610,10 @@ def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path)
             images=paths, greedy=True, max_new_tokens=8)
         assert r.json()["choices"][0]["message"]["content"] == want.text
         assert r.json()["usage"]["prompt_tokens"] == want.prompt_tokens > 32  # 2 x 16 image tokens
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="x", messages=messages, max_tokens=8, temperature=0, stream=True) if c.choices)
+        assert streamed == want.text
         bad = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]})
         assert bad.status_code == 400
@@ -616,39 +630,32 @@ def test_a_text_model_refuses_images(server):
     assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
 
 
-def test_a_required_tool_call_is_forced_and_read_back(tmp_path):
+def test_a_required_tool_call_is_forced_and_read_back(qwen_template):
     """tool_choice naming a function: the reply starts with the template's call marker and is
     held to the call's JSON (the function's parameters' schema), so even this random model
     calls it; streamed, the same call comes as one tool_calls delta."""
-    folder = tmp_path / "tiny-qwen-template"
-    shutil.copytree(TINY, folder)
-    shutil.copy(os.path.join(ROOT, "tests", "data", "chat_templates", "qwen2.5",
-                             "chat_template.jinja"), folder / "chat_template.jinja")
+    _, url = qwen_template
     tools = [{"type": "function", "function": {
         "name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
             "required": ["city"], "additionalProperties": False}}},
         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    proc, url = start_server(str(folder), tmp_path / "server.log", "-n", "400")  # 331 + 400
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        body = dict(model="x", messages=QUESTION, max_tokens=200, temperature=0, tools=tools,
-                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        r = client.chat.completions.create(**body)
-        call, = r.choices[0].message.tool_calls
-        assert r.choices[0].finish_reason == "tool_calls"
-        assert call.function.name == "get_weather" and call.id.startswith("call_")
-        assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
-        deltas = [d for c in client.chat.completions.create(**body, stream=True) if c.choices
-                  for d in (c.choices[0].delta.tool_calls or [])]
-        assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
-            [(call.function.name, json.loads(call.function.arguments))]
-        with pytest.raises(openai.BadRequestError) as e:  # names a tool not declared
-            client.chat.completions.create(**{**body, "tool_choice": {
-                "type": "function", "function": {"name": "nope"}}})
-        assert e.value.body["param"] == "tool_choice.function.name"
-    finally:
-        stop_server(proc)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    body = dict(model="x", messages=QUESTION, max_tokens=200, temperature=0, tools=tools,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = client.chat.completions.create(**body)
+    call, = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    deltas = [d for c in client.chat.completions.create(**body, stream=True) if c.choices
+              for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+        [(call.function.name, json.loads(call.function.arguments))]
+    with pytest.raises(openai.BadRequestError) as e:  # names a tool not declared
+        client.chat.completions.create(**{**body, "tool_choice": {
+            "type": "function", "function": {"name": "nope"}}})
+    assert e.value.body["param"] == "tool_choice.function.name"
 
 
 def test_response_format_holds_the_answer_to_the_schema(client, local):
