@@ -14,11 +14,14 @@ as often as asked.
 
 ``create`` builds the model of a folder with the loading options applied, not yet initialized:
 main.py's ``run`` goes through it, so the CLI and the Python API load a model one way. ``load``
-then initializes it and loads its weights. Generation goes through the model's own
-``generate_tokens`` (the one generator loop, causallm/generation/generator.py); a call's
-sampling options are set on top of the configs' values and forgotten after it, and every call
-prefills from position 0, so one loaded model serves any number of calls. Calls from several
-threads take turns (a lock): the model's caches are never shared.
+then initializes it and loads its weights. ``complete`` (and ``generate``, ``stream``) goes
+through the model's own ``generate_tokens`` (the generator loop over batch rows,
+causallm/generation/generator.py) and prefills from position 0; ``complete_many`` and
+``request`` go through the scheduler (causallm/generation/scheduler.py), which decodes several
+prompts on the model's slots and reuses what a slot holds, prefix by prefix. A call's sampling
+options are set on top of the configs' values and forgotten after it, so one loaded model
+serves any number of calls. Calls from several threads take turns (a lock): the model's
+caches are never shared.
 """
 
 from __future__ import annotations

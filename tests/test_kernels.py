@@ -526,7 +526,7 @@ def test_serial_and_parallel_kernels_agree_exactly():
     vc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
     cos, sin = np.cos(np.ones((T, D // 2), np.float32)), np.sin(np.ones((T, D // 2), np.float32))
     outs = []
-    slots, positions = att.step_rows(B, 7, 5)
+    slots, positions = att.step_rows(B, 7, 5, B)
     serial = lambda *args: att._attend(*args, 0, B * KV * 3)  # noqa: E731  every task, in turn
     for kernel in (att.attention_parallel, serial):
         out = np.zeros_like(q)

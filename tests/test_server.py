@@ -614,8 +614,9 @@ def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path)
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             model="x", messages=messages, max_tokens=8, temperature=0, stream=True) if c.choices)
         assert streamed == want.text
-        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]})
+        not_png = {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}
+        bad = httpx.post(url + "/v1/chat/completions",
+                         json={"messages": [{"role": "user", "content": [not_png]}]})
         assert bad.status_code == 400
         assert bad.json()["error"]["param"] == "messages[0].content[0].image_url"
     finally:

@@ -159,13 +159,17 @@ class Scheduler:
             raise CausalLMError(f"prompt has {len(request.prompt)} tokens but the KV cache holds "
                                 f"{self.capacity} (prompt and new tokens together)")
         with self.cond:
-            if len(self.waiting) + len(self.running) >= self.n_slots + self.max_queue:
+            if not self._room():
                 raise QueueFull(f"the server is busy: its {self.n_slots} slots are decoding and "
                                 f"{len(self.waiting)} requests wait for one")
             self.waiting.append(request)
             self.stats["requests"] += 1
             self.cond.notify()
         return request
+
+    def _room(self) -> bool:
+        """Whether one more request may wait: fewer than the slots and the queue hold."""
+        return len(self.waiting) + len(self.running) < self.n_slots + self.max_queue
 
     @property
     def queued(self) -> int:
@@ -180,7 +184,7 @@ class Scheduler:
         one is done; they decode side by side, as many at a time as there are slots."""
         todo = deque(requests)
         while todo or not all(r.done.is_set() for r in requests):
-            while todo and len(self.waiting) + len(self.running) < self.n_slots + self.max_queue:
+            while todo and self._room():
                 self.submit(todo.popleft())
             self.step()
         for r in requests:

@@ -42,8 +42,8 @@ i.e. the keys at distance < window before the query (and the query's own), and o
 non-causal side those at distance < window_right after it: HF's bidirectional sliding window
 ``|q - kv| < window`` has window_right = window, T5Gemma2's encoder window W has
 window = (W + 1) // 2 and window_right = W // 2 + 1. Self-attention has kv_len = pos0 + nrows
-(the keys written so far; a causal query reads none past its own position); cross-attention (the cache holds the encoder's kv_len keys, no
-window) has every key. Then the cross keys, when given, all of them::
+(the keys written so far; a causal query reads none past its own position); cross-attention
+(the cache holds the encoder's kv_len keys, no window) has every key. Then the cross keys, when given, all of them::
 
     s_t = (q'.k_t) * scale [+ bias[b, h, C + t - p]]       t in [lo, hi), then every cross key
     s_t = tanh(s_t / softcap) * softcap                             if softcap > 0
@@ -108,16 +108,22 @@ def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim
     step's rows i < nrows of every batch b, at slot s = slots[b, i] (default b) and position
     p = positions[b, i] (default pos0 + i). The caches (S, n_kv, T, d) are float32, or uint16
     FP16 bits (values rounded to nearest even)."""
-    if positions is None:
-        slots, positions = step_rows(k.shape[0], pos0, nrows)
+    slots, positions = step_rows(k.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
     _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
 
 
-def step_rows(batch, pos0, nrows):
-    """The (slots, positions) of a step of ``nrows`` rows at pos0 in every batch row b: slot b,
-    positions pos0 + i; (batch, nrows) int64 each."""
-    slots = np.repeat(np.arange(batch, dtype=np.int64)[:, None], nrows, axis=1)
-    positions = np.repeat(np.arange(pos0, pos0 + nrows, dtype=np.int64)[None, :], batch, axis=0)
+def step_rows(batch, pos0, nrows, key_rows=None, slots=None, positions=None):
+    """``slots`` and ``positions`` as given, or those of a step of ``nrows`` rows at pos0 in
+    every batch row b ((batch, nrows) int64 each): positions pos0 + i and slot b, or with
+    ``key_rows`` B' rows of keys (an encoder's, shared by groups of query rows) row
+    b // (batch / B')."""
+    if slots is None:
+        slots = np.repeat(np.arange(batch, dtype=np.int64)[:, None], nrows, axis=1)
+        if key_rows is not None:
+            slots = slots * key_rows // batch
+    if positions is None:
+        positions = np.repeat(np.arange(pos0, pos0 + nrows, dtype=np.int64)[None, :], batch,
+                              axis=0)
     return slots, positions
 
 
@@ -359,12 +365,7 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
         parts = group  # too few groups for the threads: a task per head
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
-    if positions is None or slots is None:
-        default_slots, default_positions = step_rows(q.shape[0], pos0, nrows)
-        if slots is None:  # slot b, or for keys as rows (B', ...) row b // (B / B')
-            slots = default_slots * k_cache.shape[0] // q.shape[0]
-        if positions is None:
-            positions = default_positions
+    slots, positions = step_rows(q.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
     args = (q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
             slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
             min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts)
