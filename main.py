@@ -14,7 +14,6 @@ one line ``error: ...`` on stderr and exit status 2 (``--debug`` shows the trace
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import stat
 import sys
@@ -63,11 +62,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="beam search with N beams (generation_config num_beams)")
     p.add_argument("--num-return-sequences", type=int, default=None,
                    help="hypotheses a beam search returns (at most --num-beams)")
-    p.add_argument("--temp", type=float, default=None, help="sampling temperature")
+    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
+                   help="sampling temperature")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-    p.add_argument("--repeat-penalty", type=float, default=None,
-                   help="repetition penalty (1.0: off)")
+    p.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty",
+                   type=float, default=None, help="repetition penalty (1.0: off)")
     p.add_argument("--min-p", type=float, default=None,
                    help="keep tokens with probability >= P x the top one's (0: off)")
     p.add_argument("--typical-p", type=float, default=None,
@@ -112,35 +112,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+CLI_GENERATION_OPTIONS = (
+    "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "min_p",
+    "typical_p", "presence_penalty", "frequency_penalty", "no_repeat_ngram_size",
+    "min_new_tokens", "stop", "seed", "num_beams", "num_return_sequences", "greedy")
+"""The generation options (causallm/generation/options.py) the CLI takes as flags, each under
+its option's name as argparse's dest."""
+
+
 def _check_args(args: argparse.Namespace) -> None:
     from causallm.errors import CausalLMError
 
+    from causallm.generation.options import check
+
+    for name in CLI_GENERATION_OPTIONS:  # one check of each option, as the API's and server's
+        check(name, getattr(args, name), "flag")
     checks = [
-        (args.max_new_tokens is not None and args.max_new_tokens < 1, "-n must be at least 1"),
-        (args.temp is not None and not (math.isfinite(args.temp) and args.temp >= 0),
-         "--temp must be a finite number >= 0"),
-        (args.top_k is not None and args.top_k < 0, "--top-k must be >= 0"),
-        (args.top_p is not None and not 0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
-        (args.repeat_penalty is not None
-         and not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0),
-         "--repeat-penalty must be a finite number > 0"),
-        (args.min_p is not None and not 0 <= args.min_p <= 1, "--min-p must be in [0, 1]"),
-        (args.typical_p is not None and not 0 < args.typical_p <= 1,
-         "--typical-p must be in (0, 1]"),
-        (args.presence_penalty is not None and not math.isfinite(args.presence_penalty),
-         "--presence-penalty must be a finite number"),
-        (args.frequency_penalty is not None and not math.isfinite(args.frequency_penalty),
-         "--frequency-penalty must be a finite number"),
-        (args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 0,
-         "--no-repeat-ngram-size must be >= 0"),
-        (args.min_new_tokens is not None and args.min_new_tokens < 0,
-         "--min-new-tokens must be >= 0"),
-        (args.stop is not None and "" in args.stop, "--stop needs a non-empty string"),
-        (args.seed is not None and args.seed < 0, "--seed must be >= 0"),
         (args.threads is not None and args.threads < 1, "-t must be at least 1"),
-        (args.num_beams is not None and args.num_beams < 1, "--num-beams must be at least 1"),
-        (args.num_return_sequences is not None and args.num_return_sequences < 1,
-         "--num-return-sequences must be at least 1"),
         (args.greedy and args.num_beams is not None and args.num_beams > 1,
          "--greedy means one beam; it cannot go with --num-beams > 1"),
         (args.interactive and args.prompt is not None,
@@ -299,13 +287,9 @@ def run(args: argparse.Namespace) -> int:
         (None, None)
     try:
         model.setGenerationOptions(
-            temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-            repetition_penalty=args.repeat_penalty, seed=args.seed, greedy=args.greedy,
-            num_beams=args.num_beams, num_return_sequences=args.num_return_sequences,
-            min_p=args.min_p, typical_p=args.typical_p, presence_penalty=args.presence_penalty,
-            frequency_penalty=args.frequency_penalty,
-            no_repeat_ngram_size=args.no_repeat_ngram_size, min_new_tokens=args.min_new_tokens,
-            stop_strings=args.stop, json_schema=schema,
+            **{name: getattr(args, name) for name in CLI_GENERATION_OPTIONS
+               if name not in ("max_new_tokens", "num_beams")},
+            json_schema=schema,
             response_format={"type": "json_object"} if args.json_object else None)
     except CausalLMError as e:  # the schema's errors name the flag and the file
         if schema_source and str(e).startswith("json_schema: "):
@@ -382,11 +366,11 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
 def serve(args: argparse.Namespace) -> int:
     """``causallm serve``: load the model once, then answer HTTP requests until interrupted."""
     from causallm.errors import CausalLMError
+    from causallm.generation.options import check
 
     if not 0 <= args.port <= 65535:
         raise CausalLMError("--port must be in [0, 65535]")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise CausalLMError("-n must be at least 1")
+    check("max_new_tokens", args.max_new_tokens, "flag")
     if args.threads is not None and args.threads < 1:
         raise CausalLMError("-t must be at least 1")
     if args.parallel is not None and args.parallel < 1:

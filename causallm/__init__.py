@@ -58,7 +58,8 @@ __all__ = ["CausalLMError", "load"]
 
 def load(path: str, **options):
     """A model folder or .gguf file, loaded for ``generate`` / ``stream`` / ``embed``: see
-    causallm/loader.py (``options``: dtype, kv_dtype, threads, num_beams, nntr_config keys)."""
+    causallm/loader.py (``options``: dtype, kv_dtype, threads, plugins, nntr_config keys and
+    generation options, the defaults of every call; anything else is an error)."""
     from causallm.loader import load as _load
 
     return _load(path, **options)

@@ -52,36 +52,55 @@ def model_path_error(path: str) -> str | None:
 
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
-           threads: int | None = None, num_beams: int | None = None, plugins=(),
-           flags: dict[str, str] | None = None, **nntr_options):
-    """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized:
-    ``nntr_options`` replace nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
-    ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
-    Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
-    ``num_beams`` sizes the graph for beam search; ``plugins`` are model files to register
+           threads: int | None = None, plugins=(), flags: dict[str, str] | None = None,
+           **options):
+    """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized.
+    ``options`` are nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
+    ``max_seq_len``, ``slots``, ...: they replace the file's) and generation options
+    (causallm/generation/options.py: ``max_new_tokens``, ``temperature``, ``num_beams``, ...:
+    the defaults of every generation, over generation_config.json's; ``max_new_tokens`` is
+    num_to_generate, as the CLI's -n); anything else is an error naming it. ``dtype`` holds
+    the packable weights as FP32 / BF16 / FP16 / Q8_0 / Q4_0 ..., ``kv_dtype`` the KV cache as
+    FP32 / FP16, ``threads`` sets the kernel threads; ``plugins`` are model files to register
     first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name the command-line flag
     behind an nntr option, for its errors (``Factory.createFromFolder``)."""
     from causallm.factory import Factory, loadPlugin
+    from causallm.generation.options import OPTIONS, check_all, unknown
+    from causallm.io.config import NNTR_KEYS
     from causallm.models.transformer import set_threads
 
+    bad = [k for k in options if k not in OPTIONS and k not in NNTR_KEYS]
+    if bad:
+        own = ("dtype", "kv_dtype", "threads", "plugins")
+        raise unknown(bad, [*own, *OPTIONS, *NNTR_KEYS], "load")
+    nntr = {k: v for k, v in options.items() if k in NNTR_KEYS}
+    generation = check_all({k: v for k, v in options.items() if k in OPTIONS}, what="load")
+    flags = dict(flags or {})
+    if "max_new_tokens" in generation:
+        if "num_to_generate" in nntr:
+            raise CausalLMError("load: give max_new_tokens or num_to_generate, not both (they "
+                                "are one setting)")
+        nntr["num_to_generate"] = generation.pop("max_new_tokens")
+        flags.setdefault("num_to_generate", "max_new_tokens")
     error = model_path_error(path)
     if error:
         raise CausalLMError(error)
     if threads is not None:
-        if not (isinstance(threads, int) and threads >= 1):
+        if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
         set_threads(threads)
     for plugin in plugins:
         loadPlugin(plugin)
-    model = Factory.Instance().createFromFolder(path, flags=flags, **nntr_options)
-    model.setGenerationOptions(num_beams=num_beams)
+    model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)
+    model.setGenerationOptions(**generation)
     model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
     model.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
     return model
 
 
 def load(path: str, **options) -> "LoadedModel":
-    """``create(path, **options)``, initialized and with its weights loaded."""
+    """``create(path, **options)``, initialized and with its weights loaded: generation
+    options given here are the defaults of its every call."""
     model = create(path, **options)
     model.initialize()
     model.load_weight()
@@ -192,29 +211,22 @@ class LoadedModel:
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
 
     # -- generation -------------------------------------------------------------------------
-    def _set_options(self, max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
-                     repetition_penalty, options: dict) -> None:
-        """A call's options over the configs' values, on the model (hold ``lock``)."""
+    def _set_options(self, options: dict, what: str) -> int | None:
+        """A call's generation options (causallm/generation/options.py) over the configs' and
+        load()'s values, on the model (hold ``lock``); returns its max_new_tokens (None: the
+        model's num_to_generate). ``what`` names the call in errors."""
+        from causallm.generation.options import check_all
+
         if not self.generates:
             raise CausalLMError(f"{self.architecture} does not generate text (it is an "
                                 f"embedding model: use embed)")
-        if max_new_tokens is not None and not (isinstance(max_new_tokens, int)
-                                               and max_new_tokens >= 1):
-            raise CausalLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop:
-            options["stop_strings"] = list(stop)
-        options = {k: v for k, v in options.items() if v is not None}
+        options = check_all(options, what=what)
+        max_new_tokens = options.pop("max_new_tokens", None)
         model = self.model
         for key, value in self._defaults.items():  # the configs' values, every call
             setattr(model, key, value)
-        try:
-            model.setGenerationOptions(temperature=temperature, top_k=top_k, top_p=top_p,
-                                       repetition_penalty=repetition_penalty, seed=seed,
-                                       greedy=greedy, **options)
-        except TypeError as e:
-            raise CausalLMError(f"unknown generation option ({e})") from None
+        model.setGenerationOptions(**options)
+        return max_new_tokens
 
     def _encode_turn(self, prompt, tools: list | None = None,
                      reply_prefix: str = "") -> list[int]:
@@ -237,8 +249,9 @@ class LoadedModel:
         nntr_config num_to_generate). ``temperature`` / ``top_p`` / ``top_k`` switch sampling
         on (temperature 0 is greedy), ``greedy`` forces argmax; without them the configs decide
         (generation_config.json). ``stop`` (a string or strings) ends the text before the
-        first one; ``options`` are further LanguageModel.setGenerationOptions keywords
-        (``min_p``, ``presence_penalty``, ...). ``images`` (a vision model's: paths, Pillow
+        first one; ``options`` are further generation options (``min_p``,
+        ``presence_penalty``, ...: causallm/generation/options.py; an unknown one is an error).
+        Options not given keep load()'s, else the configs'. ``images`` (a vision model's: paths, Pillow
         images or pixel values) go with the prompt as the CLI's --image do (at its
         placeholders, or in front), for this call only. ``response_format`` (OpenAI's:
         ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name",
@@ -249,9 +262,11 @@ class LoadedModel:
         ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages through the
         template, as transformers' ``tools=``; ``reply_prefix`` is text the reply starts with,
         after the rendered messages."""
+        options.update(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                       top_k=top_k, seed=seed, stop=stop, greedy=greedy,
+                       repetition_penalty=repetition_penalty)
         with self.lock:
-            self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop, greedy,
-                              repetition_penalty, options)
+            max_new_tokens = self._set_options(options, "complete")
             if should_stop is not None and should_stop():
                 raise Stopped()
             model = self.model
@@ -317,10 +332,12 @@ class LoadedModel:
         prompt (a forced tool call's marker)."""
         from causallm.generation.scheduler import Request
 
+        options.update(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                       top_k=top_k, seed=seed, stop=stop, greedy=greedy,
+                       repetition_penalty=repetition_penalty)
         with self.lock:
             try:
-                self._set_options(max_new_tokens, temperature, top_p, top_k, seed, stop,
-                                  greedy, repetition_penalty, options)
+                max_new_tokens = self._set_options(options, "request")
                 ids = self._encode_turn(prompt, tools, reply_prefix)
                 model = self.model
                 settings = model.generationSettings()

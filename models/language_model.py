@@ -20,13 +20,14 @@ for the system-prompt KV cache) and ``chatPrompt`` are the other hooks.
 
 from __future__ import annotations
 
-import math
 import sys
 
 from causallm.errors import CausalLMError
 from causallm.generation.beam import BeamSearch
 from causallm.generation.constraint import compile_json_schema, compile_response_format
 from causallm.generation.generator import GenerationResult, Generator, PerformanceMetrics
+from causallm.generation.options import check_all as check_options
+from causallm.generation.options import check_config
 from causallm.generation.processors import GenerationSettings
 from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
@@ -56,6 +57,16 @@ METADATA_GENERATION_KEYS = frozenset((
 """generation_config.json keys that do not change the tokens chosen: no warning."""
 
 
+OPTION_ATTRIBUTES = {
+    "temperature": "TEMPERATURE", "top_k": "TOP_K", "top_p": "TOP_P", "min_p": "MIN_P",
+    "typical_p": "TYPICAL_P", "repetition_penalty": "REPETITION_PENALTY",
+    "presence_penalty": "PRESENCE_PENALTY", "frequency_penalty": "FREQUENCY_PENALTY",
+    "no_repeat_ngram_size": "NO_REPEAT_NGRAM_SIZE", "min_new_tokens": "MIN_NEW_TOKENS",
+    "seed": "SEED", "stop": "STOP_STRINGS", "num_beams": "NUM_BEAMS",
+    "num_return_sequences": "NUM_RETURN_SEQUENCES", "bad_words_ids": "BAD_WORDS_IDS"}
+"""The attribute each generation option (causallm/generation/options.py) sets on the model."""
+
+
 def unappliedKeyWarnings(generation_cfg: JsonConfig) -> list[str]:
     """One warning line per generation_config.json key that is neither applied nor metadata."""
     return [f"warning: {generation_cfg.name}: '{key}' is not applied\n" for key in generation_cfg
@@ -82,17 +93,11 @@ class LanguageModel(Transformer):
         self.BOS_TOKEN_ID = bos[0] if bos else None
         g = GENERATION_DEFAULTS
         self.DO_SAMPLE = generation_cfg.get_bool("do_sample", g["do_sample"])
-        self.TOP_K = generation_cfg.get_int("top_k", g["top_k"], minimum=0)
-        self.TOP_P = generation_cfg.get_float("top_p", g["top_p"])
-        if not 0.0 <= self.TOP_P <= 1.0:
-            raise generation_cfg.error("top_p", "a number in [0, 1] (1.0 = off)")
-        self.TEMPERATURE = generation_cfg.get_float("temperature", g["temperature"])
-        if not self.TEMPERATURE >= 0.0:
-            raise generation_cfg.error("temperature", "a number >= 0 (0 = greedy)")
-        self.REPETITION_PENALTY = generation_cfg.get_float("repetition_penalty",
-                                                           g["repetition_penalty"])
-        if not self.REPETITION_PENALTY > 0.0:
-            raise generation_cfg.error("repetition_penalty", "a number > 0 (1.0 = off)")
+        self.TOP_K = check_config(generation_cfg, "top_k", g["top_k"])
+        self.TOP_P = float(check_config(generation_cfg, "top_p", g["top_p"]))
+        self.TEMPERATURE = float(check_config(generation_cfg, "temperature", g["temperature"]))
+        self.REPETITION_PENALTY = float(check_config(generation_cfg, "repetition_penalty",
+                                                     g["repetition_penalty"]))
         self.SEED = None
         self.PRESENCE_PENALTY = 0.0   # OpenAI's / llama.cpp's, not generation_config keys
         self.FREQUENCY_PENALTY = 0.0
@@ -108,118 +113,80 @@ class LanguageModel(Transformer):
         config.json when the folder has no generation_config.json (GenerationConfig's
         from_model_config). Beyond the C++, which decodes one row greedily or by sampling."""
         src = generation_cfg if generation_cfg.exists else cfg
-        self.NUM_BEAMS = src.get_int("num_beams", 1, minimum=1)
+        self.NUM_BEAMS = check_config(src, "num_beams", 1)
         if self.NUM_BEAMS > self.NUM_VOCAB:
             raise src.error("num_beams", f"at most vocab_size ({self.NUM_VOCAB})")
-        self.NUM_RETURN_SEQUENCES = src.get_int("num_return_sequences", 1, minimum=1)
+        self.NUM_RETURN_SEQUENCES = check_config(src, "num_return_sequences", 1)
         self.LENGTH_PENALTY = src.get_float("length_penalty", 1.0)
         early = src.get("early_stopping", False)
         if early not in (True, False, "never"):
             raise src.error("early_stopping", "true, false or \"never\"")
         self.EARLY_STOPPING = early
-        self.NO_REPEAT_NGRAM_SIZE = src.get_int("no_repeat_ngram_size", 0, minimum=0)
+        self.NO_REPEAT_NGRAM_SIZE = check_config(src, "no_repeat_ngram_size", 0)
         self.MIN_LENGTH = src.get_int("min_length", 0, minimum=0)
-        self.MIN_NEW_TOKENS = src.get_int("min_new_tokens", 0, minimum=0)
+        self.MIN_NEW_TOKENS = check_config(src, "min_new_tokens", 0)
         forced_bos = src.get_int("forced_bos_token_id", -1, minimum=0) \
             if src.contains("forced_bos_token_id") else None
         self.FORCED_BOS_TOKEN_ID = forced_bos
         self.FORCED_EOS_TOKEN_ID = src.get_int_list("forced_eos_token_id", [])
-        words = src.get("bad_words_ids") or []
-        if not (isinstance(words, list) and all(
-                isinstance(w, list) and w and all(isinstance(t, int) and not isinstance(t, bool)
-                                                  and 0 <= t < self.NUM_VOCAB for t in w)
-                for w in words)):
+        words = check_config(src, "bad_words_ids", [])
+        if any(t >= self.NUM_VOCAB for w in words for t in w):
             raise src.error("bad_words_ids", f"a list of non-empty lists of token ids in "
                                              f"[0, {self.NUM_VOCAB})")
         self.BAD_WORDS_IDS = words
         self.RENORMALIZE_LOGITS = src.get_bool("renormalize_logits", False)
-        self.MIN_P = src.get_float("min_p", 0.0)
-        if not 0.0 <= self.MIN_P <= 1.0:
-            raise src.error("min_p", "a number in [0, 1] (0 = off)")
-        self.TYPICAL_P = src.get_float("typical_p", 1.0)
-        if not 0.0 < self.TYPICAL_P <= 1.0:
-            raise src.error("typical_p", "a number in (0, 1] (1.0 = off)")
-        stops = src.get("stop_strings") or []
-        stops = [stops] if isinstance(stops, str) else stops
-        if not (isinstance(stops, list) and all(isinstance(t, str) and t for t in stops)):
-            raise src.error("stop_strings", "a non-empty string or a list of them")
-        self.STOP_STRINGS = stops
+        self.MIN_P = float(check_config(src, "min_p", 0.0))
+        self.TYPICAL_P = float(check_config(src, "typical_p", 1.0))
+        self.STOP_STRINGS = check_config(src, "stop", [])
         for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
                            ("forced_eos_token_id", self.FORCED_EOS_TOKEN_ID)):
             if any(t >= self.NUM_VOCAB for t in value):
                 raise src.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
 
     # -- token selection --------------------------------------------------------------------
-    def setGenerationOptions(self, temperature: float | None = None, top_k: int | None = None,
-                             top_p: float | None = None, repetition_penalty: float | None = None,
-                             seed: int | None = None, greedy: bool = False,
-                             num_beams: int | None = None,
-                             num_return_sequences: int | None = None,
-                             min_p: float | None = None, typical_p: float | None = None,
-                             presence_penalty: float | None = None,
-                             frequency_penalty: float | None = None,
-                             no_repeat_ngram_size: int | None = None,
-                             min_new_tokens: int | None = None,
-                             bad_words_ids: list[list[int]] | None = None,
-                             stop_strings: list[str] | None = None,
-                             response_format: dict | None = None,
-                             json_schema: dict | None = None) -> None:
-        """The CLI's options over the configs' values (None keeps the config's): a temperature,
-        top-k, top-p, min-p or typical-p switches sampling on; ``greedy`` means one beam,
-        argmax; temperature 0 is greedy (``samples``). ``bad_words_ids`` and ``stop_strings``
+    def setGenerationOptions(self, **options) -> None:
+        """Generation options (causallm/generation/options.py: their names, checks and the
+        surfaces they come from) over the configs' values; None keeps the config's. A
+        temperature, top-k, top-p, min-p or typical-p switches sampling on; ``greedy`` means
+        one beam, argmax; temperature 0 is greedy (``samples``). ``bad_words_ids`` and ``stop``
         replace the generation_config ones. ``response_format`` (OpenAI's: ``{"type":
         "json_object"}``, ``{"type": "json_schema", "json_schema": {"name", "schema",
         "strict"}}`` or ``{"type": "text"}``) or ``json_schema`` (a JSON Schema object) holds
         the answer to JSON (causallm/generation/constraint.py), compiled here against the
         tokenizer so a bad one fails before anything runs; one beam only. The beams size the
-        graph: set them before ``initialize()``."""
-        checks = [
-            (min_p is not None and not 0.0 <= min_p <= 1.0,
-             f"min_p must be in [0, 1], got {min_p}"),
-            (typical_p is not None and not 0.0 < typical_p <= 1.0,
-             f"typical_p must be in (0, 1], got {typical_p}"),
-            (any(v is not None and not math.isfinite(v)
-                 for v in (presence_penalty, frequency_penalty)),
-             "presence_penalty and frequency_penalty must be finite numbers"),
-            (any(v is not None and v < 0 for v in (no_repeat_ngram_size, min_new_tokens)),
-             "no_repeat_ngram_size and min_new_tokens must be >= 0"),
-            (bad_words_ids is not None and not all(
-                w and all(0 <= t < self.NUM_VOCAB for t in w) for w in bad_words_ids),
-             f"bad_words_ids must be non-empty lists of token ids in [0, {self.NUM_VOCAB})"),
-            (stop_strings is not None and not all(isinstance(t, str) and t for t in stop_strings),
-             "stop_strings must be non-empty strings"),
-        ]
-        for bad, message in checks:
-            if bad:
-                raise CausalLMError(message)
+        graph: set them before ``initialize()``. ``max_new_tokens`` is a generation's own
+        argument (``generate_tokens``; ``num_to_generate`` sizes the KV cache)."""
+        if "max_new_tokens" in options:
+            raise CausalLMError("setGenerationOptions: max_new_tokens is generate_tokens' "
+                                "argument (nntr_config num_to_generate sizes the KV cache)")
+        options = check_options(options, what="setGenerationOptions")
+        bad_words_ids = options.get("bad_words_ids")
+        if bad_words_ids is not None and any(t >= self.NUM_VOCAB for w in bad_words_ids
+                                             for t in w):
+            raise CausalLMError(f"bad_words_ids must be token ids below the vocabulary size "
+                                f"({self.NUM_VOCAB})")
+        response_format = options.pop("response_format", None)
+        json_schema = options.pop("json_schema", None)
+        greedy = options.pop("greedy", False)
+        num_beams = options.get("num_beams")
+        if num_beams is not None and num_beams > self.NUM_VOCAB:
+            raise CausalLMError(f"num_beams must be at most the vocabulary size "
+                                f"({self.NUM_VOCAB}), got {num_beams}")
         if response_format is not None and json_schema is not None:
             raise CausalLMError("give response_format or json_schema, not both")
         if response_format is not None:
             self.RESPONSE_FORMAT = compile_response_format(self.tokenizer, response_format)
         elif json_schema is not None:
             self.RESPONSE_FORMAT = compile_json_schema(self.tokenizer, json_schema)
-        for name, value in (("TEMPERATURE", temperature), ("TOP_K", top_k), ("TOP_P", top_p),
-                            ("REPETITION_PENALTY", repetition_penalty), ("SEED", seed),
-                            ("NUM_BEAMS", num_beams),
-                            ("NUM_RETURN_SEQUENCES", num_return_sequences),
-                            ("MIN_P", min_p), ("TYPICAL_P", typical_p),
-                            ("PRESENCE_PENALTY", presence_penalty),
-                            ("FREQUENCY_PENALTY", frequency_penalty),
-                            ("NO_REPEAT_NGRAM_SIZE", no_repeat_ngram_size),
-                            ("MIN_NEW_TOKENS", min_new_tokens),
-                            ("BAD_WORDS_IDS", bad_words_ids), ("STOP_STRINGS", stop_strings)):
-            if value is not None:
-                setattr(self, name, value)
-        if any(v is not None for v in (temperature, top_k, top_p, min_p, typical_p)):
+        for name, value in options.items():
+            setattr(self, OPTION_ATTRIBUTES[name], value)
+        if any(k in options for k in ("temperature", "top_k", "top_p", "min_p", "typical_p")):
             self.DO_SAMPLE = True
         if greedy:
             self.DO_SAMPLE = False
             self.NUM_BEAMS = 1
-            if num_return_sequences is None:
+            if "num_return_sequences" not in options:
                 self.NUM_RETURN_SEQUENCES = 1
-        if num_beams is not None and not 1 <= num_beams <= self.NUM_VOCAB:
-            raise CausalLMError(f"num_beams must be in [1, {self.NUM_VOCAB}] (the vocabulary), "
-                                f"got {num_beams}")
         if self.is_initialized and self.NUM_BEAMS != self.beams_built:
             raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
                                 f"num_beams before initialize()")

@@ -561,8 +561,14 @@ class Transformer:
         return 1
 
     def setGenerationOptions(self, **options) -> None:
-        """Sampling options (temperature, top_k, ...) from the command line: a model that does
-        not generate has none to set (LanguageModel overrides this)."""
+        """Generation options (temperature, top_k, ...: causallm/generation/options.py): a
+        model that does not generate takes none (LanguageModel overrides this); None values
+        are options not given."""
+        given = [k for k, v in options.items() if v is not None and v is not False]
+        if given:
+            name = getattr(self, "architecture", type(self).__name__)
+            raise CausalLMError(f"{name} does not generate text: it takes no generation "
+                                f"options ({', '.join(given)})")
 
     def setImages(self, images) -> None:
         """The images of the next run (a vision model's: models/vision_language.py); a text

@@ -112,7 +112,7 @@ def test_further_options_reach_the_generator(gqa3):
     prompt, _, tokens = expected()
     done = gqa3.complete(prompt, max_new_tokens=8, greedy=True, bad_words_ids=[[tokens[0]]])
     assert tokens[0] not in done.result.generated_ids[0]
-    with pytest.raises(CausalLMError, match="unknown generation option"):
+    with pytest.raises(CausalLMError, match="complete: unknown option .bogus."):
         gqa3.generate(prompt, bogus=1)
 
 
@@ -149,6 +149,42 @@ def test_bad_calls_are_one_line_errors(gqa3, tiny):
     assert tiny.generate("hi", max_new_tokens=2)  # still usable after its errors
 
 
+def test_load_options_are_the_defaults_of_every_call(gqa3):
+    """load() takes a call's generation options, under the same names, as the defaults of every
+    call (max_new_tokens as nntr_config num_to_generate, the CLI's -n); a call's own options
+    win for that call only."""
+    prompt, _, tokens = expected()
+    short = causallm.load(GQA3, max_new_tokens=5, greedy=True)
+    assert short.complete(prompt).result.generated_ids[0] == tokens[:5]
+    assert short.complete(prompt, max_new_tokens=9).result.generated_ids[0] == tokens[:9]
+    assert short.complete(prompt).completion_tokens == 5
+    sampled = causallm.load(GQA3, temperature=1.5, top_k=0, seed=7)
+    a = sampled.complete(prompt, max_new_tokens=24)
+    assert a.result.do_sample is True
+    assert a.result.generated_ids == gqa3.complete(prompt, max_new_tokens=24, temperature=1.5,
+                                                   top_k=0, seed=7).result.generated_ids
+    assert sampled.complete(prompt, max_new_tokens=24, greedy=True).result.generated_ids[0] \
+        == tokens[:24]
+    assert sampled.complete(prompt, max_new_tokens=24).result.generated_ids == \
+        a.result.generated_ids
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(bogus_option=1), "load: unknown option 'bogus_option'; known: "),
+    (dict(temprature=0.1), "load: unknown option 'temprature' (did you mean 'temperature'?)"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    (dict(temperature=-1), "temperature must be a finite number >= 0"),
+    (dict(top_p=True), "top_p must be a number in [0, 1]"),
+    (dict(stop=""), "stop must be a non-empty string or a list of them"),
+    (dict(max_new_tokens=3, num_to_generate=4), "max_new_tokens or num_to_generate, not both"),
+    (dict(threads=0), "threads must be an integer >= 1"),
+])
+def test_load_refuses_what_it_would_not_apply(options, message):
+    with pytest.raises(CausalLMError) as e:
+        causallm.load(TINY, **options)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 def test_embed_gives_sentence_transformers_embeddings():
     ref = np.load(os.path.join(BERT, "expected.npz"))
     sentences = [str(s) for s in ref["sentences"]]
@@ -159,6 +195,9 @@ def test_embed_gives_sentence_transformers_embeddings():
     np.testing.assert_allclose(model.embed(sentences[1]), ref["embeddings"][1:2], atol=1e-5)
     with pytest.raises(CausalLMError, match="does not generate"):
         model.generate("hi")
+    with pytest.raises(CausalLMError, match=r"does not generate text: it takes no generation "
+                                            r"options \(temperature\)"):
+        causallm.load(BERT, temperature=0.5)
 
 
 def test_readme_example_runs(monkeypatch, capsys):

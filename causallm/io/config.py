@@ -36,6 +36,14 @@ NNTR_DEFAULTS: dict[str, Any] = {
 """nntr_config.json defaults. ``max_seq_len`` defaults to init_seq_len + num_to_generate,
 ``lmhead_dtype`` to embedding_dtype, and ``model_file_name`` to the folder's safetensors."""
 
+NNTR_KEYS = frozenset((
+    "model_type", "model_tensor_type", "model_file_name", "module_config_path",
+    "tokenizer_file", "batch_size", "slots", "init_seq_len", "max_seq_len", "num_to_generate",
+    "embedding_dtype", "fc_layer_dtype", "lmhead_dtype", "kv_cache_dtype", "bad_word_ids",
+    "fsu", "fsu_lookahead", "moe_expert_cache", "sample_input", "chat_input", "system_prompt"))
+"""Every nntr_config.json key the application reads: the nntr options ``causallm.load`` takes
+(docs/server.md)."""
+
 GENERATION_DEFAULTS: dict[str, Any] = {
     "do_sample": False,
     "temperature": 0.7,

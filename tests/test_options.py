@@ -1,0 +1,79 @@
+"""One rule per generation option, the same on every surface (causallm/generation/options.py):
+a bad value is refused by the CLI under its flag, by load() / complete() under its keyword and
+by generation_config.json under its key, each message saying the same thing is expected. (The
+server's fields: tests/test_server.py.)"""
+
+import os
+
+import orjson
+import pytest
+
+import causallm
+from causallm import main
+from causallm.errors import CausalLMError
+from causallm.generation.options import OPTIONS
+from causallm.loader import create
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "res", "tiny-llama")
+
+BAD = {
+    "max_new_tokens": ("0", 0), "temperature": ("-1", -1), "top_k": ("-1", -1),
+    "top_p": ("2", 2), "min_p": ("1.5", 1.5), "typical_p": ("0", 0),
+    "repetition_penalty": ("0", 0), "presence_penalty": ("nan", float("nan")),
+    "frequency_penalty": ("inf", float("inf")), "no_repeat_ngram_size": ("-1", -1),
+    "min_new_tokens": ("-2", -2), "seed": ("-1", -1), "stop": ("", ""),
+    "num_beams": ("0", 0), "num_return_sequences": ("0", 0),
+}
+"""A bad value of each option with a value flag: as typed on the command line, as a keyword."""
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return causallm.load(TINY)
+
+
+def test_every_option_with_a_value_flag_has_a_bad_case():
+    assert set(BAD) == {n for n, o in OPTIONS.items()
+                        if o.flag and n not in ("greedy", "json_schema", "response_format")}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_is_refused_alike_by_the_cli_and_the_api(name, tiny, capsys):
+    option = OPTIONS[name]
+    typed, value = BAD[name]
+    assert main.main([TINY, "hi", f"{option.flag}={typed}"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: {option.flag} must be {option.expected}, got ")
+    for call in (lambda: tiny.complete("hi", **{name: value}),
+                 lambda: create(TINY, **{name: value})):
+        with pytest.raises(CausalLMError) as e:
+            call()
+        assert str(e.value).startswith(f"{name} must be {option.expected}, got ")
+
+
+@pytest.mark.parametrize("key, value, name", [
+    ("temperature", -0.5, "temperature"), ("top_p", 1.5, "top_p"), ("top_k", -3, "top_k"),
+    ("stop_strings", [""], "stop"), ("num_beams", 0, "num_beams"),
+    ("bad_words_ids", [[]], "bad_words_ids"),
+])
+def test_generation_config_values_follow_the_same_rules(tmp_path, key, value, name):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for entry in os.listdir(TINY):
+        os.symlink(os.path.join(TINY, entry), folder / entry)
+    gen = orjson.loads(open(os.path.join(TINY, "generation_config.json"), "rb").read())
+    os.unlink(folder / "generation_config.json")
+    (folder / "generation_config.json").write_bytes(orjson.dumps({**gen, key: value}))
+    with pytest.raises(CausalLMError) as e:
+        create(str(folder))
+    assert f"generation_config.json: '{key}' must be {OPTIONS[name].expected}, got " in \
+        str(e.value)
+
+
+def test_long_names_of_the_cli_are_the_api_names(capsys):
+    """--temperature and --repetition-penalty are --temp's and --repeat-penalty's long names
+    (the API's keywords); -n's is --max-new-tokens."""
+    args = main.parse_args([TINY, "hi", "--temperature", "0.5", "--repetition-penalty", "1.2",
+                            "--max-new-tokens", "3"])
+    assert (args.temperature, args.repetition_penalty, args.max_new_tokens) == (0.5, 1.2, 3)
