@@ -93,18 +93,6 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def number(body: dict, name: str, low: float, high: float, low_open: bool = False):
-    """``body[name]``: absent or null -> None, else a finite number in [low, high] (low
-    excluded with ``low_open``)."""
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_number(v) or v > high or (v <= low if low_open else v < low):
-        raise BadRequest(f"'{name}' must be a number in {'(' if low_open else '['}{low:g}, "
-                         f"{high:g}], got {orjson.dumps(v).decode()}", name)
-    return v
-
-
 def integer(body: dict, name: str, low: int, high: int | None = None):
     """``body[name]``: absent or null -> None, else an integer in [low, high]."""
     v = body.get(name)
@@ -127,17 +115,17 @@ def boolean(body: dict, name: str, default: bool = False) -> bool:
     return v
 
 
-def stop_strings(body: dict) -> list[str] | None:
-    """``stop``: a string or a list of non-empty strings."""
-    v = body.get("stop")
-    if v is None:
-        return None
-    if isinstance(v, str):
-        v = [v]
-    if not (isinstance(v, list) and all(isinstance(s, str) and s for s in v)):
-        raise BadRequest("'stop' must be a non-empty string or a list of non-empty strings",
-                         "stop")
-    return v or None
+def option(body: dict, name: str, field: str | None = None):
+    """Generation option ``name`` (causallm/generation/options.py) from the request's field of
+    the same name (or ``field``): absent or null -> None; a bad value is a 400 naming the
+    field, by the option's one rule."""
+    from causallm.generation.options import OPTIONS, check
+
+    field = field or OPTIONS[name].field
+    try:
+        return check(name, body.get(field), "field", field)
+    except CausalLMError as e:
+        raise BadRequest(str(e), field) from None
 
 
 def generation_options(body: dict, loaded: LoadedModel) -> dict:
@@ -148,24 +136,17 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
     for name, (absent, off) in UNSUPPORTED.items():
         if body.get(name) not in (absent, off):
             raise BadRequest(f"'{name}' is not supported by this server", name)
+    options = {name: option(body, name) for name in (
+        "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "min_p",
+        "typical_p", "presence_penalty", "frequency_penalty")}
+    max_tokens = [option(body, "max_new_tokens", field)
+                  for field in ("max_completion_tokens", "max_tokens")]
+    options["max_new_tokens"] = max_tokens[0] or max_tokens[1]
     limit = loaded.context_length
-    max_tokens = {name: integer(body, name, 1, limit)
-                  for name in ("max_completion_tokens", "max_tokens")}
-    options = {
-        "max_new_tokens": max_tokens["max_completion_tokens"] or max_tokens["max_tokens"],
-        "temperature": number(body, "temperature", 0, 2),
-        "top_p": number(body, "top_p", 0, 1, low_open=True),
-        "top_k": integer(body, "top_k", 0),
-        "seed": integer(body, "seed", 0),
-        "stop": stop_strings(body),
-        "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True),
-        "min_p": number(body, "min_p", 0, 1),
-        "typical_p": number(body, "typical_p", 0, 1, low_open=True),
-    }
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = number(body, name, -2, 2)
-        if value:  # 0 (OpenAI's default) is off
-            options[name] = value
+    for field, value in zip(("max_completion_tokens", "max_tokens"), max_tokens):
+        if value is not None and limit is not None and value > limit:
+            raise BadRequest(f"'{field}' must be at most {limit} (the context length), got "
+                             f"{value}", field)
     response_format = body.get("response_format")
     if response_format is not None:
         from causallm.generation.constraint import compile_response_format

@@ -327,7 +327,7 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "temperature -1": ("/v1/chat/completions", {**CHAT, "temperature": -1}, "temperature"),
     "temperature a string": ("/v1/completions", {"prompt": "x", "temperature": "hot"},
                              "temperature"),
-    "top_p 0": ("/v1/chat/completions", {**CHAT, "top_p": 0}, "top_p"),
+    "top_p 1.5": ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, "top_p"),
     "seed a float": ("/v1/completions", {"prompt": "x", "seed": 1.5}, "seed"),
     "n 0": ("/v1/chat/completions", {**CHAT, "n": 0}, "n"),
     "n 17": ("/v1/chat/completions", {**CHAT, "n": 17}, "n"),
@@ -343,8 +343,8 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "logit_bias token out of range": ("/v1/completions",
                                       {"prompt": "x", "logit_bias": {"99999": -100}},
                                       "logit_bias"),
-    "presence_penalty 3": ("/v1/completions", {"prompt": "x", "presence_penalty": 3},
-                           "presence_penalty"),
+    "presence_penalty a string": ("/v1/completions", {"prompt": "x", "presence_penalty": "3"},
+                                  "presence_penalty"),
     "min_p 2": ("/v1/completions", {"prompt": "x", "min_p": 2}, "min_p"),
     "empty stop string": ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop"),
     "model a number": ("/v1/completions", {"prompt": "x", "model": 3}, "model"),
@@ -384,6 +384,25 @@ def test_bad_requests_are_400_with_an_error_body(server, case):
     assert error["param"] == param
     if "longer than the cache" in case:
         assert error["code"] == "context_length_exceeded"
+
+
+SERVER_BAD = {"max_new_tokens": 0, "temperature": -1, "top_k": -1, "top_p": 2, "min_p": 1.5,
+              "typical_p": 0, "repetition_penalty": 0, "presence_penalty": "x",
+              "frequency_penalty": [], "seed": -1, "stop": ""}
+"""A bad value of each generation option the server takes as a field of the same rule."""
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_BAD))
+def test_a_bad_option_is_refused_by_the_rule_the_cli_and_the_api_use(server, name):
+    """The server's fields follow causallm/generation/options.py, as the CLI's flags and the
+    API's keywords do (tests/test_options.py): the same expected values in the 400."""
+    from causallm.generation.options import OPTIONS
+
+    field = OPTIONS[name].field
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", field: SERVER_BAD[name]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert r.json()["error"]["message"].startswith(
+        f"'{field}' must be {OPTIONS[name].expected}, got ")
 
 
 def test_errors_through_the_client_and_the_server_keeps_serving(client, server, local):

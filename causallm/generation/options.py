@@ -57,15 +57,17 @@ class Option:
     expected: str
     valid: Callable[[Any], bool]
 
-    def error(self, value, source: str = "keyword") -> CausalLMError:
+    def error(self, value, source: str = "keyword", label: str | None = None) -> CausalLMError:
         """The one-line error for a bad ``value`` from ``source``: "keyword", "flag" or
-        "field" (a JsonConfig names the file itself: ``JsonConfig.error``)."""
+        "field" (a JsonConfig names the file itself: ``JsonConfig.error``); ``label`` names
+        the option where the surface has more than one name for it."""
         if source == "flag":
-            return CausalLMError(f"{self.flag} must be {self.expected}, got {value}")
+            return CausalLMError(f"{label or self.flag} must be {self.expected}, got {value}")
         if source == "field":
             shown = orjson.dumps(value, default=repr).decode()
-            return CausalLMError(f"'{self.field}' must be {self.expected}, got {shown}")
-        return CausalLMError(f"{self.name} must be {self.expected}, got {value!r}")
+            return CausalLMError(f"'{label or self.field}' must be {self.expected}, "
+                                 f"got {shown}")
+        return CausalLMError(f"{label or self.name} must be {self.expected}, got {value!r}")
 
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
@@ -113,14 +115,15 @@ CONFIG_KEYS = {"stop": "stop_strings"}
 """generation_config.json spells these options otherwise (transformers' names)."""
 
 
-def check(name: str, value, source: str = "keyword"):
+def check(name: str, value, source: str = "keyword", label: str | None = None):
     """``value`` of option ``name`` if it is good (a stop string as a list of one), else the
-    option's error for ``source`` ("keyword", "flag", "field"). None stands for unset."""
+    option's error for ``source`` ("keyword", "flag", "field"; ``label``: the name the value
+    came under, where not the option's own). None stands for unset."""
     option = OPTIONS[name]
     if value is None:
         return None
     if not option.valid(value):
-        raise option.error(value, source)
+        raise option.error(value, source, label)
     if name == "stop" and isinstance(value, str):
         return [value]
     if name in ("stop", "bad_words_ids"):

@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from causallm.errors import CausalLMError
+from causallm.generation.options import check
 
 
 def _token_ids(ids: Iterable[int], vocab_size: int, what: str) -> np.ndarray:
@@ -41,23 +42,18 @@ def _token_ids(ids: Iterable[int], vocab_size: int, what: str) -> np.ndarray:
 
 
 def _check_penalty(penalty: float) -> None:
-    if not (math.isfinite(penalty) and penalty > 0):
-        raise CausalLMError(f"repetition_penalty must be a positive number (1.0 = off), "
-                            f"got {penalty!r}")
+    check("repetition_penalty", penalty)
 
 
 def _check_warpers(temperature: float, top_k: int, top_p: float, min_p: float = 0.0,
                    typical_p: float = 1.0) -> None:
+    """The warpers' values by the options' rules (causallm/generation/options.py); sampling
+    needs a temperature above 0 (0 is greedy decoding, chosen before a sampler is made)."""
     if not (math.isfinite(temperature) and temperature > 0):
         raise CausalLMError(f"temperature must be > 0 when sampling, got {temperature!r}")
-    if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
-        raise CausalLMError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-    if not 0.0 <= top_p <= 1.0:
-        raise CausalLMError(f"top_p must be in [0, 1] (1.0 = off), got {top_p!r}")
-    if not 0.0 <= min_p <= 1.0:
-        raise CausalLMError(f"min_p must be in [0, 1] (0 = off), got {min_p!r}")
-    if not 0.0 < typical_p <= 1.0:
-        raise CausalLMError(f"typical_p must be in (0, 1] (1.0 = off), got {typical_p!r}")
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
+                        ("typical_p", typical_p)):
+        check(name, value)
 
 
 def applyRepetitionPenalty(logits: np.ndarray, input_ids: Iterable[int], penalty: float) -> None:
