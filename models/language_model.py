@@ -29,7 +29,6 @@ from causallm.generation.generator import GenerationResult, Generator, Performan
 from causallm.generation.options import check_all as check_options
 from causallm.generation.options import check_config
 from causallm.generation.processors import GenerationSettings
-from causallm.generation.sampler import Sampler
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
 from causallm.io.weights import HEAD
 from causallm.models.transformer import Transformer
@@ -239,17 +238,6 @@ class LanguageModel(Transformer):
         """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of
         softmax(x / T) as T -> 0, and what ``--temp 0`` means), whatever ``do_sample`` says."""
         return bool(do_sample) and self.TEMPERATURE != 0.0
-
-    def makeSampler(self, do_sample: bool) -> Sampler:
-        """A sampler with the repetition penalty and bad words only (CausalLM::generate)."""
-        do_sample = self.samples(do_sample)
-        return Sampler(temperature=self.TEMPERATURE, top_k=self.TOP_K, top_p=self.TOP_P,
-                       repetition_penalty=self.REPETITION_PENALTY,
-                       bad_word_ids=self.BAD_WORD_IDS, seed=self.SEED, do_sample=do_sample)
-
-    def generate(self, logits, do_sample: bool, histories: list[list[int]]) -> list[int]:
-        """One token per batch row from ``logits`` (B, vocab), as CausalLM::generate."""
-        return [int(t) for t in self.makeSampler(do_sample).select(logits, histories)]
 
     # -- generation -------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,

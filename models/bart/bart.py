@@ -112,7 +112,6 @@ def bartBaseConfig(cfg: JsonConfig) -> JsonConfig:
 class BartForConditionalGeneration(EncoderDecoder, LayerNormTransformer):
     """``BartForConditionalGeneration`` (module docstring)."""
 
-    architectures = "BartForConditionalGeneration"
     NORMALIZE_BEFORE = False
     EMBEDDING_NORM = True  # layernorm_embedding after the positions
 

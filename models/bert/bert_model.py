@@ -155,5 +155,3 @@ class BertTransformer(LayerNormTransformer):
 class BertEmbedding(SentenceTransformer, BertTransformer):
     """A sentence-transformers BERT (``BertModel`` + modules.json: Pooling, Dense, Normalize),
     e.g. all-MiniLM-L6-v2; the pipeline of :class:`SentenceTransformer` over BertTransformer."""
-
-    architectures = "BertEmbedding"

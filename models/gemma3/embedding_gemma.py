@@ -22,8 +22,6 @@ from causallm.models.sentence_transformer import SentenceTransformer
 class EmbeddingGemma(SentenceTransformer, Gemma3Transformer):
     """SentenceTransformer over Gemma3Transformer (cooperative ``super()`` diamond)."""
 
-    architectures = "EmbeddingGemma"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(cfg, generation_cfg, nntr_cfg)

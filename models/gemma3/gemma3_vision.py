@@ -84,7 +84,6 @@ def gemma3TextConfig(cfg: JsonConfig) -> JsonConfig:
 class Gemma3ForConditionalGeneration(VisionLanguageModel, Gemma3CausalLM):
     """``Gemma3ForConditionalGeneration`` (module docstring)."""
 
-    architectures = "Gemma3ForConditionalGeneration"
     TEXT_STAGE = DEFAULT_STAGE
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
@@ -167,4 +166,3 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel, Gemma3CausalLM):
                 ids = np.where(ids == self.IMAGE_TOKEN_ID, 0, ids)
             return [ids, self._image_types[:, k:k + n], self._image_rows[:, k:k + n]]
         return [ids, np.zeros((B, n), np.float32), np.zeros((B, n * self.DIM), np.float32)]
-

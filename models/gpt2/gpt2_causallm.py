@@ -102,8 +102,6 @@ class GPT2Transformer(LayerNormTransformer):
     """Transformer with GPT-2's embeddings, LayerNorms, biased attention and GELU MLP (the
     blocks: :class:`LayerNormTransformer`, pre-norm as the base decoder block)."""
 
-    architectures = "GPT2Transformer"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(gpt2BaseConfig(cfg), generation_cfg, nntr_cfg)
@@ -175,8 +173,6 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
 
     The cooperative ``super()`` chain runs GPT2CausalLM -> CausalLM -> GPT2Transformer ->
     Transformer, as the C++ diamond of the other families does."""
-
-    architectures = "GPT2LMHeadModel"
 
     @property
     def max_timestep(self) -> int:

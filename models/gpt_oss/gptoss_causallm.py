@@ -131,7 +131,6 @@ class GptOssForCausalLM(ExpertsOnFileMixin, CausalLM):
     float32 would take 8x its file size (~80 GB for gpt-oss-20b), so there the default is the
     experts of one token, ``num_experts_per_tok``, announced on stderr."""
 
-    architectures = "GptOssForCausalLM"
     MOE_LAYER_TYPE = GptOssMoELayer.type  # the feed-forward layer createMlp creates
     EXPERT_LAYER = GptOssMoELayer
     EXPERT_WEIGHTS = ("up", "up_bias", "gate", "gate_bias", "down", "down_bias")  # request order

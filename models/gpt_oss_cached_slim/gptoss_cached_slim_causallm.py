@@ -28,7 +28,6 @@ class GptOssCachedSlimCausalLM(GptOssForCausalLM):
     """``GptOssCachedSlimCausalLM``: GPT-OSS with v, k, q insertion order and experts read on
     demand into a per-layer LRU (models/experts_on_file.py)."""
 
-    architectures = "GptOssCachedSlimCausalLM"
     MOE_LAYER_TYPE = CachedSlimGptOssMoELayer.type
 
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,

@@ -52,7 +52,6 @@ POSITION_TOLERANCE = {"F32": 1e-6, "F16": 1e-3, "BF16": 8e-3}
 class MarianMTModel(BartForConditionalGeneration):
     """``MarianMTModel`` (module docstring)."""
 
-    architectures = "MarianMTModel"
     EMBEDDING_NORM = False
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,

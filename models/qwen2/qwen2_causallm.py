@@ -69,8 +69,6 @@ def readQwenLayerTypes(cfg: JsonConfig, num_layers: int) -> tuple[int, list[str]
 class Qwen2Transformer(Transformer):
     """Transformer with Qwen2 attention (q/k/v biases, per-layer sliding windows)."""
 
-    architectures = "Qwen2Transformer"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(cfg, generation_cfg, nntr_cfg)
@@ -101,5 +99,3 @@ class Qwen2Transformer(Transformer):
 
 class Qwen2CausalLM(CausalLM, Qwen2Transformer):
     """``Qwen2ForCausalLM``: CausalLM (LM head, generation) over Qwen2Transformer."""
-
-    architectures = "Qwen2CausalLM"

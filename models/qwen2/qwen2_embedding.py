@@ -15,5 +15,3 @@ from causallm.models.sentence_transformer import SentenceTransformer
 
 class Qwen2Embedding(SentenceTransformer, Qwen2Transformer):
     """SentenceTransformer over Qwen2Transformer (cooperative ``super()`` diamond)."""
-
-    architectures = "Qwen2Embedding"

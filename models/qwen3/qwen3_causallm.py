@@ -40,8 +40,6 @@ QWEN3_WEIGHTS = LLAMA_WEIGHTS.extend([
 class Qwen3Transformer(Transformer):
     """Transformer with Qwen3 attention (q/k per-head RMS norms, per-layer sliding windows)."""
 
-    architectures = "Qwen3Transformer"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(cfg, generation_cfg, nntr_cfg)
@@ -101,5 +99,3 @@ class Qwen3CausalLM(CausalLM, Qwen3Transformer):
 
     The C++ class overrides registerCustomLayers to call both parents; the cooperative
     ``super()`` chain (Qwen3CausalLM -> CausalLM -> Qwen3Transformer -> Transformer) does that."""
-
-    architectures = "Qwen3ForCausalLM"

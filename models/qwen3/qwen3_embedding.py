@@ -18,5 +18,3 @@ class Qwen3Embedding(SentenceTransformer, Qwen3Transformer):
     """SentenceTransformer over Qwen3Transformer; the cooperative ``super()`` chain
     (Qwen3Embedding -> SentenceTransformer -> Qwen3Transformer -> Transformer) registers both
     parents' layers, as the C++ registerCustomLayers does."""
-
-    architectures = "Qwen3Embedding"

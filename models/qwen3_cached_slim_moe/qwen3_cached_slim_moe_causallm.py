@@ -12,5 +12,4 @@ from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 
 
 class Qwen3CachedSlimMoECausalLM(Qwen3MoECausalLM):
-    architectures = "Qwen3CachedSlimMoeForCausalLM"
     MOE_LAYER = CachedSlimMoELayer

@@ -69,7 +69,6 @@ class Qwen3MoECausalLM(ExpertsOnFileMixin, Qwen3CausalLM):
     """``Qwen3MoeForCausalLM``: Qwen3CausalLM with sparse MoE feed-forward layers (their
     experts optionally left on file, see models/experts_on_file.py)."""
 
-    architectures = "Qwen3MoeForCausalLM"
     MOE_LAYER = MoELayer  # its type string is what createMlp creates
     EXPERT_LAYER = MoELayer  # the slim variants' layers are MoELayers too
     EXPERT_WEIGHTS = EXPERT_WEIGHTS

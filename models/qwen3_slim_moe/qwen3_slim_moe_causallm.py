@@ -11,5 +11,4 @@ from causallm.models.qwen3_moe.qwen3_moe_causallm import Qwen3MoECausalLM
 
 
 class Qwen3SlimMoECausalLM(Qwen3MoECausalLM):
-    architectures = "Qwen3SlimMoeForCausalLM"
     MOE_LAYER = SlimMoELayer

@@ -124,8 +124,6 @@ def t5BaseConfig(cfg: JsonConfig) -> JsonConfig:
 class T5ForConditionalGeneration(EncoderDecoder):
     """``T5ForConditionalGeneration``: the T5 encoder-decoder (module docstring)."""
 
-    architectures = "T5ForConditionalGeneration"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(t5BaseConfig(cfg), generation_cfg, nntr_cfg)

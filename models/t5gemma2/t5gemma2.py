@@ -206,8 +206,6 @@ MODULE_NAMES = (("model.encoder.text_model.", "model.encoder."),
 class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
     """``T5Gemma2ForConditionalGeneration`` (module docstring)."""
 
-    architectures = "T5Gemma2ForConditionalGeneration"
-
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
         encoder, decoder = cfg.get_dict("encoder", {}), cfg.get_dict("decoder", {})
@@ -401,4 +399,3 @@ class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
         """The ids and the image feature rows at their image tokens."""
         rows, _ = self.imageRows(ids)
         return [ids, rows.reshape(rows.shape[0], -1)]
-
