@@ -57,15 +57,15 @@ class Factory:
     def createFromFolder(self, model_dir: str, flags: dict[str, str] | None = None,
                          **nntr_overrides):
         """The model of a folder, as main.py builds it: its three configs (``nntr_overrides``
-        replace nntr_config keys, e.g. ``num_to_generate=64``; ``flags`` names the
-        command-line flag behind an overridden key, for its errors), ``architectures[0]``
+        replace nntr_config keys, e.g. ``num_to_generate=64``; an error about one names it as
+        the keyword, or as the command-line flag ``flags`` gives for it), ``architectures[0]``
         resolved by ``resolve_architecture``, then ``create``. The model is not initialized
         yet; its ``architecture`` attribute is the key it was created under."""
         from causallm.io.config import load_model_configs
 
         cfg, gen, nntr = load_model_configs(model_dir)
         nntr.update(nntr_overrides)
-        nntr.flags = dict(flags or {})
+        nntr.flags = {**{key: key for key in nntr_overrides}, **(flags or {})}
         architecture = resolve_architecture(cfg, nntr)
         model = self.create(architecture, cfg, gen, nntr)
         if model is None:

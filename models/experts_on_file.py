@@ -27,6 +27,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
+from causallm.io.files import map_file
 from causallm.io.lazy_weights import bin_slices, safetensors_slice
 from causallm.io.nntr_bin import bin_nbytes, read_weight, write_bin
 from causallm.io.weight_table import HFWeight
@@ -49,9 +50,9 @@ class ExpertPlaceholders:
     def __contains__(self, name: str) -> bool:
         return name in self.ckpt
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, zeros: bool = False) -> np.ndarray:
         if HF_EXPERTS not in name:
-            return self.ckpt.get(name)
+            return self.ckpt.get(name, zeros)
         shape = self.ckpt.shape(name)
         n = math.prod(shape)
         if self._zeros.size < n:
@@ -123,19 +124,24 @@ class ExpertsOnFileMixin:
                 or not self.expertCacheOn()):
             super().load_weight(weight_path)
             return
-        self.weight_path = os.path.abspath(weight_path)
         specs = self.model.getWeightSpecs()
         slices = {}
-        mm = np.memmap(weight_path, dtype=np.uint8, mode="r")
-        for spec, part in zip(specs, bin_slices(weight_path, [(s.full_name, s.shape, s.dtype)
-                                                              for s in specs])):
-            if ":expert_" in spec.full_name:
-                slices[spec.full_name] = part
-            else:
-                nb = bin_nbytes(spec.shape, spec.dtype)
-                self.storeWeight(spec.full_name, read_weight(
-                    spec.full_name, spec.shape, spec.dtype, spec.packable,
-                    mm[part.offset:part.offset + nb].view(np.ndarray), part.offset, weight_path))
+        try:
+            mm = map_file(weight_path)
+            for spec, part in zip(specs, bin_slices(weight_path, [(s.full_name, s.shape, s.dtype)
+                                                                  for s in specs])):
+                if ":expert_" in spec.full_name:
+                    slices[spec.full_name] = part
+                else:
+                    nb = bin_nbytes(spec.shape, spec.dtype)
+                    self.storeWeight(spec.full_name, read_weight(
+                        spec.full_name, spec.shape, spec.dtype, spec.packable,
+                        mm[part.offset:part.offset + nb].view(np.ndarray), part.offset,
+                        weight_path))
+        except BaseException:  # as Transformer.load_weight: no half-loaded model
+            self.model.forgetWeights()
+            raise
+        self.weight_path = os.path.abspath(weight_path)
         self.attachExpertSources(slices)
         self.model.warmup()
 

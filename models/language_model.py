@@ -251,8 +251,7 @@ class LanguageModel(Transformer):
         ``on_token(b, token_id)`` sees every new token; row 0's text streams to ``stream``.
         ``images`` (a vision model's: paths, Pillow images or pixel values) stand for the
         prompt's image tokens, for this generation only."""
-        if not self.is_initialized:
-            raise CausalLMError("generate: call initialize() and load_weight() first")
+        self.requireWeights("generate")
         settings = self.generationSettings(do_sample)
         search = BeamSearch if settings.num_beams > 1 else Generator
         if images is not None:
@@ -293,8 +292,7 @@ class LanguageModel(Transformer):
         ``images`` (a vision model's; default: those setImages gave) go with the prompt (its
         image placeholders, or in front); they are used once. A prompt a chat template
         rendered is encoded with ``add_special_tokens=False``."""
-        if not self.is_initialized:
-            raise CausalLMError("run: call initialize() and load_weight() first")
+        self.requireWeights("run")
         if images is not None:
             self.setImages(images)
         try:

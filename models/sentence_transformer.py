@@ -48,6 +48,7 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics, peak_memory_kb
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig, load_json
+from causallm.io.files import cannot_read
 from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.layers.embedding_normalize import EmbeddingNormalizeLayer
@@ -96,6 +97,9 @@ class SentenceTransformer(Transformer):
         self.modules_path = path
         base_dir = os.path.dirname(path)
         if not os.path.isfile(path):
+            if nntr_cfg.contains("module_config_path"):
+                raise CausalLMError(f"{nntr_cfg.where('module_config_path')}: {path}: file not "
+                                    f"found")
             raise CausalLMError(f"{path}: file not found (a sentence-transformers model lists its "
                                 f"modules there; set 'module_config_path' in nntr_config.json)")
         try:
@@ -103,6 +107,8 @@ class SentenceTransformer(Transformer):
                 modules = orjson.loads(f.read())
         except orjson.JSONDecodeError as e:
             raise CausalLMError(f"{path}: invalid JSON ({e})") from None
+        except OSError as e:
+            raise cannot_read(path, e) from None
         if not isinstance(modules, list) or not modules:
             raise CausalLMError(f"{path}: expected a non-empty JSON list of modules")
         self.modules, self.module_configs, self.module_dirs = [], {}, {}
@@ -248,9 +254,7 @@ class SentenceTransformer(Transformer):
     def encode(self, prompt: str, system_prompt: str = "", tail_prompt: str = "") -> np.ndarray:
         """The embedding of ``system_prompt + prompt + tail_prompt``: ``(B, D)`` float32, the
         same text in every batch row (spec §6.4). The ids used are kept in ``prompt_ids``."""
-        if not self.is_initialized:
-            raise CausalLMError("SentenceTransformer model is not initialized: call initialize() "
-                                "and load_weight() before encode()")
+        self.requireWeights("encode")
         ids = self.tokenizer.Encode(system_prompt + prompt + tail_prompt, add_special_tokens=True)
         n = len(ids)
         if n == 0:
@@ -334,9 +338,9 @@ class ModuleCheckpoint:
     def __len__(self) -> int:
         return len(self._where)
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, zeros: bool = False) -> np.ndarray:
         ckpt, key = self._find(name)
-        return ckpt.get(key)
+        return ckpt.get(key, zeros)
 
     def shape(self, name: str):
         ckpt, key = self._find(name)

@@ -95,11 +95,14 @@ class Transformer:
         if gguf is not None and not nntr_cfg.contains("tokenizer_file"):
             self.tokenizer = Tokenizer(gguf.tokenizer(), gguf.path)  # the file's vocabulary
             return
+        given = nntr_cfg.contains("tokenizer_file")  # in the file, or as a keyword argument
         tokenizer_file = nntr_cfg.resolve_path(
             nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
-            if nntr_cfg.exists else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
+            if nntr_cfg.exists or given else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
         if not os.path.exists(tokenizer_file):
-            raise CausalLMError(f"{tokenizer_file}: tokenizer file not found{self.tokenizerHint()}")
+            where = f"{nntr_cfg.where('tokenizer_file')}: " if given else ""
+            raise CausalLMError(f"{where}{tokenizer_file}: tokenizer file not found"
+                                f"{self.tokenizerHint()}")
         self.tokenizer = Tokenizer.FromFile(tokenizer_file)
 
     def tokenizerHint(self) -> str:
@@ -113,8 +116,8 @@ class Transformer:
             return
         given = nntr_cfg.get_str("model_type")
         if given.lower() != self.MODEL_TYPE.lower():
-            raise CausalLMError(f"{nntr_cfg.path}: model_type '{given}' does not fit "
-                                f"{type(self).__name__} (expects '{self.MODEL_TYPE}')")
+            raise CausalLMError(f"{nntr_cfg.where('model_type')} is '{given}', which does not "
+                                f"fit {type(self).__name__} (expects '{self.MODEL_TYPE}')")
 
     # -- parameters -------------------------------------------------------------------------
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
@@ -148,8 +151,7 @@ class Transformer:
         if nntr_cfg.contains("kv_cache_dtype"):
             self.KV_CACHE_DTYPE = nntr_cfg.get_str("kv_cache_dtype").upper()
             if self.KV_CACHE_DTYPE not in CACHE_DTYPES:
-                raise CausalLMError(f"{nntr_cfg.path}: kv_cache_dtype '{self.KV_CACHE_DTYPE}' "
-                                    f"is not one of {', '.join(CACHE_DTYPES)}")
+                raise nntr_cfg.error("kv_cache_dtype", f"one of {', '.join(CACHE_DTYPES)}")
 
         self.IS_CAUSAL = True
         if cfg.contains("is_causal"):
@@ -448,8 +450,8 @@ class Transformer:
         if self.nntr_cfg.contains("model_file_name"):
             path = self.nntr_cfg.resolve_path(self.nntr_cfg.get_str("model_file_name"))
             if not os.path.exists(path):
-                raise CausalLMError(f"{self.nntr_cfg.path}: model_file_name '{path}' does not "
-                                    f"exist")
+                raise CausalLMError(f"{self.nntr_cfg.where('model_file_name')}: {path} does "
+                                    f"not exist")
             return path
         gguf = getattr(self.cfg, "gguf", None)
         return gguf.path if gguf is not None else self.cfg.directory
@@ -462,14 +464,28 @@ class Transformer:
             raise CausalLMError("load_weight: call initialize() first")
         if weight_path is None:
             weight_path = self.defaultWeightPath()
+        try:
+            if weight_path.lower().endswith(".gguf"):
+                self.load_gguf_weight(weight_path)
+            elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
+                self.load_hf_weight(weight_path)
+            else:
+                self.loader.loadBin(weight_path)
+        except BaseException:  # half the weights are no model: it runs only after a new load
+            self.model.forgetWeights()
+            raise
         self.weight_path = os.path.abspath(weight_path)
-        if weight_path.lower().endswith(".gguf"):
-            self.load_gguf_weight(weight_path)
-        elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
-            self.load_hf_weight(weight_path)
-        else:
-            self.loader.loadBin(weight_path)
         self.model.warmup()
+
+    def requireWeights(self, what: str) -> None:
+        """An error naming ``what`` (run, generate, encode) unless the model is initialized and
+        its weights loaded: a graph's weights start as zeros, which would compute one token
+        over and over."""
+        if not self.is_initialized:
+            raise CausalLMError(f"{what}: call initialize() and load_weight() first")
+        if not self.model.weightsGiven():
+            raise CausalLMError(f"{what}: load_weight() was not called (or did not complete): "
+                                f"the model has no weights")
 
     def openHFCheckpoint(self, folder: str) -> Checkpoint:
         """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span

@@ -13,7 +13,8 @@ wrote out; the feature rows take those tokens' places in the text embedding::
 
 and the text graph's ``embedding_merge`` layer puts ``rows`` in (its ``image_input0`` input);
 Gemma 3 also hands ``types`` to its attention (a block of image tokens sees itself whole).
-Every row of a batch takes the same images. A model without images runs as its text family.
+Every row of a batch takes the same images. A model without images runs as its text family:
+the image tokens of config.json are checked against the tokenizer when an image comes.
 
 Python::
 
@@ -91,6 +92,8 @@ class VisionLanguageModel:
     # -- images -----------------------------------------------------------------------------
     @property
     def processor(self) -> Gemma3Processor:
+        """The processor, made when the first image comes (it checks that the tokenizer has
+        the config's image tokens)."""
         if self._processor is None:
             self._processor = Gemma3Processor(self.cfg.directory, self.tokenizer,
                                               self.BOI_TOKEN_ID, self.EOI_TOKEN_ID,
@@ -111,8 +114,12 @@ class VisionLanguageModel:
 
     def tokenize(self, prompt: str, system_prompt: str = "", tail_prompt: str = "",
                  add_special_tokens: bool = True):
-        return super().tokenize(self.processor.expandPrompt(prompt, len(self.images)),
-                                system_prompt, tail_prompt, add_special_tokens)
+        """The text family's tokenize of the prompt with its images' placeholders written out;
+        without images the prompt as it is, so a text-only run never needs the processor (nor
+        a tokenizer with the config's image tokens, as in transformers)."""
+        if self.images:
+            prompt = self.processor.expandPrompt(prompt, len(self.images))
+        return super().tokenize(prompt, system_prompt, tail_prompt, add_special_tokens)
 
     def runVision(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vision stage over one image's pixel values (3, S, S): the tower's output

@@ -184,7 +184,7 @@ def test_c_attn_with_wrong_width_is_one_line_error(tmp_path):
     tensors = {k: np.array(ckpt.get(k)) for k in ckpt.keys()}
     del ckpt
     name = "transformer.h.0.attn.c_attn.weight"
-    tensors[name] = np.zeros((48, 192), F32)
+    tensors[name] = np.ones((48, 192), F32)
     write_safetensors(str(folder / "model.safetensors"), tensors, {"format": "pt"})
     cfg, gen, nntr = load_model_configs(str(folder))
     model = GPT2CausalLM(cfg, gen, nntr)

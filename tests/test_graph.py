@@ -215,6 +215,9 @@ def test_incremental_inference_checks():
     model = build([inp(width=4), fc("a", 3, "input0")])
     model.compile()
     model.initialize()
+    with pytest.raises(CausalLMError, match="the weights were never loaded"):
+        model.incremental_inference(1, [np.zeros((1, 4))], None, 1, 0, 1)
+    model.setWeight("a:weight", np.ones((4, 3), np.float32))
     with pytest.raises(CausalLMError, match="batch 2 differs from the 1 rows of stage 'model'"):
         model.incremental_inference(2, [np.zeros((2, 4))], None, 1, 0, 1)
     with pytest.raises(CausalLMError, match="a step of 5 tokens exceeds the 4 rows"):

@@ -368,7 +368,10 @@ def test_bad_kv_cache_dtype_is_a_one_line_error(tmp_path):
     (path / "nntr_config.json").write_text(json.dumps({"kv_cache_dtype": "Q8_0"}))
     with pytest.raises(CausalLMError) as e:
         Factory.Instance().createFromFolder(str(path))
-    assert str(e.value) == (f"{path / 'nntr_config.json'}: kv_cache_dtype 'Q8_0' is not one "
-                            f"of FP32, FP16")
+    assert str(e.value) == (f"{path / 'nntr_config.json'}: 'kv_cache_dtype' must be one of "
+                            f"FP32, FP16, got 'Q8_0'")
+    with pytest.raises(CausalLMError) as e:  # the same key as a keyword argument: named so
+        Factory.Instance().createFromFolder(FIXTURE, kv_cache_dtype="Q8_0")
+    assert str(e.value) == "kv_cache_dtype must be one of FP32, FP16, got 'Q8_0'"
     with pytest.raises(CausalLMError, match="KV cache dtype 'BF16' is not one of FP32, FP16"):
         Factory.Instance().createFromFolder(FIXTURE).setKVCacheDtype("BF16")

@@ -85,6 +85,7 @@ def test_embedding_out_of_range_id_is_one_line_error(layer_type, bad):
     emb = createLayer(layer_type, [withKey("name", "embedding0"), withKey("in_dim", 11),
                                    withKey("out_dim", 4)])
     model = build([id_input(3), emb])
+    model.setWeight("embedding0:Embedding", np.ones((11, 4), F32))
     with pytest.raises(CausalLMError) as e:
         run(model, [np.array([[1, bad, 2]])], 0, 3, 4)
     one_line_error(e, "layer 'embedding0'", "out of range", "in_dim 11")

@@ -185,6 +185,56 @@ def test_load_refuses_what_it_would_not_apply(options, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_model_computes_only_after_load_weight():
+    """Factory -> initialize -> no load_weight: every entry that computes (run, generate_tokens,
+    the graph's incremental_inference, an embedding) is a one-line error naming load_weight(),
+    not tokens computed from the zeros the weights start as."""
+    from causallm.factory import Factory
+
+    model = Factory.Instance().createFromFolder(TINY, num_to_generate=4)
+    model.initialize()
+    embedder = Factory.Instance().createFromFolder(BERT)
+    embedder.initialize()
+    for call in (lambda: model.run("hi", log_output=False),
+                 lambda: model.generate_tokens([[1, 2, 3]]),
+                 lambda: model.model.incremental_inference(1, [np.zeros((1, 1), np.float32)],
+                                                           None, 1, 0, 1),
+                 lambda: embedder.encode("hi"), lambda: embedder.run("hi", log_output=False)):
+        with pytest.raises(CausalLMError, match=r"load_weight\(\) was not called") as e:
+            call()
+        assert "\n" not in str(e.value)
+    model.load_weight()
+    assert len(model.run("hi", log_output=False).generated_ids[0]) == 4
+
+
+def test_a_keyword_option_is_named_in_its_error():
+    """An nntr_config option given as a keyword to load() / create() / createFromFolder is
+    blamed as that keyword, not as nntr_config.json (which may not even say it)."""
+    from causallm.factory import Factory
+
+    for make in (causallm.load, causallm.loader.create, Factory.Instance().createFromFolder):
+        with pytest.raises(CausalLMError) as e:
+            make(TINY, num_to_generate=-3)
+        assert str(e.value) == "num_to_generate must be an integer >= 1, got -3"
+    with pytest.raises(CausalLMError) as e:
+        causallm.load(TINY, system_prompt={"kvcache": {"pre_computed_cache_path": 5}})
+    assert str(e.value) == "system_prompt.kvcache.pre_computed_cache_path must be a string, got 5"
+    with pytest.raises(CausalLMError) as e:
+        causallm.load(TINY, model_file_name="no-such.bin")
+    assert str(e.value) == f"model_file_name: {os.path.join(TINY, 'no-such.bin')} does not exist"
+    with pytest.raises(CausalLMError) as e:  # a folder without nntr_config.json: not ignored
+        causallm.loader.create(GQA3, tokenizer_file="no-such.json")
+    assert str(e.value) == (f"tokenizer_file: {os.path.join(GQA3, 'no-such.json')}: tokenizer "
+                            f"file not found")
+    with pytest.raises(CausalLMError) as e:
+        causallm.loader.create(BERT, module_config_path="no-such.json")
+    assert str(e.value) == (f"module_config_path: {os.path.join(BERT, 'no-such.json')}: file not "
+                            f"found")
+    with pytest.raises(CausalLMError) as e:  # a command-line flag keeps its name
+        causallm.loader.create(TINY, flags={"num_to_generate": "-n"}, num_to_generate=0)
+    assert str(e.value) == "-n (num_to_generate) must be an integer >= 1, got 0"
+
+
 def test_embed_gives_sentence_transformers_embeddings():
     ref = np.load(os.path.join(BERT, "expected.npz"))
     sentences = [str(s) for s in ref["sentences"]]

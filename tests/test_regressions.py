@@ -113,5 +113,6 @@ def test_input_not_divisible_by_batch_is_a_user_error():
     model.setProperty([withKey("batch_size", 2)])
     model.compile()
     model.initialize()
+    model.setWeight("fc:weight", np.ones((4, 3), np.float32))
     with pytest.raises(CausalLMError, match="multiple of batch 2"):
         model.incremental_inference(2, [np.zeros(3, dtype=np.float32)], None, 1, 0, 1)

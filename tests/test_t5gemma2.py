@@ -176,6 +176,27 @@ def test_image_tokens_without_an_image_are_an_error():
         model.generate_tokens([ids], max_new_tokens=2, do_sample=False)
 
 
+def test_a_tokenizer_without_the_image_tokens_runs_text(tmp_path):
+    """config.json names a boi token the tokenizer lacks: a text-only run is transformers'
+    (the image tokens are the processor's business, checked when an image comes), and a run
+    with an image is the one-line error naming the key."""
+    folder = tmp_path / "t5g2"
+    shutil.copytree(os.path.join(FIXTURES, TEXT), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["encoder"]["boi_token_index"] = 4010  # below vocab_size, not a token of the tokenizer
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ref = expected(TEXT)
+    model = load_folder(str(folder))
+    result = model.run(str(ref["prompt"]), do_sample=False, log_output=False)
+    assert result.prompt_ids[0] == ref["prompt_ids"].tolist()
+    assert result.generated_ids[0][:32] == ref["tokens"].tolist()
+    image = os.path.join(FIXTURES, "images", "rgb-40x24.png")
+    with pytest.raises(CausalLMError) as e:
+        model.run("describe:", log_output=False, images=[image])
+    assert str(e.value) == (f"{folder / 'config.json'}: boi_token_index 4010 is not a token of "
+                            f"the tokenizer")
+
+
 def test_nested_config_errors_name_the_section(tmp_path):
     folder = tmp_path / "t5g2"
     shutil.copytree(os.path.join(FIXTURES, TEXT), folder)

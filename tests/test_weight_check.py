@@ -6,11 +6,13 @@ embedding, the one weight of this model whose rows fit Q8_0 blocks) and then dam
 zero-filled file (the right size), a NaN or an infinity in one weight (a float, an FP16 value,
 a Q8_0 block's scale), an end never written. A fully connected, embedding or head matrix of
 zeros is an error; a norm of zeros is not (the rule in weight_check's docstring). The
-safetensors and GGUF readers check for NaN and infinities too.
+safetensors (single or sharded) and GGUF readers check the same: NaN and infinities, and a
+matrix of zeros.
 """
 
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -184,12 +186,69 @@ def test_an_infinite_scale_in_a_gguf_names_the_tensor(tmp_path):
     tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.1.attn_v.weight")
     assert tensor.tensor_type.name == "Q8_0"
     poke(path, tensor.data_offset + 34 * 3, struct.pack("<H", 0x7C00))  # block 3's scale
-    model = Factory.Instance().createFromFolder(str(path), init_seq_len=16, num_to_generate=4)
-    model.initialize()
+    assert load_error(path) == (f"{path}: tensor 'blk.1.attn_v.weight' holds NaN or infinite "
+                                f"values (the file is damaged or was converted wrongly)")
+
+
+def zero_data(path, start):
+    """Zeros over ``path`` from byte ``start`` to its end (the size kept)."""
+    poke(path, start, bytes(os.path.getsize(path) - start))
+
+
+def safetensors_data_start(path):
+    return 8 + int.from_bytes(open(path, "rb").read(8), "little")
+
+
+def test_a_zero_filled_safetensors_names_its_first_matrix(tmp_path, capsys):
+    """A safetensors file whose data is zeros loads as a .bin of zeros does: an error naming
+    the first fully connected, embedding or head tensor, in the Python API and the CLI (rc 2),
+    before anything runs."""
+    folder = tmp_path / "tiny-llama"
+    shutil.copytree(TINY, folder)
+    path = folder / "model.safetensors"
+    zero_data(path, safetensors_data_start(path))
+    want = (f"{path}: tensor 'model.embed_tokens.weight' is all zeros (the file is zero-filled "
+            f"or was not written to the end)")
+    model = model_of(folder)
     with pytest.raises(CausalLMError) as e:
         model.load_weight()
-    assert str(e.value) == (f"{path}: tensor 'blk.1.attn_v.weight' holds NaN or infinite "
-                            f"values (the file is damaged or was converted wrongly)")
+    assert str(e.value) == want
+    with pytest.raises(CausalLMError, match=r"load_weight\(\) was not called"):
+        model.run(PROMPT, log_output=False)  # the failed load left no weights to run on
+    assert main.main([str(folder), PROMPT, "-n", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {want}"
+
+
+def test_a_safetensors_norm_of_zeros_is_not_an_error(tmp_path):
+    folder = tmp_path / "tiny-llama"
+    shutil.copytree(TINY, folder)
+    path = folder / "model.safetensors"
+    start = safetensors_data_start(path)
+    blob = path.read_bytes()
+    entry = json.loads(blob[8:start])["model.layers.2.post_attention_layernorm.weight"]
+    begin, end = entry["data_offsets"]
+    poke(path, start + begin, bytes(end - begin))
+    model = model_of(folder)
+    model.load_weight()
+    assert not model.model.getWeight("layer2_ffn_norm:gamma").any()
+
+
+def test_a_zero_filled_shard_names_a_matrix_of_it(tmp_path):
+    folder = tmp_path / "sharded"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "llama-hd80-bf16-sharded"), folder)
+    path = folder / "model-00002-of-00002.safetensors"
+    zero_data(path, safetensors_data_start(path))
+    assert re.fullmatch(rf"{re.escape(str(path))}: tensor 'model\.layers\.0\.mlp\.\w+_proj\."
+                        rf"weight' is all zeros \(the file is zero-filled or was not written to "
+                        rf"the end\)", load_error(folder))
+
+
+def test_a_zero_filled_gguf_names_its_first_matrix(tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copy(GGUF_Q8, path)
+    zero_data(path, min(t.data_offset for t in gguf.GGUFReader(str(path)).tensors))
+    assert load_error(path) == (f"{path}: tensor 'token_embd.weight' is all zeros (the file is "
+                                f"zero-filled or was not written to the end)")
 
 
 # --------------------------------------------------------------------------------- the scan

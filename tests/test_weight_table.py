@@ -21,7 +21,7 @@ class DictCheckpoint:
     def keys(self):
         return list(self.tensors)
 
-    def get(self, name):
+    def get(self, name, zeros=False):
         return self.tensors[name]
 
     def file_of(self, name):

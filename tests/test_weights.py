@@ -226,6 +226,45 @@ def test_checkpoint_index_errors(tmp_path):
         Checkpoint(tmp_path)
 
 
+def test_a_shard_outside_the_folder_is_refused(tmp_path):
+    """A weight_map entry naming a file outside the model folder (through .., or absolute) is
+    an error naming the index and the entry, even when that file exists and holds the tensor;
+    a name that only starts with dots is a file of the folder."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_safetensors(tmp_path / "x.safetensors", {"w.a": _rand((2, 3), 1)})
+    index = folder / "model.safetensors.index.json"
+    for file in ("../x.safetensors", str(tmp_path / "x.safetensors"), "sub/../../x.safetensors",
+                 7, ""):
+        _sharded(folder, {"w.a": file})
+        with pytest.raises(CausalLMError) as e:
+            Checkpoint(folder)
+        assert str(e.value) == (f"{index}: \"weight_map\" entry 'w.a': {file!r} is not a file "
+                                f"name inside the model folder")
+    write_safetensors(folder / "..x.safetensors", {"w.a": _rand((2, 3), 1)})
+    _sharded(folder, {"w.a": "..x.safetensors"})
+    assert Checkpoint(folder).file_of("w.a") == str(folder / "..x.safetensors")
+
+
+def test_a_weight_file_that_cannot_be_opened_is_named(tmp_path):
+    """A weight file the OS will not open (a folder, a symbolic link that loops: what root,
+    who runs the tests, cannot be kept from reading) is a one-line error naming it, not an
+    OSError."""
+    with pytest.raises(CausalLMError) as e:
+        SafetensorsFile(tmp_path)
+    assert str(e.value) == f"{tmp_path}: cannot read (Is a directory)"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    os.symlink("model.safetensors", folder / "model.safetensors")
+    with pytest.raises(CausalLMError) as e:
+        Checkpoint(folder)
+    assert str(e.value) == (f"{folder / 'model.safetensors'}: cannot read (Too many levels of "
+                            f"symbolic links)")
+    with pytest.raises(CausalLMError) as e:
+        read_bin(folder, [("w", (2,), "FP32")])
+    assert str(e.value) == f"{folder}: a folder, not a .bin weight file"
+
+
 def test_checkpoint_single_and_fallback(tmp_path):
     with pytest.raises(CausalLMError) as e:
         Checkpoint(tmp_path)

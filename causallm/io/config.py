@@ -62,7 +62,8 @@ class JsonConfig(dict):
         self.path = path
         self.exists = exists
         self.section = section  # "encoder.text_config": where a nested object sits in the file
-        self.flags: dict[str, str] = {}  # key -> the command-line flag that set its value
+        # key -> the command-line flag or keyword argument that set its value (for its errors)
+        self.flags: dict[str, str] = {}
 
     @property
     def name(self) -> str:
@@ -72,18 +73,35 @@ class JsonConfig(dict):
     def directory(self) -> str:
         return os.path.dirname(os.path.abspath(self.path))
 
+    def _given(self, key: str) -> str | None:
+        """How the user named ``key`` when a flag or a keyword argument set it (or the object
+        it sits in): "-n (num_to_generate)", "num_to_generate"; None when the file did."""
+        name = f"{self.section}.{key}" if self.section else key
+        top = name.split(".")[0]
+        given = self.flags.get(top)
+        if given is None:
+            return None
+        return name if given == top else f"{given} ({name})"
+
+    def where(self, key: str) -> str:
+        """``key`` as an error names it: its flag or keyword argument (``_given``), else
+        ``FILE: 'key'``."""
+        name = f"{self.section}.{key}" if self.section else key
+        return self._given(key) or f"{self.path}: '{name}'"
+
     def error(self, key: str, expected: str) -> CausalLMError:
         name = f"{self.section}.{key}" if self.section else key
-        if key in self.flags:  # the user set it on the command line, not in this file
-            return CausalLMError(f"{self.flags[key]} ({key}) must be {expected}, "
-                                 f"got {self[key]!r}")
         if key in self:
-            return CausalLMError(f"{self.path}: '{name}' must be {expected}, got {self[key]!r}")
+            return CausalLMError(f"{self.where(key)} must be {expected}, got {self[key]!r}")
+        if self._given(key):  # a key of an object given as a keyword argument
+            return CausalLMError(f"{self._given(key)} is missing ({expected})")
         return CausalLMError(f"{self.path}: missing key '{name}' ({expected})")
 
     def origin(self, key: str) -> str:
-        """Where ``key``'s value was set: the command-line flag that overrode it, or the file."""
-        return self.flags.get(key) or self.path
+        """Where ``key``'s value was set: the flag or keyword argument that overrode it, or
+        the file."""
+        name = f"{self.section}.{key}" if self.section else key
+        return self.flags.get(name.split(".")[0]) or self.path
 
     def contains(self, key: str) -> bool:
         """True when the key is present and not null (nlohmann ``contains`` + ``is_null``)."""
@@ -135,8 +153,10 @@ class JsonConfig(dict):
         value = self._value(key, default, "an object")
         if not isinstance(value, dict):
             raise self.error(key, "an object")
-        return JsonConfig(value, self.path, self.exists,
-                          f"{self.section}.{key}" if self.section else key)
+        sub = JsonConfig(value, self.path, self.exists,
+                         f"{self.section}.{key}" if self.section else key)
+        sub.flags = self.flags  # by top-level key: an object given as a keyword stays so
+        return sub
 
     def resolve_path(self, value: str) -> str:
         """A path from this file: absolute as given, else relative to the file's folder."""

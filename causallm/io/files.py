@@ -4,6 +4,9 @@
 flushes it to disk and renames it over ``path``; on any failure the temporary file is removed
 and ``path`` is left as it was. ``write_json_atomic`` writes indented JSON that way.
 
+``map_file(path)`` maps a weight file read-only; a file that cannot be opened (missing, a
+folder, no permission) is a one-line CausalLMError naming it, as ``cannot_read`` words it.
+
 ``release_pages(array)`` gives back the memory a memory-mapped weight file's pages take once a
 weight read from them has been converted and only the conversion is kept.
 """
@@ -17,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 import orjson
+
+from causallm.errors import CausalLMError
 
 
 def atomic_write(path, write: Callable) -> None:
@@ -41,6 +46,21 @@ def write_json_atomic(path: str, data: Any) -> None:
     """Write ``data`` as indented JSON (and a final newline) to ``path``, atomically."""
     blob = orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"
     atomic_write(path, lambda f: f.write(blob))
+
+
+def cannot_read(path, e: OSError) -> CausalLMError:
+    """The one-line error for a file the loader cannot open or read: ``PATH: cannot read
+    (Permission denied)``."""
+    return CausalLMError(f"{os.fspath(path)}: cannot read ({e.strerror or type(e).__name__})")
+
+
+def map_file(path) -> np.memmap | None:
+    """The whole file at ``path`` as a read-only ``np.memmap`` of bytes (None when it is
+    empty, which numpy cannot map); ``cannot_read`` when it cannot be opened."""
+    try:
+        return np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else None
+    except OSError as e:
+        raise cannot_read(path, e) from None
 
 
 def _libc_madvise():

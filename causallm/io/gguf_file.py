@@ -323,15 +323,17 @@ class GGUFCheckpoint:
             return a - np.float32(1.0)
         return a
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, zeros: bool = False) -> np.ndarray:
         """The tensor as float32 of its Hugging Face shape (dequantized exactly), checked for
-        NaN and infinities (``check_weight``)."""
-        return check_weight(self._get(name), f"{self.folder}: tensor '{self._tensor(name).name}'")
+        NaN and infinities, and with ``zeros`` for all zeros (``check_weight``)."""
+        return check_weight(self._get(name), f"{self.folder}: tensor '{self._tensor(name).name}'",
+                            zeros)
 
-    def raw(self, name: str):
+    def raw(self, name: str, zeros: bool = False):
         """A 2-D tensor as held (class docstring); others as ``get``; checked likewise (a
         quantized tensor's scales)."""
-        return check_weight(self._raw(name), f"{self.folder}: tensor '{self._tensor(name).name}'")
+        return check_weight(self._raw(name), f"{self.folder}: tensor '{self._tensor(name).name}'",
+                            zeros)
 
     def _get(self, name: str) -> np.ndarray:
         gguf = _gguf()

@@ -38,7 +38,7 @@ import os
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.io.files import atomic_write, release_pages
+from causallm.io.files import atomic_write, cannot_read, map_file, release_pages
 from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import QUANTIZABLE, PackedMatrix
 from causallm.kernels.quantize import BLOCK_BYTES, QK
@@ -256,7 +256,13 @@ def read_bin(path, specs, allow_extra=False):
             raise CausalLMError(f"{path}: weight '{name}' has dtype {dtype!r}, not one of "
                                 f"{', '.join(_BIN_DTYPES)}")
         sizes.append(bin_nbytes(shape, dtype))
-    expected, found = sum(sizes), os.path.getsize(path)
+    try:
+        found = os.path.getsize(path)
+    except OSError as e:
+        raise cannot_read(path, e) from None
+    expected = sum(sizes)
+    if os.path.isdir(path):
+        raise CausalLMError(f"{path}: a folder, not a .bin weight file")
     if found != expected and not (allow_extra and found > expected):
         msg = (f"{path}: expected {expected} bytes for the model's {len(specs)} weights, "
                f"found {found}")
@@ -274,7 +280,7 @@ def read_bin(path, specs, allow_extra=False):
         problem = block_shape_error(name, shape, dtype)
         if problem:
             raise CausalLMError(f"{path}: {problem}")
-    mm = np.memmap(path, dtype=np.uint8, mode="r") if found else None
+    mm = map_file(path)
     out, offset = [], 0
     for (name, shape, dtype, packable), nb in zip(specs, sizes):
         raw = mm[offset:offset + nb].view(np.ndarray) if nb else np.zeros(0, np.uint8)

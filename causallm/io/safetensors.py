@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
-from causallm.io.files import atomic_write
+from causallm.io.files import atomic_write, cannot_read, map_file
 from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
 from causallm.io.weight_check import check_weight
 from causallm.kernels.packed import PackedMatrix
@@ -74,14 +74,17 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 2 <= n <= min(_MAX_HEADER, size - 8):
-                raise CausalLMError(f"{self.path}: not a safetensors file (header length {n}, "
-                                    f"file size {size} bytes)")
-            raw = f.read(n)
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                n = int.from_bytes(head, "little") if len(head) == 8 else -1
+                if not 2 <= n <= min(_MAX_HEADER, size - 8):
+                    raise CausalLMError(f"{self.path}: not a safetensors file (header length "
+                                        f"{n}, file size {size} bytes)")
+                raw = f.read(n)
+        except OSError as e:
+            raise cannot_read(self.path, e) from None
         try:
             header = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -114,7 +117,7 @@ class SafetensorsFile:
                 raise CausalLMError(f"{where}: shape {shape} x {dtype} is {nbytes} bytes but "
                                     f"data_offsets {offs} span {offs[1] - offs[0]}")
             self._info[name] = (dtype, tuple(shape), offs[0] + self._start, nbytes)
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
+        self._map = map_file(self.path)
 
     def keys(self):
         return list(self._info)
@@ -241,7 +244,9 @@ class Checkpoint:
     """A Hugging Face model folder's safetensors weights, as one name -> tensor mapping.
 
     Opens `model.safetensors`; else the shards that `model.safetensors.index.json` lists in its
-    "weight_map" (name -> file); else the folder's only `*.safetensors` file.
+    "weight_map" (name -> file, a path relative to the folder and inside it: an absolute path or
+    one through ``..`` is an error naming the entry); else the folder's only `*.safetensors`
+    file.
 
     MXFP4 (gpt-oss experts): a uint8 pair `X_blocks` [E, R, G, B] + `X_scales` [E, R, G] is
     one tensor `X` of dtype "MXFP4" and shape [E, 2BG, R], which get() dequantizes to float32
@@ -282,6 +287,8 @@ class Checkpoint:
         try:
             with open(index, "rb") as fh:
                 weight_map = orjson.loads(fh.read())["weight_map"]
+        except OSError as e:
+            raise cannot_read(index, e) from None
         except (orjson.JSONDecodeError, KeyError, TypeError) as e:
             raise CausalLMError(f"{index}: not a safetensors index with a \"weight_map\" "
                                 f"({type(e).__name__}: {e})") from None
@@ -290,7 +297,11 @@ class Checkpoint:
         shards, self._where = {}, {}
         for name, file in weight_map.items():
             if file not in shards:
-                path = os.path.join(self.folder, str(file))
+                if not (isinstance(file, str) and file and not os.path.isabs(file)
+                        and os.path.normpath(file).split(os.sep)[0] != os.pardir):
+                    raise CausalLMError(f"{index}: \"weight_map\" entry '{name}': {file!r} is "
+                                        f"not a file name inside the model folder")
+                path = os.path.join(self.folder, file)
                 if not os.path.isfile(path):
                     raise CausalLMError(f"{index}: shard '{file}' (for '{name}') does not exist")
                 shards[file] = SafetensorsFile(path)
@@ -324,23 +335,24 @@ class Checkpoint:
     def dtype(self, name):
         return MXFP4_DTYPE if name in self._mxfp4 else self._file(name).dtype(name)
 
-    def get(self, name):
+    def get(self, name, zeros=False):
         """The tensor as read-only float32 (see SafetensorsFile.get); an MXFP4 tensor is
         dequantized whole, each expert an F-contiguous matrix (``dequantize_mxfp4``). Checked
-        for NaN and infinities (``check_weight``)."""
+        for NaN and infinities, and with ``zeros`` for all zeros (``check_weight``)."""
         if name in self._mxfp4:
             blocks, scales = self._mxfp4[name]
             value = _readonly(dequantize_mxfp4(self._where[blocks].get(blocks),
                                                self._where[scales].get(scales)))
         else:
             value = self._file(name).get(name)
-        return check_weight(value, f"{self.file_of(name)}: tensor '{name}'")
+        return check_weight(value, f"{self.file_of(name)}: tensor '{name}'", zeros)
 
-    def raw(self, name):
+    def raw(self, name, zeros=False):
         """As SafetensorsFile.raw (an MXFP4 tensor: dequantized to float32), checked as get."""
         if name in self._mxfp4:
-            return self.get(name)
-        return check_weight(self._file(name).raw(name), f"{self.file_of(name)}: tensor '{name}'")
+            return self.get(name, zeros)
+        return check_weight(self._file(name).raw(name), f"{self.file_of(name)}: tensor '{name}'",
+                            zeros)
 
     def file_of(self, name):
         """Path of the file that holds `name` (of an MXFP4 tensor: the file of its blocks)."""
@@ -381,11 +393,11 @@ class RenamedCheckpoint:
     def dtype(self, name):
         return self.ckpt.dtype(self._name(name))
 
-    def get(self, name):
-        return self.ckpt.get(self._name(name))
+    def get(self, name, zeros=False):
+        return self.ckpt.get(self._name(name), zeros)
 
-    def raw(self, name):
-        return self.ckpt.raw(self._name(name))
+    def raw(self, name, zeros=False):
+        return self.ckpt.raw(self._name(name), zeros)
 
     def file_of(self, name):
         return self.ckpt.file_of(self._name(name))

@@ -14,9 +14,12 @@ was never written has the right size): a fully connected, embedding or head weig
 matrices a ``.bin`` reader is told are packable, is never all zero in a model that was trained
 or even initialised, while a bias or a norm weight may be; such a matrix of zeros is an error.
 
-The readers call it: ``nntr_bin.read_weight`` (zeros checked for packable weights), and the
-safetensors and GGUF checkpoints' ``get`` / ``raw``. Experts left on file (``moe_expert_cache``)
-are read when routed, not at load, and are not checked.
+The readers call it, and the rule holds for every format: ``nntr_bin.read_weight`` (zeros
+checked for packable weights), and the safetensors (single or sharded) and GGUF checkpoints'
+``get`` / ``raw``, which ``WeightTable.load`` asks with ``zeros=True`` for a tensor that feeds a
+packable weight (a safetensors file or a GGUF of zeros is as wrong as a ``.bin`` of zeros, and
+the one scan already says so). Experts left on file (``moe_expert_cache``) are read when routed,
+not at load, and are not checked.
 
 One pass over the bits finds both: the bits of an IEEE float without its sign, read as an
 unsigned integer, order as the magnitudes, and all exponent bits set (an infinity or a NaN) is

@@ -217,6 +217,8 @@ class WeightTable:
         [out, in]; False: as it is, as an embedding table), the table reading it that way,
         comes as the checkpoint's ``raw`` gives it: a ``PackedMatrix`` when stored packed (BF16,
         F16, a GGUF's Q8_0 / Q4_0), kept so; any other as float32.
+        A tensor feeding a weight of ``packable`` is read with ``zeros=True``: all zeros is an
+        error (causallm/io/weight_check.py), as in a .bin.
         Every checkpoint tensor must be used (or ignored, or an alias) and every mapped tensor
         found; the error names the ones that are not. A large load shows a progress bar on a
         terminal (causallm/progress.py)."""
@@ -258,7 +260,8 @@ class WeightTable:
         """Checkpoint tensor ``name`` into the weights ``parts`` says (``load``)."""
         whole = all(packable.get(p.target) is p.transpose and p.index is None
                     and not p.offset for p in parts)
-        array = ckpt.raw(name) if whole and hasattr(ckpt, "raw") else ckpt.get(name)
+        zeros = any(p.target in packable for p in parts)  # a matrix: never all zero
+        array = ckpt.raw(name, zeros) if whole and hasattr(ckpt, "raw") else ckpt.get(name, zeros)
         for part in parts:
             try:
                 value = (array.oriented(part.transpose)

@@ -7,7 +7,9 @@
 - ``initialize()`` allocates weights, tensors, KV caches (``getKVCaches``) and the planned
   activation buffers (causallm/runtime/planner.py);
 - ``load``/``save`` read and write the NNTrainer .bin (every weight in node order, each node's
-  weights in request order, a shared weight once at its first owner);
+  weights in request order, a shared weight once at its first owner); ``setWeight`` gives one
+  weight. Weights start as zeros, so a graph with weights runs only once some were given
+  (``weightsGiven``): a step before that would compute nothing but zeros;
 - ``incremental_inference(batch, inputs, labels, init_seq_len, from_, to, stage=...)`` runs one
   step of one stage (causallm/runtime/runner.py): the step's tokens sit at rows
   ``[0, to - from_)`` of every buffer (spec §2.5) and attention layers place them at absolute
@@ -163,8 +165,7 @@ class Model:
         buffers (causallm/runtime/planner.py); bind every stage to them."""
         self._require(_COMPILED, "initialize()")
         graph = self._graph
-        self._weights: dict[str, np.ndarray] = {
-            s.full_name: np.zeros(s.shape, dtype=np.float32) for s in self._weight_specs}
+        self.forgetWeights()
         self._packable = {s.full_name: s.packable for s in self._weight_specs}
         buffers = plan_buffers(graph)
         batch_of = {stage.name: stage.batch for stage in graph.stages}
@@ -213,6 +214,18 @@ class Model:
         self._dirty = False
 
     # -- weights ----------------------------------------------------------------------------
+    def forgetWeights(self) -> None:
+        """Every weight back to zeros (lazily mapped), as none had been given: what initialize
+        starts from, and what a load that failed half-way leaves."""
+        self._weights: dict[str, np.ndarray] = {
+            s.full_name: np.zeros(s.shape, dtype=np.float32) for s in self._weight_specs}
+        self._given = False
+        self._dirty = True
+
+    def weightsGiven(self) -> bool:
+        """Whether the graph's weights were given (``load``, ``setWeight``), or it has none."""
+        return self._given or not self._weight_specs
+
     def getWeightSpecs(self) -> list[WeightSpec]:
         """Every weight once, in .bin order: (full name ``scope:name``, shape, stored dtype)."""
         self._require_compiled("getWeightSpecs()")
@@ -243,7 +256,7 @@ class Model:
                                                or array.flags.f_contiguous):
             array = np.ascontiguousarray(array, dtype=np.float32)
         self._weights[full_name] = array
-        self._dirty = True
+        self._given = self._dirty = True
 
     def load(self, path: str, format: str = ModelFormat.MODEL_FORMAT_BIN) -> None:
         """Read an NNTrainer .bin: each weight in order, memory-mapped where it is FP32."""
@@ -253,6 +266,7 @@ class Model:
         specs = [(s.full_name, s.shape, s.dtype, s.packable) for s in self._weight_specs]
         for spec, array in zip(self._weight_specs, nntr_bin.read_bin(path, specs)):
             self._weights[spec.full_name] = array
+        self._given = True
         self._refresh_weights()
 
     def save(self, path: str, format: str = ModelFormat.MODEL_FORMAT_BIN,
@@ -306,6 +320,10 @@ class Model:
         slot and position, and the rows whose outputs the heads compute.
         """
         self._require(_INITIALIZED, "incremental_inference()")
+        if not self.weightsGiven():
+            raise CausalLMError("incremental_inference: the weights were never loaded (the "
+                                "model's load_weight() was not called; a graph's load() or "
+                                "setWeight() gives them)")
         runner = self._stage(stage)
         if batch != runner.batch:
             raise CausalLMError(f"incremental_inference: batch {batch} differs from the "
