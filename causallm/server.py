@@ -71,6 +71,10 @@ UNSUPPORTED = {"functions": (None, []), "function_call": (None, "none"), "suffix
 MAX_CHOICES = 16
 """The largest ``n``: choices of one request, each a sequence of its own."""
 
+MAX_IMAGE_PIXELS = 1 << 24
+"""The largest image a request may carry, in pixels (4096 x 4096; refused from its header,
+before it is decoded)."""
+
 
 class BadRequest(Exception):
     """A request the server refuses: 400 (or ``status``) with OpenAI's error body."""
@@ -233,19 +237,20 @@ def _dumps(v) -> str:
     return orjson.dumps(v).decode()
 
 
-def chat_messages(body: dict) -> tuple[list[dict], list]:
+def chat_messages(body: dict, max_images: int | None = None) -> tuple[list[dict], list]:
     """``messages``: a non-empty list of {"role": one of ROLES, "content": str or parts}, and
     the images their parts carry, in order. Content may be null (or absent) only in an
     assistant message with ``tool_calls``, as OpenAI's. Parts are ``{"type": "text", "text":
     ...}`` and, in a user message, ``{"type": "image_url", "image_url": {"url":
     "data:image/...;base64,..."}}``: a message of text parts has their texts joined; one with
     images keeps its parts in Hugging Face's form (``{"type": "image"}`` where an image goes,
-    which a vision model's chat template renders as its image placeholder)."""
+    which a vision model's chat template renders as its image placeholder). More images than
+    ``max_images`` are refused before any is decoded."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {\"role\", \"content\"} "
                          "objects", "messages")
-    out, images = [], []
+    out, images = [], []  # images: (the image file's bytes, where) until all are counted
     for k, m in enumerate(messages):
         where = f"messages[{k}]"
         if not isinstance(m, dict):
@@ -266,7 +271,8 @@ def chat_messages(body: dict) -> tuple[list[dict], list]:
                 if kind == "text" and isinstance(part.get("text"), str):
                     parts.append({"type": "text", "text": part["text"]})
                 elif kind == "image_url" and role == "user":
-                    images.append(data_uri_image(part.get("image_url"), f"{at}.image_url"))
+                    images.append((data_uri_bytes(part.get("image_url"), f"{at}.image_url"),
+                                   f"{at}.image_url"))
                     parts.append({"type": "image"})
                 elif kind == "image_url":
                     raise BadRequest(f"'{at}': images go in user messages, not {role}", at)
@@ -283,14 +289,16 @@ def chat_messages(body: dict) -> tuple[list[dict], list]:
                              f"{_dumps(content)[:40]}", f"{where}.content")
         out.append({**m, "role": "system" if role == "developer" else role,
                     "content": content})
-    return out, images
+    if max_images is not None and len(images) > max_images:
+        raise BadRequest("this model takes no images (it has no vision tower)" if not max_images
+                         else f"'messages' holds {len(images)} images; the model takes at most "
+                         f"{max_images} (their tokens fill its context)", "messages")
+    return out, [data_uri_image(data, where) for data, where in images]
 
 
-def data_uri_image(value, where: str):
-    """The Pillow image of an ``image_url`` ``{"url": "data:image/<type>;base64,<data>"}`` (the
-    server reads no URL of the network)."""
-    from causallm.io.images import decode_image
-
+def data_uri_bytes(value, where: str) -> bytes:
+    """The image file's bytes of an ``image_url`` ``{"url": "data:image/<type>;base64,<data>"}``
+    (the server reads no URL of the network)."""
     url = value.get("url") if isinstance(value, dict) else None
     if not isinstance(url, str) or not url.startswith("data:"):
         raise BadRequest(f"{where}: must be {{\"url\": \"data:image/...;base64,...\"}} (the "
@@ -299,10 +307,19 @@ def data_uri_image(value, where: str):
     try:
         if not head.endswith(";base64") or not data:
             raise ValueError("a data URL of base64 data expected")
-        return decode_image(base64.b64decode(data, validate=True), where)
-    except (ValueError, CausalLMError) as e:  # binascii.Error is a ValueError
-        message = str(e) if isinstance(e, CausalLMError) else f"{where}: {e}"
-        raise BadRequest(message, where) from None
+        return base64.b64decode(data, validate=True)
+    except ValueError as e:  # binascii.Error is a ValueError
+        raise BadRequest(f"{where}: {e}", where) from None
+
+
+def data_uri_image(data: bytes, where: str):
+    """The Pillow image of an image file's bytes, at most MAX_IMAGE_PIXELS pixels."""
+    from causallm.io.images import decode_image
+
+    try:
+        return decode_image(data, where, MAX_IMAGE_PIXELS)
+    except CausalLMError as e:
+        raise BadRequest(str(e), where) from None
 
 
 def completion_prompt(body: dict):
@@ -665,6 +682,9 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
     if scheduler is not None:
         scheduler.max_queue = queue
     live: set[_Jobs] = set()  # the requests generating now
+    max_images = 0  # what a request's images' tokens leave room for
+    if getattr(loaded.model, "VISION", None) is not None:
+        max_images = (loaded.prompt_limit or 0) // loaded.model.MM_TOKENS_PER_IMAGE
     paths = private_paths(loaded.path)
 
     def public(message: str) -> str:
@@ -736,13 +756,11 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         if not loaded.generates:
             raise BadRequest(f"model '{model_id}' does not generate text (it is an embedding "
                              f"model: use /v1/embeddings)", "model", "model_not_supported")
-        prompt, images = chat_messages(body) if chat else (completion_prompt(body), [])
+        prompt, images = chat_messages(body, max_images) if chat else \
+            (completion_prompt(body), [])
         param = "messages" if chat else "prompt"
         options = generation_options(body, loaded)
         if images:
-            if getattr(loaded.model, "VISION", None) is None:
-                raise BadRequest(f"{loaded.architecture} takes no images (it has no vision "
-                                 f"tower)", "messages")
             options["images"] = images
         n = integer(body, "n", 1, MAX_CHOICES) or 1
         top = logprobs_option(body, chat)

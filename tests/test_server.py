@@ -675,6 +675,20 @@ def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path)
                          json={"messages": [{"role": "user", "content": [not_png]}]})
         assert bad.status_code == 400
         assert bad.json()["error"]["param"] == "messages[0].content[0].image_url"
+        # what a request's images would take is refused before any is decoded
+        from PIL import Image
+
+        huge = tmp_path / "huge.png"
+        Image.new("1", (5000, 4000)).save(huge)  # 20 M pixels in a few kB
+        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": [part(huge)]}]})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"] == \
+            "messages[0].content[0].image_url: the image is 5000x4000, over 16777216 pixels"
+        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": [not_png] * 1000}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        assert "holds 1000 images; the model takes at most" in bad.json()["error"]["message"]
     finally:
         stop_server(proc)
 
