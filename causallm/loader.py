@@ -107,6 +107,16 @@ def load(path: str, **options) -> "LoadedModel":
     return LoadedModel(model, path)
 
 
+def batches(model) -> bool:
+    """Whether ``model`` (made by ``create``, initialized or not) can decode several requests
+    together: a decoder-only language model of text, one row and one beam a prompt."""
+    from causallm.models.causal_lm import CausalLM
+
+    return (isinstance(model, CausalLM) and model.TEXT_STAGE is None
+            and type(model).stageInputs is CausalLM.stageInputs
+            and model.BATCH_SIZE == 1 and model.rowsPerPrompt() == 1)
+
+
 @dataclass
 class Completion:
     """One generation: its text, OpenAI's finish reason ("stop" or "length") and token counts
@@ -173,6 +183,18 @@ class LoadedModel:
         return getattr(self.model, "max_timestep", None) or getattr(self.model,
                                                                     "DECODER_SEQ_LEN", None)
 
+    @property
+    def prompt_limit(self) -> int | None:
+        """The most tokens a prompt may have: what the encoder takes in its one step (an
+        encoder-decoder: init_seq_len, and its learned positions), else the positions of the KV
+        cache (``context_length``)."""
+        from causallm.models.encoder_decoder import EncoderDecoder
+
+        model = self.model
+        if isinstance(model, EncoderDecoder):
+            return min(n for n in (model.INIT_SEQ_LEN, model.MAX_POSITIONS) if n)
+        return self.context_length
+
     # -- prompts ----------------------------------------------------------------------------
     def chat_template(self):
         """The folder's chat template (causallm.chat.ChatTemplate); an error when it has none."""
@@ -186,16 +208,26 @@ class LoadedModel:
                                     f"chat_template.jinja or the .gguf's); pass a prompt string")
         return self._template
 
-    def encode(self, prompt, tools: list | None = None, reply_prefix: str = "") -> list[int]:
+    def encode(self, prompt, tools: list | None = None, reply_prefix: str = "",
+               images: int | None = None) -> list[int]:
         """The token ids generation starts from: a string as the CLI encodes a prompt (the
         model's ``tokenize``), a list of {"role", "content"} messages rendered by the chat
         template and encoded without adding special tokens again (as transformers), or a
-        list of token ids as given."""
+        list of token ids as given. A vision model writes out the placeholders of ``images``
+        images (default: the images set on the model); given, the model is not read, so a
+        prompt can be measured while another generates."""
+        model = self.model
+        if images is None:
+            images = len(getattr(model, "images", None) or [])
+        elif isinstance(prompt, str):  # the model's tokenize without its images
+            if images:
+                prompt = model.processor.expandPrompt(prompt, images)
+            return model.tokenizer.Encode(prompt, add_special_tokens=True)
         if isinstance(prompt, str):
-            return list(self.model.tokenize(prompt)[0])
+            return list(model.tokenize(prompt)[0])
         if isinstance(prompt, (list, tuple)) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            vocab = self.model.NUM_VOCAB
+            vocab = model.NUM_VOCAB
             if any(not 0 <= t < vocab for t in prompt):
                 raise CausalLMError(f"prompt token ids must be in [0, {vocab})")
             return list(prompt)
@@ -203,10 +235,9 @@ class LoadedModel:
                 isinstance(m, dict) for m in prompt):
             text = self.chat_template().render(list(prompt), add_generation_prompt=True,
                                                tools=tools) + reply_prefix
-            images = getattr(self.model, "images", None)
             if images:  # a vision model's image placeholders, written out as its tokens
-                text = self.model.processor.expandPrompt(text, len(images))
-            return self.model.tokenizer.Encode(text, add_special_tokens=False)
+                text = model.processor.expandPrompt(text, images)
+            return model.tokenizer.Encode(text, add_special_tokens=False)
         raise CausalLMError("the prompt must be a string, a non-empty list of "
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
 
@@ -294,12 +325,7 @@ class LoadedModel:
     def batches(self) -> bool:
         """Whether this model decodes several requests together (``scheduler``): a
         decoder-only language model of text (not an encoder-decoder, not a vision model)."""
-        from causallm.models.causal_lm import CausalLM
-
-        model = self.model
-        return (isinstance(model, CausalLM) and model.TEXT_STAGE is None
-                and type(model).stageInputs is CausalLM.stageInputs
-                and model.BATCH_SIZE == 1 and model.rowsPerPrompt() == 1)
+        return batches(self.model)
 
     @property
     def scheduler(self):

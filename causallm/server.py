@@ -25,7 +25,12 @@ in one worker thread, in arrival order. A streamed answer is sent as server-sent
 (``data: {chunk}``, then ``data: [DONE]``) as the text is decoded; a client that goes away (its
 stream closed, or a non-streamed request's connection dropped) stops its generation at the next
 step and frees its slot, and a request still waiting its turn is skipped (``GET /health``
-counts these as ``generations_stopped``).
+counts these as ``generations_stopped``; the log has one info line each).
+
+A request is checked before it waits for anything (its prompt against what the model takes
+too); its error messages show the model's id where the server's model path would be. The
+address is taken before the model loads (``bind``). The first SIGINT or SIGTERM stops the
+generations in flight and ends the server; a second ends the process at once.
 """
 
 from __future__ import annotations
@@ -33,9 +38,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import logging
+import logging.config
 import math
 import os
+import socket
+import sys
 import threading
 import time
 import uuid
@@ -45,7 +54,7 @@ import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -62,6 +71,10 @@ UNSUPPORTED = {"functions": (None, []), "function_call": (None, "none"), "suffix
 MAX_CHOICES = 16
 """The largest ``n``: choices of one request, each a sequence of its own."""
 
+MAX_IMAGE_PIXELS = 1 << 24
+"""The largest image a request may carry, in pixels (4096 x 4096; refused from its header,
+before it is decoded)."""
+
 
 class BadRequest(Exception):
     """A request the server refuses: 400 (or ``status``) with OpenAI's error body."""
@@ -73,9 +86,14 @@ class BadRequest(Exception):
         self.param, self.code, self.status, self.kind = param, code, status, kind
         self.headers = headers
 
-    def response(self) -> Response:
-        r = _json({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                             "code": self.code}}, self.status)
+    def body(self, public=str) -> dict:
+        """OpenAI's error body; ``public`` rewrites the message for the client (the server's
+        paths hidden)."""
+        return {"error": {"message": public(str(self)), "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+    def response(self, public=str) -> Response:
+        r = _json(self.body(public), self.status)
         r.headers.update(self.headers or {})
         return r
 
@@ -105,13 +123,16 @@ def integer(body: dict, name: str, low: int, high: int | None = None):
     return v
 
 
-def boolean(body: dict, name: str, default: bool = False) -> bool:
+def boolean(body: dict, name: str, default: bool = False, where: str | None = None) -> bool:
+    """``body[name]``: absent or null -> ``default``, else true or false (``where``: the
+    field's name in messages, when the body is an object inside the request)."""
     v = body.get(name)
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise BadRequest(f"'{name}' must be true or false, got {orjson.dumps(v).decode()}",
-                         name)
+        where = where or name
+        raise BadRequest(f"'{where}' must be true or false, got {orjson.dumps(v).decode()}",
+                         where)
     return v
 
 
@@ -188,22 +209,40 @@ def logprobs_option(body: dict, chat: bool) -> int | None:
     return top or 0
 
 
-def chat_messages(body: dict) -> tuple[list[dict], list]:
-    """``messages``: a non-empty list of {"role": str, "content": str or parts}, and the images
-    their parts carry, in order. Parts are ``{"type": "text", "text": ...}`` and ``{"type":
-    "image_url", "image_url": {"url": "data:image/...;base64,..."}}``: a message of text parts
-    has their texts joined; one with images keeps its parts in Hugging Face's form (``{"type":
-    "image"}`` where an image goes, which a vision model's chat template renders as its image
-    placeholder)."""
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""OpenAI's message roles; "developer" (its newer name for system) reaches the template as
+"system"."""
+
+
+def _dumps(v) -> str:
+    return orjson.dumps(v).decode()
+
+
+def chat_messages(body: dict, max_images: int | None = None) -> tuple[list[dict], list]:
+    """``messages``: a non-empty list of {"role": one of ROLES, "content": str or parts}, and
+    the images their parts carry, in order. Content may be null (or absent) only in an
+    assistant message with ``tool_calls``, as OpenAI's. Parts are ``{"type": "text", "text":
+    ...}`` and, in a user message, ``{"type": "image_url", "image_url": {"url":
+    "data:image/...;base64,..."}}``: a message of text parts has their texts joined; one with
+    images keeps its parts in Hugging Face's form (``{"type": "image"}`` where an image goes,
+    which a vision model's chat template renders as its image placeholder). More images than
+    ``max_images`` are refused before any is decoded."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {\"role\", \"content\"} "
                          "objects", "messages")
-    out, images = [], []
+    out, images = [], []  # images: (the image file's bytes, where) until all are counted
     for k, m in enumerate(messages):
         where = f"messages[{k}]"
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest(f"{where} must be an object with a string 'role'", where)
+        if not isinstance(m, dict):
+            raise BadRequest(f"'{where}' must be an object {{\"role\", \"content\"}}, got "
+                             f"{_dumps(m)[:40]}", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadRequest(f"'{where}.role' must be one of {', '.join(ROLES)}, got "
+                             f"{_dumps(role)[:40]}", f"{where}.role")
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise BadRequest(f"'{where}.name' must be a string", f"{where}.name")
         content = m.get("content")
         if isinstance(content, list):
             parts = []
@@ -212,27 +251,35 @@ def chat_messages(body: dict) -> tuple[list[dict], list]:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text" and isinstance(part.get("text"), str):
                     parts.append({"type": "text", "text": part["text"]})
-                elif kind == "image_url":
-                    images.append(data_uri_image(part.get("image_url"), f"{at}.image_url"))
+                elif kind == "image_url" and role == "user":
+                    images.append((data_uri_bytes(part.get("image_url"), f"{at}.image_url"),
+                                   f"{at}.image_url"))
                     parts.append({"type": "image"})
+                elif kind == "image_url":
+                    raise BadRequest(f"'{at}': images go in user messages, not {role}", at)
                 else:
-                    raise BadRequest(f"{at}: a part must be {{\"type\": \"text\", \"text\": "
+                    raise BadRequest(f"'{at}': a part must be {{\"type\": \"text\", \"text\": "
                                      f"...}} or {{\"type\": \"image_url\", \"image_url\": "
                                      f"{{\"url\": ...}}}}", f"{where}.content")
             content = parts if any(p["type"] == "image" for p in parts) else \
                 "".join(p["text"] for p in parts)
-        elif content is not None and not isinstance(content, str):
-            raise BadRequest(f"{where}.content must be a string or a list of parts",
-                             f"{where}.content")
-        out.append({**m, "content": content})
-    return out, images
+        elif not isinstance(content, str) and not (
+                content is None and role == "assistant" and m.get("tool_calls")):
+            raise BadRequest(f"'{where}.content' must be a string or a list of parts (null only "
+                             f"in an assistant message with tool_calls), got "
+                             f"{_dumps(content)[:40]}", f"{where}.content")
+        out.append({**m, "role": "system" if role == "developer" else role,
+                    "content": content})
+    if max_images is not None and len(images) > max_images:
+        raise BadRequest("this model takes no images (it has no vision tower)" if not max_images
+                         else f"'messages' holds {len(images)} images; the model takes at most "
+                         f"{max_images} (their tokens fill its context)", "messages")
+    return out, [data_uri_image(data, where) for data, where in images]
 
 
-def data_uri_image(value, where: str):
-    """The Pillow image of an ``image_url`` ``{"url": "data:image/<type>;base64,<data>"}`` (the
-    server reads no URL of the network)."""
-    from causallm.io.images import decode_image
-
+def data_uri_bytes(value, where: str) -> bytes:
+    """The image file's bytes of an ``image_url`` ``{"url": "data:image/<type>;base64,<data>"}``
+    (the server reads no URL of the network)."""
     url = value.get("url") if isinstance(value, dict) else None
     if not isinstance(url, str) or not url.startswith("data:"):
         raise BadRequest(f"{where}: must be {{\"url\": \"data:image/...;base64,...\"}} (the "
@@ -241,10 +288,19 @@ def data_uri_image(value, where: str):
     try:
         if not head.endswith(";base64") or not data:
             raise ValueError("a data URL of base64 data expected")
-        return decode_image(base64.b64decode(data, validate=True), where)
-    except (ValueError, CausalLMError) as e:  # binascii.Error is a ValueError
-        message = str(e) if isinstance(e, CausalLMError) else f"{where}: {e}"
-        raise BadRequest(message, where) from None
+        return base64.b64decode(data, validate=True)
+    except ValueError as e:  # binascii.Error is a ValueError
+        raise BadRequest(f"{where}: {e}", where) from None
+
+
+def data_uri_image(data: bytes, where: str):
+    """The Pillow image of an image file's bytes, at most MAX_IMAGE_PIXELS pixels."""
+    from causallm.io.images import decode_image
+
+    try:
+        return decode_image(data, where, MAX_IMAGE_PIXELS)
+    except CausalLMError as e:
+        raise BadRequest(str(e), where) from None
 
 
 def completion_prompt(body: dict):
@@ -261,23 +317,38 @@ def completion_prompt(body: dict):
 
 
 # -- the app ---------------------------------------------------------------------------------
+GONE = "the client went away"
+SHUTDOWN = "the server is shutting down"
+"""Why a generation is stopped early (``_Job.cancel``)."""
+
+
 class _Job:
     """One choice's generation; its events go to ``events``, an asyncio queue a request's
     choices share, as (index, kind, value): ("text", (piece, logprob entries)) when streamed,
     ("done", Completion), ("error", exception). ``stats`` counts the generations stopped
-    because their client went away."""
+    because their client went away; ``why`` says why a cancelled one stopped."""
 
     def __init__(self, events: asyncio.Queue, index: int, stats: dict) -> None:
         self.loop = asyncio.get_running_loop()
         self.events, self.index = events, index
         self.cancelled = False
+        self.why = GONE
         self.stats = stats
 
     def put(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
+        """Hand an event to the request (from any thread; dropped once the loop is closed)."""
+        with contextlib.suppress(RuntimeError):  # the server has ended
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
 
-    def cancel(self) -> None:
-        self.cancelled = True
+    def cancel(self, why: str = GONE) -> None:
+        if not self.cancelled:
+            self.cancelled, self.why = True, why
+
+    def stopped(self) -> None:
+        """The generation has stopped early: counted and logged when its client went away."""
+        if self.why == GONE:
+            self.stats["generations_stopped"] += 1
+            log.info("generation stopped: the client went away")
 
 
 class _WorkerJob(_Job):
@@ -296,8 +367,7 @@ class _WorkerJob(_Job):
                                    **options)
             self.put("done", done)
         except Stopped:
-            self.stats["generations_stopped"] += 1
-            log.info("generation stopped: the client went away")
+            self.stopped()
         except BaseException as e:
             self.put("error", e)
 
@@ -323,28 +393,39 @@ class _ScheduledJob(_Job):
 
     def _done(self, request) -> None:
         if request.finish_reason == "cancelled":
-            self.stats["generations_stopped"] += 1
-            log.info("generation stopped: the client went away")
+            self.stopped()
         elif request.error is not None:
             self.put("error", request.error)
         else:
             self.put("done", completion_of(request))
 
-    def cancel(self) -> None:
-        super().cancel()
+    def cancel(self, why: str = GONE) -> None:
+        super().cancel(why)
         self.request.cancel()
 
 
 class _Jobs:
-    """A request's choices (``n``): their jobs, and their events in the order they come."""
+    """A request's choices (``n``): their jobs, and their events in the order they come. While
+    it runs it is in ``live`` (the server's requests in flight, which a shutdown ends:
+    ``shut``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, live: set) -> None:
         self.events: asyncio.Queue = asyncio.Queue()
         self.jobs: list[_Job] = []
+        self.live = live
+        live.add(self)
 
-    def cancel(self) -> None:
+    def cancel(self, why: str = GONE) -> None:
+        """Stop every choice (at its next token) and leave ``live``."""
         for job in self.jobs:
-            job.cancel()
+            job.cancel(why)
+        self.live.discard(self)
+
+    def shut(self) -> None:
+        """The server is shutting down: stop every choice, and end the request with a
+        ("shutdown") event."""
+        self.cancel(SHUTDOWN)
+        self.events.put_nowait((None, "shutdown", None))
 
     async def next(self, request: Request):
         """The next (index, kind, value); None when the client went away meanwhile (every
@@ -358,14 +439,22 @@ class _Jobs:
                     return None
 
 
-def _error_of(e: BaseException, param: str) -> BadRequest:
+def _error_of(e: BaseException, param: str | None) -> BadRequest:
+    """The response's error for what ended a request: a CausalLMError is the request's fault
+    (400), anything else the server's (500, logged with its traceback; its message stays in
+    the log, which the client cannot read)."""
     if isinstance(e, BadRequest):
         return e
     if isinstance(e, CausalLMError):
         code = "context_length_exceeded" if "KV cache holds" in str(e) else None
         return BadRequest(str(e), param, code)
-    log.error("generation failed", exc_info=e)
-    return BadRequest(f"internal error: {type(e).__name__}: {e}", None, None, 500, "server_error")
+    log.error("generation failed: %s: %s", type(e).__name__, e, exc_info=e)
+    return BadRequest(f"internal error ({type(e).__name__}; the server's log has the details)",
+                      None, None, 500, "server_error")
+
+
+def _shutting_down() -> BadRequest:
+    return BadRequest(SHUTDOWN, None, "server_shutdown", 503, "server_error")
 
 
 class _ToolCalls:
@@ -530,21 +619,42 @@ class _CancellingStream(StreamingResponse):
     """A StreamingResponse that cancels its jobs however the response ends (a client that
     disconnects ends it early)."""
 
-    def __init__(self, content, job) -> None:
+    def __init__(self, content, jobs: _Jobs) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache"})
-        self.job = job
+        self.jobs = jobs
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancel()
+            self.jobs.cancel()
+
+
+MAX_BODY = 64 << 20
+"""The largest request body the server reads, in bytes (images come inside as base64); a
+larger one is refused (413) before it is read."""
+
+MAX_INPUTS = 2048
+"""The most texts one embeddings request holds (OpenAI's bound)."""
+
+
+class _ClientGone(Exception):
+    """The client closed its connection before its request was read."""
+
+
+def private_paths(path: str) -> list[str]:
+    """The ways the server's model path may appear in a message (as given, absolute, with
+    links resolved, and the folder of a .gguf file), longest first."""
+    paths = {path, os.path.abspath(path), os.path.realpath(path)}
+    paths |= {os.path.dirname(p) for p in list(paths) if os.path.isfile(p)}
+    return sorted((p for p in paths if p and p not in (".", os.sep)), key=len, reverse=True)
 
 
 def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
     """The Starlette app serving ``loaded`` under the name ``model_id``; ``queue`` requests
-    may wait for a slot (a model that ``batches``)."""
+    may wait for a slot (a model that ``batches``). ``app.state.close()`` (on the event loop's
+    thread) starts a shutdown: ``serve`` calls it on the first SIGINT or SIGTERM."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="causallm-worker")
     created = int(time.time())
     stats = {"generations_stopped": 0}
@@ -552,15 +662,57 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
     stop = threading.Event()
     if scheduler is not None:
         scheduler.max_queue = queue
+    live: set[_Jobs] = set()  # the requests generating now
+    max_images = 0  # what a request's images' tokens leave room for
+    if getattr(loaded.model, "VISION", None) is not None:
+        max_images = (loaded.prompt_limit or 0) // loaded.model.MM_TOKENS_PER_IMAGE
+    paths = private_paths(loaded.path)
+
+    def public(message: str) -> str:
+        """``message`` with the server's model path written as the model's id."""
+        for path in paths:
+            message = message.replace(path, model_id)
+        return message
+
+    def close() -> None:
+        """Shut down now: no generation starts any more, the running ones stop at their next
+        token, and their requests end (a 503, or a stream's error event); the scheduler's
+        thread stops after its step."""
+        if stop.is_set():
+            return
+        stop.set()
+        if scheduler is not None:
+            scheduler.wake()
+        if live:
+            log.info("shutting down: %d request(s) in flight stopped", len(live))
+        for jobs in list(live):
+            jobs.shut()
 
     async def read_body(request: Request) -> dict:
+        too_large = BadRequest(f"the request body is over {MAX_BODY >> 20} MiB", None,
+                               "request_too_large", 413)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
+            raise too_large
+        data = bytearray()
         try:
-            body = orjson.loads(await request.body())
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > MAX_BODY:
+                    raise too_large
+        except ClientDisconnect:
+            raise _ClientGone() from None
+        try:
+            body = orjson.loads(data)
         except orjson.JSONDecodeError as e:
             raise BadRequest(f"the request body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         return body
+
+    def check_model(body: dict) -> None:
+        if "model" in body and not isinstance(body["model"], str):
+            raise BadRequest("'model' must be a string", "model")
 
     def usage(done: list) -> dict:
         """OpenAI's usage of a request's choices: the prompt once, every choice's tokens."""
@@ -570,18 +722,26 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
                 "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens}}
 
+    def check_prompt(prompt, options: dict, param: str) -> None:
+        """Refuse now, not after the generations queued ahead of it, a prompt the model cannot
+        take (the one worker's models: the scheduler's ``submit`` checks its own)."""
+        ids = loaded.encode(prompt, options.get("tools"), options.get("reply_prefix", ""),
+                            images=len(options.get("images") or ()))
+        limit = loaded.prompt_limit
+        if limit is not None and len(ids) > limit:
+            raise BadRequest(f"the prompt has {len(ids)} tokens but the model takes at most "
+                             f"{limit}", param, "context_length_exceeded")
+
     async def generate(request: Request, chat: bool) -> Response:
         body = await read_body(request)
         if not loaded.generates:
             raise BadRequest(f"model '{model_id}' does not generate text (it is an embedding "
                              f"model: use /v1/embeddings)", "model", "model_not_supported")
-        prompt, images = chat_messages(body) if chat else (completion_prompt(body), [])
+        prompt, images = chat_messages(body, max_images) if chat else \
+            (completion_prompt(body), [])
         param = "messages" if chat else "prompt"
         options = generation_options(body, loaded)
         if images:
-            if getattr(loaded.model, "VISION", None) is None:
-                raise BadRequest(f"{loaded.architecture} takes no images (it has no vision "
-                                 f"tower)", "messages")
             options["images"] = images
         n = integer(body, "n", 1, MAX_CHOICES) or 1
         top = logprobs_option(body, chat)
@@ -599,13 +759,21 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         if stream_options is not None and not (isinstance(stream_options, dict) and stream):
             raise BadRequest("'stream_options' must be an object, and only with stream: true",
                              "stream_options")
-        include_usage = boolean(stream_options or {}, "include_usage")
+        include_usage = boolean(stream_options or {}, "include_usage",
+                                where="stream_options.include_usage")
+        if scheduler is None:
+            try:
+                check_prompt(prompt, options, param)
+            except CausalLMError as e:
+                raise _error_of(e, param) from None
+        if stop.is_set():
+            raise _shutting_down()
         kind = "chat.completion" if chat else "text_completion"
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": kind + (".chunk" if chat and stream else ""),
                 "created": int(time.time()), "model": model_id}
 
-        jobs = _Jobs()
+        jobs = _Jobs(live)
         for i in range(n):
             seeded = dict(options)
             if options.get("seed") is not None:
@@ -624,34 +792,22 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
                 jobs.cancel()
                 raise _error_of(e, param) from None
             jobs.jobs.append(job)
-        try:  # the first event (the whole answer when not streamed) decides on a 400
+        if not stream:
+            try:
+                return await answer(request, jobs, n, chat, calls, head, param)
+            finally:
+                jobs.cancel()
+        try:  # the first event decides on a 400, before the response starts
             first = await jobs.next(request)
         except BaseException:
             jobs.cancel()
             raise
         if first is None:
             return Response(status_code=499)  # nobody is listening
-        if first[1] == "error":
+        if first[1] in ("error", "shutdown"):
             jobs.cancel()
-            raise _error_of(first[2], param)
-        answers = [_Answer(chat, stream, i, calls, loaded) for i in range(n)]
-
-        if not stream:
-            done: list = [None] * n
-            event = first
-            while True:
-                i, what, value = event
-                if what == "error":
-                    jobs.cancel()
-                    raise _error_of(value, param)
-                done[i] = value
-                if all(d is not None for d in done):
-                    break
-                event = await jobs.next(request)
-                if event is None:
-                    return Response(status_code=499)
-            return _json({**head, "choices": [a.whole(d) for a, d in zip(answers, done)],
-                          "usage": usage(done)})
+            raise _error_of(first[2], param) if first[1] == "error" else _shutting_down()
+        answers = [_Answer(chat, True, i, calls, loaded) for i in range(n)]
 
         def chunk(data: dict) -> bytes:
             if include_usage and "usage" not in data:
@@ -671,11 +827,9 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
                     if what == "text":
                         for part in answers[i].piece(*value):
                             yield chunk({"choices": [part]})
-                    elif what == "error":
-                        err = _error_of(value, param)
-                        yield b"data: " + orjson.dumps({"error": {
-                            "message": str(err), "type": err.kind, "param": err.param,
-                            "code": err.code}}) + b"\n\n"
+                    elif what in ("error", "shutdown"):
+                        err = _error_of(value, param) if what == "error" else _shutting_down()
+                        yield b"data: " + orjson.dumps(err.body(public)) + b"\n\n"
                         break
                     else:
                         finished[i] = value
@@ -692,6 +846,24 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
 
         return _CancellingStream(events(), jobs)
 
+    async def answer(request: Request, jobs: _Jobs, n: int, chat: bool, calls, head: dict,
+                     param: str) -> Response:
+        """A request not streamed: its choices' answers once all are done."""
+        answers = [_Answer(chat, False, i, calls, loaded) for i in range(n)]
+        done: list = [None] * n
+        while not all(d is not None for d in done):
+            event = await jobs.next(request)
+            if event is None:
+                return Response(status_code=499)  # nobody is listening
+            i, what, value = event
+            if what == "shutdown":
+                raise _shutting_down()
+            if what == "error":
+                raise _error_of(value, param)
+            done[i] = value
+        return _json({**head, "choices": [a.whole(d) for a, d in zip(answers, done)],
+                      "usage": usage(done)})
+
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
 
@@ -704,19 +876,31 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
             raise BadRequest(f"model '{model_id}' does not embed (it is a "
                              f"{loaded.architecture}, not an embedding model)", "model",
                              "model_not_supported")
-        if "model" in body and not isinstance(body["model"], str):
-            raise BadRequest("'model' must be a string", "model")
+        check_model(body)
         texts = body.get("input")
         if isinstance(texts, str):
             texts = [texts]
-        if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
-            raise BadRequest("'input' must be a string or a non-empty list of strings", "input")
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t
+                                                          for t in texts)):
+            raise BadRequest("'input' must be a non-empty string or a non-empty list of "
+                             "non-empty strings", "input")
+        if len(texts) > MAX_INPUTS:
+            raise BadRequest(f"'input' holds {len(texts)} texts; at most {MAX_INPUTS} a "
+                             f"request", "input")
+        limit = loaded.model.INIT_SEQ_LEN
+        for k, text in enumerate(texts):  # before the worker: what it would refuse
+            n_tokens = len(loaded.model.tokenizer.Encode(text, add_special_tokens=True))
+            if n_tokens > limit:
+                raise BadRequest(f"'input[{k}]' has {n_tokens} tokens but the model embeds at "
+                                 f"most {limit}", "input", "context_length_exceeded")
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise BadRequest("'encoding_format' must be \"float\" or \"base64\"",
                              "encoding_format")
         if body.get("dimensions") is not None:
             raise BadRequest("'dimensions' is not supported by this server", "dimensions")
+        if stop.is_set():
+            raise _shutting_down()
         future = asyncio.get_running_loop().run_in_executor(executor, loaded.embed_with_counts,
                                                             texts)
         try:
@@ -742,8 +926,8 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
 
     async def model(request: Request) -> Response:
         if request.path_params["model"] != model_id:
-            raise BadRequest(f"the model '{request.path_params['model']}' does not exist (this "
-                             f"server has '{model_id}')", "model", "model_not_found", 404)
+            raise BadRequest(f"the model '{request.path_params['model'][:100]}' does not exist "
+                             f"(this server has '{model_id}')", "model", "model_not_found", 404)
         return _json(model_card())
 
     def gauges() -> dict:
@@ -759,41 +943,57 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         return Response(prometheus_text(scheduler, stats),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def bad_request(request: Request, exc: BadRequest) -> Response:
-        return exc.response()
+    def endpoint(handler):
+        """``handler`` with what ends a request turned into its response: a refusal, a client
+        gone before its request was read (one log line), or a failure of the server's (500,
+        logged once with its traceback)."""
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except BadRequest as e:
+                return e.response(public)
+            except _ClientGone:
+                log.info("%s %s: the client went away before sending its whole request",
+                         request.method, request.url.path)
+                return Response(status_code=499)
+            except Exception as e:  # noqa: BLE001 (the request's 500; the server goes on)
+                return _error_of(e, None).response(public)
+        return handle
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return BadRequest(f"{request.method} {request.url.path}: {exc.detail}", None, None,
-                          exc.status_code).response()
+        return BadRequest(f"{request.method} {request.url.path[:200]}: {exc.detail}", None,
+                          None, exc.status_code).response(public)
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        return _error_of(exc, None).response()
-
-    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/embeddings", embeddings, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/models/{model:path}", model, methods=["GET"]),
-              Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+    routes = [Route("/v1/chat/completions", endpoint(chat_completions), methods=["POST"]),
+              Route("/v1/completions", endpoint(completions), methods=["POST"]),
+              Route("/v1/embeddings", endpoint(embeddings), methods=["POST"]),
+              Route("/v1/models", endpoint(models), methods=["GET"]),
+              Route("/v1/models/{model:path}", endpoint(model), methods=["GET"]),
+              Route("/health", endpoint(health), methods=["GET"]),
+              Route("/metrics", endpoint(metrics), methods=["GET"])]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        """The scheduler's thread runs while the app does."""
+        """The scheduler's thread runs while the app does; at the end both threads finish
+        their step (a generation stops at its next token) before the event loop closes."""
+        app.state.loop = asyncio.get_running_loop()
+        thread = None
         if scheduler is not None:
-            threading.Thread(target=scheduler.run, args=(stop,), daemon=True,
-                             name="causallm-scheduler").start()
+            thread = threading.Thread(target=scheduler.run, args=(stop,), daemon=True,
+                                      name="causallm-scheduler")
+            thread.start()
         try:
             yield
         finally:
-            stop.set()
-            if scheduler is not None:
-                scheduler.wake()
+            close()
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+            if thread is not None:
+                await asyncio.to_thread(thread.join)
 
-    app = Starlette(routes=routes, exception_handlers={
-        BadRequest: bad_request, HTTPException: http_error, Exception: server_error},
-        lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                    lifespan=lifespan)
     app.state.executor = executor
+    app.state.close = close
     return app
 
 
@@ -836,24 +1036,99 @@ def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | 
           log_level: str = "info", parallel: int | None = None, queue: int = 64,
           **options) -> None:
     """Load ``path`` (``causallm.load`` options) with ``parallel`` slots (default
-    ``default_parallel``) and serve it until interrupted."""
+    ``default_parallel``) and serve it until interrupted. The address is taken first, so a
+    port in use is an error before the model loads. The first SIGINT (Ctrl-C) or SIGTERM stops
+    taking connections, stops the generations in flight and ends the server; a second ends the
+    process at once (exit status 128 + the signal)."""
+    from causallm.loader import LoadedModel, batches, create
+
+    configure_logging(log_level)
+    sock = bind(host, port)
+    try:
+        model = create(path, **options)
+        if not batches(model):  # one request at a time: one sequence's caches
+            if parallel is not None and parallel > 1:
+                log.warning("%s answers one request at a time (--parallel needs a "
+                            "decoder-only text model)",
+                            getattr(model, "architecture", type(model).__name__))
+            parallel = 1
+        elif parallel is None:
+            parallel = default_parallel(model)
+        if parallel > 1:
+            model.SLOTS = parallel
+        model.initialize()
+        model.load_weight()
+        loaded = LoadedModel(model, path)
+        model_id = model_id or os.path.basename(os.path.normpath(path))
+        _server(build_app(loaded, model_id, queue), log_level).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def configure_logging(log_level: str) -> None:
+    """uvicorn's log lines (its default configuration), this module's among them."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["causallm"] = {"handlers": ["default"], "level": log_level.upper(),
+                                     "propagate": False}
+    logging.config.dictConfig(config)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (as uvicorn binds one); an address in use, or one
+    this machine does not have, is a CausalLMError."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            why = "the port is in use (another server?); choose another --port"
+        elif e.errno == errno.EACCES:
+            why = "permission denied (a port below 1024 needs privileges)"
+        elif isinstance(e, socket.gaierror):
+            why = f"no such host (--host): {e.strerror}"
+        elif e.errno == errno.EADDRNOTAVAIL:
+            why = "not an address of this machine (--host)"
+        else:
+            why = e.strerror or str(e)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise CausalLMError(f"cannot listen on {where}: {why}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _server(app: Starlette, log_level: str):
+    """A uvicorn server of ``app`` whose first SIGINT or SIGTERM also stops the generations in
+    flight (``app.state.close``: uvicorn alone would wait for their streams to end) and whose
+    second ends the process at once."""
     import uvicorn
 
-    from causallm.loader import LoadedModel, create
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            if self.should_exit:
+                sys.stderr.write("\ninterrupted\n")
+                sys.stderr.flush()
+                os._exit(128 + sig)
+            super().handle_exit(sig, frame)
+            loop = getattr(app.state, "loop", None)
+            if loop is not None:
+                loop.call_soon_threadsafe(app.state.close)
 
-    model = create(path, **options)
-    if parallel is None:
-        parallel = default_parallel(model)
-    if parallel > 1:
-        model.SLOTS = parallel
-    model.initialize()
-    model.load_weight()
-    loaded = LoadedModel(model, path)
-    if parallel > 1 and not loaded.batches:
-        log.warning("%s answers one request at a time (--parallel needs a decoder-only text "
-                    "model)", loaded.architecture)
-    model_id = model_id or os.path.basename(os.path.normpath(path))
-    uvicorn.run(build_app(loaded, model_id, queue), host=host, port=port, log_level=log_level)
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # what uvicorn says when it binds the socket itself
+                host, port = sockets[0].getsockname()[:2]
+                where = f"[{host}]" if ":" in host else host
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", where, port)
+
+    return Server(uvicorn.Config(app, log_config=None, log_level=log_level,
+                                 timeout_graceful_shutdown=5))
 
 
 PARALLEL = 4

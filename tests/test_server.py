@@ -14,9 +14,11 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,6 +36,7 @@ from causallm import main  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "res", "tiny-llama")
 BERT = os.path.join(ROOT, "tests", "fixtures", "bert-st-mean")
+T5 = os.path.join(ROOT, "tests", "fixtures", "t5-flan-short")  # one worker, no chat template
 PROMPTS = ["Strings are immutable sequences of", "The for statement", "A dictionary maps",
            "Exceptions are raised when"]
 QUESTION = [{"role": "user", "content": "What is a list?"}]
@@ -180,6 +183,16 @@ def test_text_parts_and_a_system_message(client, local):
     assert got.choices[0].message.content == want
 
 
+def test_a_developer_message_is_a_system_message(client, local):
+    """OpenAI's newer name for the system role reaches the template as "system"."""
+    want = local.generate([{"role": "system", "content": "Answer briefly."}, QUESTION[0]],
+                          greedy=True, max_new_tokens=12)
+    got = client.chat.completions.create(model="x", messages=[
+        {"role": "developer", "content": "Answer briefly."}, QUESTION[0]], max_tokens=12,
+        temperature=0)
+    assert got.choices[0].message.content == want
+
+
 def test_stop_penalties_and_logit_bias_equal_the_python_api(client, local, capsys):
     full = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30)
     stop = full.split()[3]
@@ -287,6 +300,29 @@ def test_embeddings_equal_sentence_transformers(embedding_server):
     assert r.status_code == 400 and "does not generate" in r.json()["error"]["message"]
 
 
+BAD_EMBEDDINGS = {  # name -> (body, the param named)
+    "empty string": ({"input": ""}, "input"),
+    "an empty string in the list": ({"input": ["a", ""]}, "input"),
+    "empty list": ({"input": []}, "input"),
+    "no input": ({"model": "bert"}, "input"),
+    "token ids": ({"input": [1, 2]}, "input"),
+    "too many texts": ({"input": ["a"] * 2049}, "input"),
+    "encoding_format of no kind": ({"input": "a", "encoding_format": "int8"},
+                                   "encoding_format"),
+    "dimensions": ({"input": "a", "dimensions": 8}, "dimensions"),
+    "model a number": ({"input": "a", "model": 1}, "model"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_EMBEDDINGS))
+def test_bad_embedding_requests_are_400_naming_the_field(embedding_server, case):
+    body, param = BAD_EMBEDDINGS[case]
+    r = httpx.post(embedding_server + "/v1/embeddings", json=body, timeout=300)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert len(r.json()["error"]["message"].splitlines()) == 1
+
+
 def test_a_language_model_does_not_embed(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model="tiny-llama", input="hi")
@@ -302,7 +338,27 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
     "no messages": ("/v1/chat/completions", {"model": "x"}, "messages"),
     "messages not a list": ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     "message without role": ("/v1/chat/completions", {"messages": [{"content": "hi"}]},
-                             "messages[0]"),
+                             "messages[0].role"),
+    "a role of no kind": ("/v1/chat/completions",
+                          {"messages": [{"role": "bogus", "content": "hi"}]}, "messages[0].role"),
+    "a message not an object": ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]"),
+    "content null": ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]},
+                     "messages[0].content"),
+    "content absent": ("/v1/chat/completions", {"messages": [{"role": "user"}]},
+                       "messages[0].content"),
+    "assistant content null without calls": (
+        "/v1/chat/completions", {"messages": [QUESTION[0], {"role": "assistant", "content": None},
+                                              {"role": "user", "content": "and?"}]},
+        "messages[1].content"),
+    "an image in a system message": ("/v1/chat/completions", {"messages": [{
+        "role": "system", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        "messages[0].content[0]"),
+    "name a number": ("/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "hi", "name": 5}]},
+                      "messages[0].name"),
+    "include_usage a string": ("/v1/chat/completions",
+                               {**CHAT, "stream": True, "stream_options": {"include_usage": "y"}},
+                               "stream_options.include_usage"),
     "content a number": ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
                          "messages[0].content"),
     "image part without a URL": ("/v1/chat/completions",
@@ -638,6 +694,20 @@ def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path)
                          json={"messages": [{"role": "user", "content": [not_png]}]})
         assert bad.status_code == 400
         assert bad.json()["error"]["param"] == "messages[0].content[0].image_url"
+        # what a request's images would take is refused before any is decoded
+        from PIL import Image
+
+        huge = tmp_path / "huge.png"
+        Image.new("1", (5000, 4000)).save(huge)  # 20 M pixels in a few kB
+        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": [part(huge)]}]})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"] == \
+            "messages[0].content[0].image_url: the image is 5000x4000, over 16777216 pixels"
+        bad = httpx.post(url + "/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": [not_png] * 1000}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        assert "holds 1000 images; the model takes at most" in bad.json()["error"]["message"]
     finally:
         stop_server(proc)
 
@@ -648,6 +718,17 @@ def test_a_text_model_refuses_images(server):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]})
     assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
+
+
+def test_an_assistant_call_with_null_content_is_accepted(qwen_template):
+    """content null is OpenAI's form of an assistant message that only calls tools."""
+    _, url = qwen_template
+    messages = [QUESTION[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 4},
+                   timeout=300)
+    assert r.status_code == 200, r.text
 
 
 def test_a_required_tool_call_is_forced_and_read_back(qwen_template):
@@ -700,3 +781,112 @@ def test_response_format_holds_the_answer_to_the_schema(client, local):
         client.chat.completions.create(**{**body, "response_format": {
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}})
     assert e.value.body["param"] == "response_format"
+
+
+# ------------------------------------------------------------------------------ faults
+@pytest.fixture(scope="module")
+def t5_server(tmp_path_factory):
+    """An encoder-decoder (the one worker's path), logging at info -> (base URL, log path)."""
+    log_path = tmp_path_factory.mktemp("t5") / "server.log"
+    proc, url = start_server(T5, log_path, "-n", "1500", "--log-level", "info")
+    yield url, log_path
+    stop_server(proc)
+
+
+def test_a_client_hanging_up_mid_request_is_one_log_line(t5_server):
+    """Headers and part of a body, then the connection closes: one info line each, no
+    traceback, and the server goes on."""
+    url, log_path = t5_server
+    port = int(url.rsplit(":", 1)[1])
+    start = len(open(log_path).read())
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": \"hi")
+    assert complete(url, prompt="hi", max_tokens=4, temperature=0)["choices"][0]["text"]
+    for _ in range(100):
+        log = open(log_path).read()[start:]
+        if log.count("went away") >= 20:
+            break
+        time.sleep(0.1)
+    assert log.count("INFO:     POST /v1/completions: the client went away before sending its "
+                     "whole request") == 20
+    assert "Traceback" not in log and "ERROR" not in log
+
+
+def test_a_prompt_too_long_is_refused_before_it_waits_its_turn(t5_server):
+    """The one worker generates one request at a time; a prompt longer than the model takes
+    is a 400 at once, while the generation ahead of it still runs (its [DONE] comes later)."""
+    url, _ = t5_server
+    events, started = [], threading.Event()
+
+    def long_stream():
+        with httpx.Client(timeout=300) as c:
+            with c.stream("POST", url + "/v1/completions", json={**LONG, "stream": True}) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    if line == "data: [DONE]":
+                        events.append("long stream done")
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    assert started.wait(300)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "word " * 3000, "stream": True},
+                   timeout=300)
+    events.append("400")
+    thread.join()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"] == \
+        "the prompt has 3001 tokens but the model takes at most 2048"
+    assert events == ["400", "long stream done"]
+
+
+def test_errors_name_the_model_not_the_servers_paths(t5_server):
+    url, _ = t5_server
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": QUESTION})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith("t5-flan-short: the model has no chat template")
+    assert ROOT not in message and os.path.basename(ROOT) not in message
+
+
+@pytest.mark.parametrize("model_dir,signals", [(TINY, 1), (T5, 1), (TINY, 2)],
+                         ids=["scheduler", "one worker", "twice"])
+def test_ctrl_c_stops_the_streams_in_flight_and_exits(tmp_path, model_dir, signals):
+    """SIGINT while a long answer streams: the stream ends with a shutdown error event and
+    the process exits 130 without a traceback (uvicorn alone would wait for the answer); a
+    second SIGINT right after ends it at once."""
+    proc, url = start_server(model_dir, tmp_path / "server.log", "-n", "1500")
+    try:
+        with httpx.Client(timeout=60) as c:
+            with c.stream("POST", url + "/v1/completions", json={**LONG, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+                for _ in range(signals):
+                    proc.send_signal(signal.SIGINT)
+                rest = list(lines)
+        assert proc.wait(10) == 130
+    finally:
+        stop_server(proc)
+    log = open(tmp_path / "server.log").read()
+    assert "Traceback" not in log and "CancelledError" not in log
+    assert log.rstrip().endswith("interrupted")
+    if signals == 1:
+        assert rest[-4:] == [
+            'data: {"error":{"message":"the server is shutting down","type":"server_error",'
+            '"param":null,"code":"server_shutdown"}}', "", "data: [DONE]", ""]
+        assert sum(line.startswith("data: {") for line in rest) < 1000  # cut short
+
+
+def test_a_port_in_use_is_found_before_the_model_loads(tmp_path):
+    """The folder is not even read (an empty one here) when the port is taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "main.py", "serve", str(tmp_path), "--port",
+                            str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == (f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
+                        f"(another server?); choose another --port\n")

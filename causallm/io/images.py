@@ -51,16 +51,22 @@ def load_image(path: str):
     return decode_image(path, path)
 
 
-def decode_image(source, name: str):
+def decode_image(source, name: str, max_pixels: int | None = None):
     """``source`` (a path, or an image file's bytes) as a Pillow image, decoded and turned
-    upright (EXIF); errors name ``name``."""
+    upright (EXIF); errors name ``name``. An image of more than ``max_pixels`` pixels is refused
+    from its header, before it is decoded."""
     Image, ImageOps = _pil()
     if isinstance(source, (bytes, bytearray)):
         source = io.BytesIO(source)
     try:
         with Image.open(source) as image:
+            w, h = image.size
+            if max_pixels is not None and w * h > max_pixels:
+                raise CausalLMError(f"{name}: the image is {w}x{h}, over {max_pixels} pixels")
             image.load()
             return ImageOps.exif_transpose(image)
+    except CausalLMError:
+        raise
     except OSError as e:  # PIL.UnidentifiedImageError is an OSError too
         reason = "not an image Pillow can read" if isinstance(e, Image.UnidentifiedImageError) \
             else f"cannot read it ({e})"
