@@ -86,7 +86,8 @@ class Tokenizer:
 
         ``add_special_tokens=True`` lets the tokenizer's own post-processor add what it is
         configured to add (a BOS for Llama-style files, nothing for Qwen's); ``False`` adds none.
-        The C++ app encodes prompts with ``add_special_tokens=false`` (spec §6.3, G26).
+        The C++ app encodes prompts with ``add_special_tokens=false`` (docs/nntrainer.md,
+        "Prompt encoding without special tokens").
         """
         if not isinstance(text, str):
             raise CausalLMError(f"{self.path}: Encode expects a str, got {type(text).__name__}")

@@ -5,7 +5,8 @@
     tanh_gelu(x)  = 0.5 x (1 + tanh(0.7978845608 (x + 0.044715 x^3)))   (HF gelu_pytorch_tanh)
     relu, tanh, sigmoid, none
 
-Applied to rows [0, step) only (NNTrainer runs it over the whole buffer, G33).
+Applied to rows [0, step) only (NNTrainer runs it over the whole buffer: docs/nntrainer.md,
+"Activations over the whole buffer").
 Property: ``activation`` (required). Also created by compile() for ``activation=X`` on
 another layer, as ``<layer>/activation_realized``.
 """

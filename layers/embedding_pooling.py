@@ -25,7 +25,7 @@ Fixed against nntrainer: every mode is implemented (nntrainer: lasttoken and mea
 others throw), several modes concatenate, no mode set means mean (sentence-transformers'
 default; nntrainer writes zeros), and a width mismatch is an error (nntrainer warns). The layer
 pools one whole sequence, so it runs only in a step that starts at position 0 (nntrainer's
-absolute row indices are right only then, spec §3.9).
+absolute row indices are right only then: docs/nntrainer.md, "embedding_pooling").
 """
 
 import numpy as np

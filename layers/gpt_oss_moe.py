@@ -13,10 +13,11 @@ For each token row x (H,) of rows [0, step), as transformers' ``GptOssMLP`` (rou
 with alpha = ``swiglu_alpha`` (1.702) and limit = ``swiglu_limit`` (7.0). Experts are added in
 increasing index, as transformers does. Input ``(B, 1, S, H)``; output the same dims.
 
-Weights, in request order (= .bin order, spec §3.13): ``gate`` (H, E) FP32 [in, out];
-``gate_bias`` (E,); then for each expert i: ``expert_up_i`` (H, I), ``expert_up_bias_i`` (I,),
-``expert_gate_i`` (H, I), ``expert_gate_bias_i`` (I,), ``expert_down_i`` (I, H),
-``expert_down_bias_i`` (H,). Projections are in the weight dtype, biases in the activation dtype.
+Weights, in request order (= .bin order, docs/nntrainer.md, "GPT-OSS MoE layers"): ``gate`` (H, E)
+FP32 [in, out]; ``gate_bias`` (E,); then for each expert i: ``expert_up_i`` (H, I),
+``expert_up_bias_i`` (I,), ``expert_gate_i`` (H, I), ``expert_gate_bias_i`` (I,), ``expert_down_i``
+(I, H), ``expert_down_bias_i`` (H,). Projections are in the weight dtype, biases in the activation
+dtype.
 Transformers stores the experts fused (``gate_up_proj`` (E, H, 2I) with gate in the even
 columns and up in the odd ones, ``down_proj`` (E, I, H)); models/gpt_oss maps them here.
 
@@ -27,8 +28,9 @@ over where each expert's six weights lie in the weight file (``setExpertSources`
 the experts it routes to into a :class:`causallm.io.lazy_weights.ExpertCache` of N experts (least
 recently used out) and never touches the others; 0 (or no sources) uses the loaded weights.
 
-Fixed against nntrainer (spec §10, G15): the clamps are applied (nntrainer's ``gpt_oss_moe``
-skips them) and the router bias is added (its cached variant drops it).
+Fixed against nntrainer (docs/nntrainer.md, "GPT-OSS expert clamp and router bias"): the clamps
+are applied (nntrainer's ``gpt_oss_moe`` skips them) and the router bias is added (its cached
+variant drops it).
 
 Work: the router is a ``linear`` into ``router_logits`` (B, S, E); ``moe_route`` groups the
 tokens by expert; each routed expert gathers its rows (``CHUNK_ROWS`` at a time) and runs
@@ -150,7 +152,8 @@ class GptOssMoELayer(Layer):
 class CachedSlimGptOssMoELayer(GptOssMoELayer):
     """``gpt_oss_moe_slim_cached`` (models/gpt_oss_cached_slim CachedSlimGptOssMoELayer): the
     properties, weights (same order and shapes) and math of ``gpt_oss_moe`` - the router bias
-    included, which nntrainer's cached layer drops (G15) - with the expert cache on by default:
+    included, which nntrainer's cached layer drops (docs/nntrainer.md, "GPT-OSS expert clamp
+    and router bias") - with the expert cache on by default:
     ``moe_expert_cache`` 16, nntrainer's LRU size."""
 
     type = "gpt_oss_moe_slim_cached"

@@ -1,5 +1,6 @@
 """``logit_softcapping``: tanh soft-capping of a tensor (no NNTrainer twin; Gemma's
-``final_logit_softcapping``, which the C++ Gemma3CausalLM does not apply, spec §5.4).
+``final_logit_softcapping``, which the C++ Gemma3CausalLM does not apply: docs/nntrainer.md,
+"Gemma 3 final logit softcapping").
 
     y = tanh(x / softcapping) * softcapping          element-wise, rows [0, step)
 

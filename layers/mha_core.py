@@ -59,18 +59,21 @@ sink or softcap either, a step of DENSE_MIN_ROWS rows or more runs as matrix pro
 (``attention_dense``). Weights: ``sink``
 ``(nQ,)`` only with ``use_sink``.
 
-Fixed against nntrainer (spec §10): the cache row and the RoPE position come from ``from_``, not
-an internal counter (G3), so a saved system-prompt cache continues correctly; each layer uses
-its own theta and scaling (G2); the sliding-window mask is right for any step length, and
-two-sided as HF's when not causal (nntrainer's is one-sided "the last W keys", G4);
-``rope_theta`` is a float (G25); ``to`` may reach ``max_timestep`` (G10).
+Fixed against nntrainer: the cache row and the RoPE position come from ``from_``, not an
+internal counter, so a saved system-prompt cache continues correctly; each layer uses its own
+theta and scaling; the sliding-window mask is right for any step length, and two-sided as HF's
+when not causal (nntrainer's is one-sided "the last W keys"); ``rope_theta`` is a float; ``to``
+may reach ``max_timestep`` (docs/nntrainer.md, "KV cache position from an internal counter",
+"One RoPE table for every layer", "Sliding-window mask", "Integer rope_theta and no RoPE
+scaling", "Last KV cache row unused").
 
 Properties (default): num_heads (1), num_heads_KV (1; every model passes it), max_timestep
 (required), sliding_window (UINT_MAX = none), sliding_window_right (0 = sliding_window),
 rope_theta (500000), max_position_embeddings (40960; positions are bounded by max_timestep
 here), use_sink (false), is_causal (true), is_cross_attention (false), merge_cross_attention
 (false), block_bidirectional (false), use_rope (true), attn_logit_softcapping (0 = off),
-query_pre_attn_scalar (0 = head_dim; Gemma's attention scale, which nntrainer ignores, G12),
+query_pre_attn_scalar (0 = head_dim; Gemma's attention scale, which nntrainer ignores:
+docs/nntrainer.md, "Attention scale ignores query_pre_attn_scalar"),
 rope_scaling_type (default | linear | llama3 | yarn), rope_scaling_factor (1),
 rope_scaling_max_position_embeddings (4096, the original context of llama3/yarn),
 rope_scaling_low_freq_factor (1), rope_scaling_high_freq_factor (4), rope_scaling_beta_fast

@@ -3,7 +3,8 @@
     out = in0 * in1                      elementwise, rows [0, step) of every batch
 
 Inputs: two tensors of equal dims; output: the same dims. No properties. (NNTrainer refuses a
-multi-token step that does not start at position 0, G9; the step buffer makes that needless.)
+multi-token step that does not start at position 0; the step buffer makes that needless:
+docs/nntrainer.md, "Multi-token steps after position 0".)
 """
 
 from causallm.kernels import multiply

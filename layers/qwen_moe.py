@@ -12,13 +12,14 @@ For each token row x (H,) of rows [0, step), as transformers' ``Qwen3MoeSparseMo
 silu(g) = g * sigmoid(g) (``moe_activation=swish``). Experts are added in increasing index, as
 transformers does. Input ``(B, 1, S, H)``; output the same dims.
 
-Weights, in request order (= .bin order, spec §3.11): ``gate`` (H, E) FP32 [in, out]; then for
-each expert i: ``expert_up_i`` (H, I), ``expert_gate_i`` (H, I), ``expert_down_i`` (I, H), in
-the weight dtype. Properties: ``num_experts`` (E), ``num_experts_per_token`` (k), ``unit`` (I),
-``moe_activation`` (swish), all required; ``norm_topk_prob`` (default true: nntrainer always
-renormalises, G14; transformers' Qwen3-MoE reads it from config.json); ``moe_expert_cache``
-(experts kept in memory: 0 = all resident, the ``qwen_moe`` default; ``moe_slim`` defaults to
-k, ``moe_cached_slim`` to 32 as nntrainer's LRU, both capped at E).
+Weights, in request order (= .bin order, docs/nntrainer.md, "Qwen MoE layers"): ``gate`` (H, E) FP32
+[in, out]; then for each expert i: ``expert_up_i`` (H, I), ``expert_gate_i`` (H, I),
+``expert_down_i`` (I, H), in the weight dtype. Properties: ``num_experts`` (E),
+``num_experts_per_token`` (k), ``unit`` (I), ``moe_activation`` (swish), all required;
+``norm_topk_prob`` (default true: nntrainer always renormalises, docs/nntrainer.md, "Qwen MoE always
+renormalises"; transformers' Qwen3-MoE reads it from config.json); ``moe_expert_cache`` (experts
+kept in memory: 0 = all resident, the ``qwen_moe`` default; ``moe_slim`` defaults to k,
+``moe_cached_slim`` to 32 as nntrainer's LRU, both capped at E).
 
 Expert cache (``moe_expert_cache`` > 0): the model hands the layer, through
 ``setExpertSources``, where each expert's three weights lie in the weight file; a step reads
@@ -30,8 +31,8 @@ weights.
 
 Work: the router is a ``linear`` into ``router_logits`` (B, S, E); ``moe_topk`` routes,
 ``moe_group`` lists each expert's tokens, ``expert_ffn`` adds each hit expert's scaled output
-(numba for a few tokens, BLAS for many). Spec §3.12's prefetch and its stride bug (G28) are not
-ported.
+(numba for a few tokens, BLAS for many). nntrainer's cached layer prefetches experts with a
+wrong stride (docs/nntrainer.md, "Expert prefetch stride"); no prefetch is ported.
 """
 
 import numpy as np

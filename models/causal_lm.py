@@ -6,10 +6,10 @@ encodes the prompt and hands the model to the generator (causallm/generation/gen
 which calls ``start`` (prefill with ``incremental_inference`` in chunks of ``INIT_SEQ_LEN`` rows)
 and then ``step`` (one token at a time), streaming the text and reporting the metrics block.
 
-Fixed against the C++ (spec §10): positions are tracked explicitly (G5), so a saved
-system-prompt KV cache really continues from its last position; a prompt longer than the step
-buffer is prefilled in chunks instead of overflowing it (G11); the token selection, streaming
-and stop fixes (G6, G7, G8, G16, G30) are the generator's.
+Fixed against the C++: positions are tracked explicitly, so a saved system-prompt KV cache
+really continues from its last position; a prompt longer than the step buffer is prefilled in
+chunks instead of overflowing it (docs/nntrainer.md, "Positions across turns", "Prompts longer
+than the step buffer"); the token selection, streaming and stop fixes are the generator's.
 """
 
 from __future__ import annotations

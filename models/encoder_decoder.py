@@ -1,6 +1,6 @@
 """EncoderDecoder: an encoder run once per prompt and a decoder run step by step, reading the
-encoder's output through cross-attention (NNTrainer's encoder-decoder plan, porting spec §9.1,
-fixed where §9.4 shows it wrong).
+encoder's output through cross-attention (NNTrainer's encoder-decoder note, fixed
+where it is wrong: docs/nntrainer.md, "What the note plans", "Where the plan is wrong").
 
 ``constructModel`` builds one graph in two stages (causallm/runtime/compiler.py)::
 

@@ -2,7 +2,7 @@
 
 A sentence-transformers folder lists its pipeline in ``modules.json`` ([{idx, name, path,
 type}], in order); each module's ``<path>/config.json`` holds its settings. ``constructModel``
-walks the list (spec §5.6):
+walks the list as the C++ does:
 
     ...models.Transformer -> the Transformer's graph (input0 ... output_norm)
     ...models.Pooling     -> embedding_pooling    (config keys as properties)
@@ -13,8 +13,8 @@ walks the list (spec §5.6):
 
 Module layers are unnamed (auto-named at compile) and chain to the previous layer, as in the
 C++. ``encode(prompt)`` tokenizes ``system + prompt + tail`` with the tokenizer's special tokens
-(a BERT [CLS] ... [SEP], spec G26), runs the whole sequence in one step from position 0 and
-returns the output, one embedding row per batch: ``(B, D)``. ``run`` prints it.
+(a BERT [CLS] ... [SEP], as the C++ does), runs the whole sequence in one step from position 0
+and returns the output, one embedding row per batch: ``(B, D)``. ``run`` prints it.
 
 Tokenization follows sentence-transformers: the padding a ``tokenizer.json`` may carry is
 switched off and sequences are truncated (special tokens kept) to ``max_seq_length`` of
@@ -26,13 +26,13 @@ without the ``model.`` prefix: an HF ``Qwen3Model`` / ``Gemma3TextModel`` saves 
 ``bert.`` prefix is dropped likewise) and each Dense module from ``<path>/model.safetensors``
 (``linear.weight`` [out, in], ``linear.bias``), named ``<path>/linear.weight`` in the map.
 
-Fixed against the C++ (spec G27, G29): ``modules.json`` is found beside the model (its
-``module_config_path`` in nntr_config is relative to the model folder, not the working
-directory), every problem with it is a one-line error instead of a swallowed message, Dense
-activations are mapped from their torch class names (a missing one is Tanh, sentence-transformers'
-default), an unsupported module type is an error rather than silently skipped (the embedding
-would be wrong), and a prompt longer than the step buffer is an error rather than an overflow
-(G11).
+Fixed against the C++ (docs/nntrainer.md, "modules.json errors swallowed", "Dense activation class
+names"): ``modules.json`` is found beside the model (its ``module_config_path`` in nntr_config is
+relative to the model folder, not the working directory), every problem with it is a one-line error
+instead of a swallowed message, Dense activations are mapped from their torch class names (a missing
+one is Tanh, sentence-transformers' default), an unsupported module type is an error rather than
+silently skipped (the embedding would be wrong), and a prompt longer than the step buffer is an
+error rather than an overflow (docs/nntrainer.md, "Prompts longer than the step buffer").
 """
 
 from __future__ import annotations
@@ -253,7 +253,8 @@ class SentenceTransformer(Transformer):
     # -- running ----------------------------------------------------------------------------
     def encode(self, prompt: str, system_prompt: str = "", tail_prompt: str = "") -> np.ndarray:
         """The embedding of ``system_prompt + prompt + tail_prompt``: ``(B, D)`` float32, the
-        same text in every batch row (spec §6.4). The ids used are kept in ``prompt_ids``."""
+        same text in every batch row (docs/nntrainer.md, "SentenceTransformer::encode"). The
+        ids used are kept in ``prompt_ids``."""
         self.requireWeights("encode")
         ids = self.tokenizer.Encode(system_prompt + prompt + tail_prompt, add_special_tokens=True)
         n = len(ids)

@@ -10,12 +10,13 @@ and the hooks the C++ writes inline: ``createNorm`` (the norm layer), ``layerSli
 value). ``createAttention`` and ``createMlp`` take a name prefix (``layer{i}`` by default) and
 an attention kind, so an encoder-decoder's stacks build their blocks with the same methods.
 
-Beyond the C++ (spec §10): ``rope_theta`` is a float and ``rope_scaling`` /
-``rope_parameters`` are read (G25); ``attention_bias`` / ``mlp_bias`` of Hugging Face Llama
-configs give the projections their biases; the tokenizer path is resolved against the model
-folder (G34); a Hugging Face safetensors folder loads directly through the family's weight
-table (``getHFWeightTable``, causallm/io/weight_table.py); ``fc_layer_dtype`` holds every
-family's projections, not only Gemma 3's (G24). The load path and the precision policy are
+Beyond the C++: ``rope_theta`` is a float and ``rope_scaling`` / ``rope_parameters`` are read;
+``attention_bias`` / ``mlp_bias`` of Hugging Face Llama configs give the projections their
+biases; the tokenizer path is resolved against the model folder; a Hugging Face safetensors
+folder loads directly through the family's weight table (``getHFWeightTable``,
+causallm/io/weight_table.py); ``fc_layer_dtype`` holds every family's projections, not only
+Gemma 3's (docs/nntrainer.md, "Integer rope_theta and no RoPE scaling", "Tokenizer path from the
+working directory", "fc_layer_dtype in Gemma 3 only"). The load path and the precision policy are
 causallm/io/weights.py; the weight methods here delegate to it.
 """
 
@@ -365,7 +366,7 @@ class Transformer:
         family comes from here, so all are held alike: ``weight_dtype`` FC_LAYER_DTYPE
         (nntr_config's ``fc_layer_dtype``, else ``model_tensor_type``'s weight part;
         causallm/io/weights.py). The C++ writes the property block inline; only Gemma 3's
-        sets ``weight_dtype`` (spec G24)."""
+        sets ``weight_dtype`` (docs/nntrainer.md, "fc_layer_dtype in Gemma 3 only")."""
         props = [withKey("name", name), withKey("unit", unit),
                  withKey("disable_bias", "false" if bias else "true"),
                  withKey("input_layers", input_name), withKey("weight_initializer", "ones"),

@@ -1,4 +1,5 @@
-"""batch_size > 1: every row is its own sequence (NNTrainer mixes rows up, spec G30)."""
+"""batch_size > 1: every row is its own sequence (NNTrainer mixes rows up: docs/nntrainer.md,
+"Batch rows mixed up")."""
 
 import os
 

@@ -268,8 +268,9 @@ def test_embedding_gemma_window_is_two_sided_and_bidirectional():
 
 
 def test_qwen2_embedding_reads_is_causal_from_config_json():
-    """config.json ``is_causal: false`` makes Qwen2 bidirectional (spec G23; transformers
-    honours it too): attending causally gives another embedding."""
+    """config.json ``is_causal: false`` makes Qwen2 bidirectional (docs/nntrainer.md,
+    "Attention direction from config.json"; transformers honours it too): attending causally
+    gives another embedding."""
     folder = os.path.join(FIXTURES, "qwen2-embedding")
     sentences, _, want = expected("qwen2-embedding")
     _, model = create(folder)

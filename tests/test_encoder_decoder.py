@@ -4,7 +4,7 @@
 No Hugging Face class has exactly this shape (T5 is checked against transformers in
 test_t5.py), so these tests check the structure: the encoder is bidirectional and runs once,
 the decoder is causal, cached decoding equals a no-cache recompute, and the layer names and
-stages are the note's.
+stages are the note's (docs/nntrainer.md, "What the note plans").
 """
 
 import json

@@ -85,8 +85,9 @@ def test_cli_greedy_json_gives_transformers_tokens(capsys):
 
 # ------------------------------------------------------------------------------ graph, weights
 def test_graph_names_and_bin_order_follow_the_cpp():
-    """Insertion order = .bin order (spec §5.4, G1): q, k, v, q_norm, k_norm, o, the sandwich
-    norms, gate, up, down; the C++ names `layer{i}pre_ffn_norm`/`post_ffn_norm` are kept."""
+    """Insertion order = .bin order (docs/nntrainer.md, "Block order by family", "Weight order from
+    an old topological sort"): q, k, v, q_norm, k_norm, o, the sandwich norms, gate, up, down; the
+    C++ names `layer{i}pre_ffn_norm`/`post_ffn_norm` are kept."""
     model = load("gemma3-softcap", init_seq_len=8, num_to_generate=8)
     names = [s.full_name for s in model.model.getWeightSpecs()]
     assert names[:14] == [

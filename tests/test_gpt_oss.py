@@ -332,9 +332,10 @@ def test_checkpoint_with_other_expert_count_is_a_one_line_error():
 # ------------------------------------------------------------------ the .bin layout
 
 def converter_bin(folder, n_layers, n_experts, qkv=("q", "k", "v")):
-    """The bytes res/gpt-oss/weight_converter.py writes (spec §7.4), from the safetensors:
-    FC weights transposed, gate/up de-interleaved (odd columns up, even gate), per expert up,
-    up bias, gate, gate bias, down, down bias; sinks after v; lm_head last."""
+    """The bytes res/gpt-oss/weight_converter.py writes (docs/nntrainer.md, "What the C++ converters
+    write"), from the safetensors: FC weights transposed, gate/up de-interleaved (odd columns up,
+    even gate), per expert up, up bias, gate, gate bias, down, down bias; sinks after v; lm_head
+    last."""
     ckpt = Checkpoint(folder)
     get = ckpt.get
     parts = [get("model.embed_tokens.weight")]
@@ -360,8 +361,8 @@ def converter_bin(folder, n_layers, n_experts, qkv=("q", "k", "v")):
 @pytest.mark.parametrize("cls, qkv", [(GptOssForCausalLM, ("q", "k", "v")),
                                       (GptOssCachedSlimCausalLM, ("v", "k", "q"))])
 def test_bin_is_the_converter_layout_and_loads_to_transformers_logits(cls, qkv, tmp_path):
-    """hf_to_bin writes what the C++ converter writes (cached slim: v, k, q, G1), and the .bin
-    runs to transformers' logits."""
+    """hf_to_bin writes what the C++ converter writes (cached slim: v, k, q; docs/nntrainer.md,
+    "Weight order from an old topological sort"), and the .bin runs to transformers' logits."""
     folder = tmp_path / "m"
     shutil.copytree(FOLDER, folder)
     if cls is GptOssCachedSlimCausalLM:

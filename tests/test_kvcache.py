@@ -1,4 +1,5 @@
-"""The system-prompt KV cache (CausalLM.run, save_kvcache, load_kvcache; porting spec 6.5).
+"""The system-prompt KV cache (CausalLM.run, save_kvcache, load_kvcache; docs/nntrainer.md, "The
+system-prompt cache").
 
 With nntr_config ``"system_prompt": {"head_prompt": ..., "kvcache": {"pre_computed_cache_path":
 "sys.cache"}}`` the first run prefills Encode(system) at positions [0, n), saves rows [0, n) of

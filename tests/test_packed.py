@@ -81,9 +81,9 @@ def test_embedding_rows_gather_and_the_tied_head(fmt):
 
 
 def q4_0x8_by_the_spec(rows):
-    """NNTrainer's x86 Q4_0 bytes written from the porting spec's words (§7.3), in loops, from
-    plain block_q4_0 rows (N, K / 32 * 18): for each group of 8 rows and each K-block, the 8
-    fp16 scales, then 16 chunks of 8 bytes, chunk i = bytes (i // 8) * 8 .. + 8 of row i % 8's
+    """NNTrainer's x86 Q4_0 bytes written from the words of docs/nntrainer.md, "The .bin file", in
+    loops, from plain block_q4_0 rows (N, K / 32 * 18): for each group of 8 rows and each K-block,
+    the 8 fp16 scales, then 16 chunks of 8 bytes, chunk i = bytes (i // 8) * 8 .. + 8 of row i % 8's
     qs, XOR 0x88."""
     N, nb = rows.shape[0], rows.shape[1] // 18
     blocks = rows.reshape(N, nb, 18)

@@ -4,7 +4,8 @@ tools/fixtures_qwen.py built each folder with transformers 5 (tiny random weight
 tokenizer) and stored what transformers computed (see tests/fixtures/README.md for the keys):
 
     qwen2-gqa4       GQA 4, untied, q/k/v biases; use_sliding_window false with a 4-token window
-                     in config.json that transformers ignores (the C++ applies it, spec G13)
+                     in config.json that transformers ignores (the C++ applies it:
+                     docs/nntrainer.md, "Qwen2 window on every layer")
     qwen2-swa8       window 8 on layers >= max_window_layers (1): layers 1, 2 slide, 0 does not
     qwen3-hd80       head_dim 80 with hidden 48 (3 heads), GQA 3, tied, q/k norms
     qwen3-swa6-bias  attention_bias (q/k/v/o), window 6, explicit layer_types [slide, full, slide]
@@ -91,7 +92,7 @@ def test_greedy_cli_gives_transformers_tokens(name):
     parity.check_cli(name, arch, 24)
 
 
-# --------------------------------------------------------------------------- sliding windows (G13)
+# ------------------------------------------------------------------------------- sliding windows
 
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_graph_gets_transformers_sliding_windows(name):
@@ -188,8 +189,9 @@ def block_names(i, qwen3, qkv_bias, o_bias):
 
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_weight_order_is_the_cpp_graph_order(name):
-    """Porting spec 5.2 / 5.3: Qwen2 q/k/v carry a bias, o does not; Qwen3 puts q_norm after wq
-    and k_norm after wk (and its q/k/v/o biases, with attention_bias, after their weight)."""
+    """docs/nntrainer.md, "Block order by family": Qwen2 q/k/v carry a bias, o does not; Qwen3
+    puts q_norm after wq and k_norm after wk (and its q/k/v/o biases, with attention_bias, after
+    their weight)."""
     model = build(CLASSES[name], name)
     qwen3 = name.startswith("qwen3")
     qkv_bias = not qwen3 or name == "qwen3-swa6-bias"
@@ -234,10 +236,12 @@ def test_transformer_classes_stay_free_of_causallm():
 
 
 def converter_bin(path, folder, qwen3, tied):
-    """The C++ weight_converter.py layout, written with numpy from the safetensors (porting
-    spec 7.4): embed; per layer input_layernorm, q^T (+q bias) [q_norm], k^T (+bias) [k_norm],
-    v^T (+bias), o^T (+bias), post_attention_layernorm, up^T, gate^T, down^T; final norm;
-    lm_head^T when untied (the Qwen2 converter omits it, G17)."""
+    """The C++ weight_converter.py layout, written with numpy from the safetensors
+    (docs/nntrainer.md, "What the C++ converters write"): embed; per layer input_layernorm, q^T
+    (+q bias) [q_norm], k^T (+bias) [k_norm], v^T (+bias), o^T (+bias),
+    post_attention_layernorm, up^T, gate^T, down^T; final norm;
+    lm_head^T when untied (the Qwen2 converter omits it: docs/nntrainer.md, "Qwen2 converter
+    without lm_head")."""
     ckpt = Checkpoint(folder)
     n_layers = 1 + max(int(k.split(".")[2]) for k in ckpt.keys() if k.startswith("model.layers."))
 

@@ -12,7 +12,8 @@ MIN_DISTINCT different ids.
     qwen2-gqa4        BF16, untied, q/k/v biases, 8 heads / 2 KV heads (GQA 4), head_dim 6;
                       transformers-4 style config with use_sliding_window false but
                       sliding_window 4 < prompt and max_window_layers 0: transformers ignores
-                      the window (the C++ applies it to every layer, spec G13).
+                      the window (the C++ applies it to every layer:
+                      docs/nntrainer.md, "Qwen2 window on every layer").
     qwen2-swa8        BF16, tied, 6 heads / 2 KV (GQA 3), head_dim 8, 3 layers; use_sliding_window true,
                       sliding_window 8, max_window_layers 1 (layers 1, 2 slide, layer 0 does
                       not); transformers-4 style config (no layer_types), so the layer types

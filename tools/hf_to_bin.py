@@ -9,7 +9,7 @@ through the Factory, as main.py builds it, but with ``model_tensor_type = "<dtyp
 nntrainer's ``nntr_quantize`` sets them. Its weights are read from the folder's safetensors
 (F32, F16 or BF16; one file or shards) through the family's weight table
 (``getHFWeightTable``), and ``Model.save`` writes every weight once, in graph order, each in the
-dtype its layer requested (porting spec 7.1, 2.2, 7.5):
+dtype its layer requested (docs/nntrainer.md, "The .bin file", "Weight dtypes"):
 
     FP32-FP32   every weight FP32 (4 bytes an element).
     FP16-FP32   FC weights (q, k, v, o, up, gate, down) FP16; RMSNorm gammas (packed=false)

@@ -18,9 +18,11 @@ id ends its row, ``eos``; a stop string in its text, or the row's JSON value com
 ``stream``) and the metrics (``PerformanceMetrics``: encode, prefill and generation phases,
 peak memory).
 
-Fixed against the C++ loop (spec §10): every token, the first included, goes through the same
-selection (G6, G16); every token is streamed and recorded, EOS is neither printed nor followed
-(G7, G8); streamed text never splits a UTF-8 character (G8); rows stop independently (G30).
+Fixed against the C++ loop: every token, the first included, goes through the same selection;
+every token is streamed and recorded, EOS is neither printed nor followed; streamed text never
+splits a UTF-8 character; rows stop independently (docs/nntrainer.md, "First token always
+greedy", "Sampling settings ignored", "First token dropped at a full buffer", "Streaming and
+EOS", "Batch rows mixed up").
 """
 
 from __future__ import annotations

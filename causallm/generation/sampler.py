@@ -4,7 +4,7 @@ The functions keep the C++ names (``applyRepetitionPenalty``, ``applyBadWordsPen
 ``applyTKP``, ``generate_multi_tokens``) and work in place on the float32 logits of one row,
 shape (V,). Their math is that of the Hugging Face ``transformers`` logits processors, and
 everything asked for is applied; the C++ ignores ``top_k``/``top_p`` and never applies the
-repetition penalty (spec §6.3, G16), which is not copied.
+repetition penalty (docs/nntrainer.md, "Sampling settings ignored"), which is not copied.
 
 Order, as in ``transformers`` ``generate()``:
 

@@ -1,4 +1,4 @@
-"""The NNTrainer ``.bin`` weight file (porting spec §7.1-7.3).
+"""The NNTrainer ``.bin`` weight file (docs/nntrainer.md, "The .bin file").
 
 Layout: the raw bytes of each weight in graph order, with no header, padding or names. A weight
 of n elements takes 4n bytes as FP32, 2n as FP16, (n // 32) * 18 as Q4_0, (n // 32) * 34 as

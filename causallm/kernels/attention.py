@@ -53,7 +53,8 @@ window = (W + 1) // 2 and window_right = W // 2 + 1. Self-attention has kv_len =
 
 A window >= T means no window. The sink logit joins the softmax but has no value vector
 (gpt-oss). This is the mathematically correct sliding-window mask for any nrows (NNTrainer's
-x86 prefill kernel is wrong when nrows or pos0 + nrows exceeds the window, gotcha G4).
+x86 prefill kernel is wrong when nrows or pos0 + nrows exceeds the window: docs/nntrainer.md,
+"Sliding-window mask").
 """
 
 import numpy as np

@@ -68,7 +68,7 @@ def rope_inv_freq(head_dim, theta, scaling_type="default", factor=1.0,
       if given, else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are
       set (non-zero), else mscale(factor) = 0.1 ln(factor) + 1 (1 if factor <= 1).
 
-    NNTrainer's own YaRN (``mha_core``, porting spec 3.7) is this formula with
+    NNTrainer's own YaRN (``mha_core``; docs/nntrainer.md, "mha_core") is this formula with
     ``truncate=False``, beta 32/1 and scaling mscale(factor). HF's ``"dynamic"`` and
     ``"longrope"`` depend on the sequence length and are not supported here; HF's
     ``factor=None`` case (factor derived from max_position_embeddings) is the caller's job.
@@ -137,7 +137,8 @@ def rope_tables(inv_freq, attention_scaling, rows):
     the float32 product, as HF forms it; cos/sin are evaluated in float64 and rounded once,
     then scaled in float32. Results are cached by (inv_freq bytes, attention_scaling, rows),
     so layers with the same settings share one table and layers with different settings get
-    their own (unlike NNTrainer's process-global table, gotcha G2).
+    their own (unlike NNTrainer's process-global table: docs/nntrainer.md, "One RoPE table for
+    every layer").
     """
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float32)
     key = (inv_freq.tobytes(), float(attention_scaling), int(rows))

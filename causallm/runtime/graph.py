@@ -12,7 +12,8 @@
   (``weightsGiven``): a step before that would compute nothing but zeros;
 - ``incremental_inference(batch, inputs, labels, init_seq_len, from_, to, stage=...)`` runs one
   step of one stage (causallm/runtime/runner.py): the step's tokens sit at rows
-  ``[0, to - from_)`` of every buffer (spec §2.5) and attention layers place them at absolute
+  ``[0, to - from_)`` of every buffer (docs/nntrainer.md, "The step buffer") and attention
+  layers place them at absolute
   positions ``[from_, to)``.
 
 Lifecycle: declared -> compiled -> initialized. Calling a method out of order is an error.
@@ -56,7 +57,8 @@ MODEL_TENSOR_TYPES = (
     "FP16-FP32", "FP32-FP16", "FP32-FP32", "QINT16-QINT16", "UINT16-UINT16", "QINT8-UINT16",
     "UINT4-UINT8", "UINT4-UINT16", "UINT8-UINT8", "UINT8-UINT16", "Q4_K-FP32", "Q4_0-FP32",
     "Q4_0-FP16", "Q8_0-FP32")
-"""nntrainer's ``model_tensor_type`` values (porting spec 7.6), and our Q8_0-FP32."""
+"""nntrainer's ``model_tensor_type`` values (docs/nntrainer.md, "Weight dtypes"), and our
+Q8_0-FP32."""
 
 MODEL_PROPERTIES: dict[str, Prop] = {
     "batch_size": uint(1),

@@ -8,11 +8,12 @@ and ``createLayer`` parses the strings (nntrainer ``getKeyValue``). The rules ke
 - keys match case-insensitively (``num_heads_KV`` and ``num_heads_kv`` are one key);
 - values are converted once, by the spec the layer declares, so layer code sees typed values.
 
-Fixed here on purpose (spec §2.3, G25, G31): floats keep their full precision (``withKey`` writes
-``repr(float)``, never ``std::to_string``'s six decimals), and an unsigned property given as an
-integral float (``"10000.000000"``, what C++ ``std::to_string`` produces) is accepted exactly
-instead of being truncated at the first non-digit. Anything else that does not parse is an error
-naming the layer and the key.
+Fixed here on purpose (docs/nntrainer.md, "Property strings", "Property floats rounded to six
+decimals"): floats keep their full precision (``withKey`` writes ``repr(float)``, never
+``std::to_string``'s six decimals), and an unsigned property given as an integral float
+(``"10000.000000"``, what C++ ``std::to_string`` produces) is accepted exactly instead of being
+truncated at the first non-digit. Anything else that does not parse is an error naming the layer and
+the key.
 """
 
 from __future__ import annotations

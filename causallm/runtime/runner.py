@@ -1,12 +1,12 @@
 """Running a stage: one step over positions ``[from_, to)`` of one stage's layers.
 
-The step's values sit at rows ``[0, to - from_)`` of every buffer (spec §2.5); attention layers
-place them at absolute positions ``[from_, to)``. Each stage remembers the span of its last step
-(``StageState``), which is how a later stage's layer knows how many rows of an earlier stage's
-tensor hold data (a cross-attention reads the encoder's keys that way). One decode step
-allocates nothing inside the layer loop: layers hand whole buffers and a row count to kernels.
-A stage runs the execution plan of its layers (``make_plan``), which runs every fully connected
-layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
+The step's values sit at rows ``[0, to - from_)`` of every buffer (docs/nntrainer.md, "The step
+buffer"); attention layers place them at absolute positions ``[from_, to)``. Each stage remembers
+the span of its last step (``StageState``), which is how a later stage's layer knows how many rows
+of an earlier stage's tensor hold data (a cross-attention reads the encoder's keys that way). One
+decode step allocates nothing inside the layer loop: layers hand whole buffers and a row count to
+kernels. A stage runs the execution plan of its layers (``make_plan``), which runs every fully
+connected layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
 together.
 """
 

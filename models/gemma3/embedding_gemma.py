@@ -7,8 +7,8 @@ The graph is Gemma3Transformer's followed by the modules of :class:`SentenceTran
 layer to every token, a sliding layer to the tokens at distance < W' where, as transformers'
 Gemma3TextConfig does, W' = sliding_window // 2 + 1 (so ``|q - kv| <= sliding_window // 2``);
 mha_core's non-causal window is that two-sided ``|q - kv| < window`` (the C++ passes the raw
-window to a one-sided "last W keys" mask, G4). Tensor names load with or without the
-``model.`` prefix (an HF ``Gemma3TextModel`` saves them bare).
+window to a one-sided "last W keys" mask: docs/nntrainer.md, "Sliding-window mask"). Tensor
+names load with or without the ``model.`` prefix (an HF ``Gemma3TextModel`` saves them bare).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The FunctionGemma chat format (Applications/CausalLM/models/gemma3/function.cpp, spec §6.7).
+"""The FunctionGemma chat format (Applications/CausalLM/models/gemma3/function.cpp).
 
 ``apply_function_gemma_template(chat_input)`` turns nntr_config's ``chat_input``
 (``{"messages": [...], "tools": [...]}``, OpenAI-style) into the prompt text:
@@ -148,7 +148,8 @@ def function_gemma_prompt(chat_input: dict, tokenizer) -> str:
     tokenizer add its own special tokens: when ``tokenizer`` (a causallm Tokenizer) already
     puts ``<bos>`` first by itself (Gemma's tokenizer.json does), the template's literal
     ``<bos>`` is dropped, so the prompt encodes with one BOS as transformers'
-    ``apply_chat_template`` gives (the C++ encodes without special tokens, G26)."""
+    ``apply_chat_template`` gives (the C++ encodes without special tokens: docs/nntrainer.md,
+    "Prompt encoding without special tokens")."""
     prompt = apply_function_gemma_template(chat_input)
     bos = tokenizer.Encode("<bos>", add_special_tokens=False)
     if len(bos) == 1 and tokenizer.Encode("")[:1] == bos:

@@ -1,7 +1,8 @@
 """Gemma 3 text models (Applications/CausalLM/models/gemma3/gemma3_causallm.cpp).
 
 ``Gemma3Transformer`` is the decoder stack shared by ``Gemma3CausalLM`` (registered as
-``Gemma3ForCausalLM``) and EmbeddingGemma. Block i, x its input (spec §5.4):
+``Gemma3ForCausalLM``) and EmbeddingGemma. Block i, x its input (docs/nntrainer.md, "Block
+order by family"):
 
     h   = x + post_attention_norm(attention(attention_norm(x)))
     out = h + post_ffn_norm(down(act(gate(n)) * up(n))),   n = pre_ffn_norm(h)
@@ -19,12 +20,14 @@
 ``Gemma3CausalLM`` adds the tied (default) or untied head and, when ``final_logit_softcapping``
 is set, ``logits = tanh(logits / c) * c``.
 
-Fixed against the C++ to match transformers' Gemma3ForCausalLM (spec §10): the attention scale
-comes from ``query_pre_attn_scalar`` (G12); local layers use ``rope_local_base_freq`` (not a
-hard-coded 10000) and global layers apply ``rope_scaling`` (G25); without ``layer_types`` the
-layer kinds follow ``sliding_window_pattern`` (default 6) instead of every layer sliding;
-``final_logit_softcapping`` is applied; an nntr_config ``model_type`` of "CausalLM" is accepted
-(G22); ``attention_bias`` gives q/k/v/o their biases. Missing config keys take transformers'
+Fixed against the C++ to match transformers' Gemma3ForCausalLM: the attention scale comes from
+``query_pre_attn_scalar``; local layers use ``rope_local_base_freq`` (not a hard-coded 10000)
+and global layers apply ``rope_scaling``; without ``layer_types`` the layer kinds follow
+``sliding_window_pattern`` (default 6) instead of every layer sliding;
+``final_logit_softcapping`` is applied; an nntr_config ``model_type`` of "CausalLM" is accepted;
+``attention_bias`` gives q/k/v/o their biases (docs/nntrainer.md, "Attention scale ignores
+query_pre_attn_scalar", "Integer rope_theta and no RoPE scaling", "Gemma 3 final logit
+softcapping", "Strict model_type"). Missing config keys take transformers'
 Gemma3TextConfig defaults (head_dim 256, sliding_window 4096, query_pre_attn_scalar 256, tied
 embeddings, rope thetas 1e6 / 1e4).
 """
@@ -91,7 +94,8 @@ class Gemma3Transformer(Transformer):
         if not self.QUERY_PRE_ATTN_SCALAR > 0:
             raise cfg.error("query_pre_attn_scalar", "a positive number")
         # attn_logit_softcapping stays 0 (off): transformers' Gemma3Attention never passes the
-        # config's value to the attention function, and the C++ never reads it (G21)
+        # config's value to the attention function, and the C++ never reads it
+        # (docs/nntrainer.md, "Gemma 3 attention softcapping")
         self.ATTN_LOGIT_SOFTCAPPING = 0.0
         # transformers multiplies by sqrt(hidden) cast to the embedding table's dtype
         scale_dtype = np.float16 if self.EMBEDDING_DTYPE.upper() == "FP16" else np.float32
@@ -272,7 +276,8 @@ class Gemma3CausalLM(CausalLM, Gemma3Transformer):
             raise cfg.error("final_logit_softcapping", "a positive number or null")
 
     def checkModelType(self, nntr_cfg: JsonConfig) -> None:
-        """The C++ Gemma3CausalLM only accepts "Model" (G22); "CausalLM" is accepted too."""
+        """The C++ Gemma3CausalLM only accepts "Model" (docs/nntrainer.md, "Strict model_type");
+        "CausalLM" is accepted too."""
         if nntr_cfg.contains("model_type") and \
                 nntr_cfg.get_str("model_type").lower() == ModelType.MODEL.lower():
             return

@@ -9,22 +9,24 @@ mixture-of-experts feed-forward:
     out = a Wo + bo
     ffn = gpt_oss_moe(x)     top-k router with bias, clamped-GLU experts (layers/gpt_oss_moe.py)
 
-Layer names and insertion (= .bin) order per block (spec §5.5): ``layer{i}_attention_norm``,
-``_wq`` (weight, bias), ``_wk``, ``_wv``, ``_attention`` (sink), ``_attention_out`` (weight,
-bias), ``_decoder_add``, ``_ffn_norm``, ``_ffn_down`` (the gpt_oss_moe layer), ``_decoder_output``.
+Layer names and insertion (= .bin) order per block (docs/nntrainer.md, "Block order by family"):
+``layer{i}_attention_norm``, ``_wq`` (weight, bias), ``_wk``, ``_wv``, ``_attention`` (sink),
+``_attention_out`` (weight, bias), ``_decoder_add``, ``_ffn_norm``, ``_ffn_down`` (the gpt_oss_moe
+layer), ``_decoder_output``.
 
-Beyond the C++ (spec §10): the RoPE scaling comes from the config's ``rope_scaling`` /
-``rope_parameters`` (the C++ hard-codes yarn with original_max_position_embeddings 4096 and reads
-only ``factor``, G25), a config without them gets transformers' GptOssConfig defaults (yarn,
-factor 32, beta 32/1, truncate false, original 4096, theta 150000), as do ``layer_types``,
-``sliding_window`` (128), ``rms_norm_eps`` (1e-5) and ``attention_bias`` (true); the experts clamp
-and add the router bias as transformers does (G15); ``swiglu_alpha`` / ``swiglu_limit`` are read.
-The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
-:data:`GPT_OSS_WEIGHTS`. The Hub's checkpoints (openai/gpt-oss-20b, -120b)
-store the experts as MXFP4 ``_blocks`` / ``_scales`` pairs (config.json
-``quantization_config``); causallm.io.safetensors.Checkpoint shows each pair as the float32 tensor
-transformers dequantizes it to (causallm/io/mxfp4.py), so the same map reads them, and the expert
-cache is on by default for them (see the class).
+Beyond the C++: the RoPE scaling comes from the config's ``rope_scaling`` / ``rope_parameters`` (the
+C++ hard-codes yarn with original_max_position_embeddings 4096 and reads only ``factor``:
+docs/nntrainer.md, "Integer rope_theta and no RoPE scaling"), a config without them gets
+transformers' GptOssConfig defaults (yarn, factor 32, beta 32/1, truncate false, original 4096,
+theta 150000), as do ``layer_types``, ``sliding_window`` (128), ``rms_norm_eps`` (1e-5) and
+``attention_bias`` (true); the experts clamp and add the router bias as transformers does
+(docs/nntrainer.md, "GPT-OSS expert clamp and router bias"); ``swiglu_alpha`` / ``swiglu_limit`` are
+read. The Hugging Face checkpoint's fused experts are split into the layer's per-expert weights by
+:data:`GPT_OSS_WEIGHTS`. The Hub's checkpoints (openai/gpt-oss-20b, -120b) store the experts as
+MXFP4 ``_blocks`` / ``_scales`` pairs (config.json ``quantization_config``);
+causallm.io.safetensors.Checkpoint shows each pair as the float32 tensor transformers dequantizes it
+to (causallm/io/mxfp4.py), so the same map reads them, and the expert cache is on by default for
+them (see the class).
 """
 
 from __future__ import annotations

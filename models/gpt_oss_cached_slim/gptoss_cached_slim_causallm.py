@@ -4,10 +4,12 @@ GptOssCachedSlimCausalLM computes what :class:`GptOssForCausalLM` computes (modu
 models/gpt_oss/gptoss_causallm.py) and reads the same Hugging Face checkpoint. It differs, as
 its C++ twin, in three places:
 
-- each attention block inserts ``layer{i}_wv``, ``_wk``, ``_wq`` in that order (G1), so its
-  .bin holds v, k, q (weight, bias each) where GptOssForCausalLM's holds q, k, v;
+- each attention block inserts ``layer{i}_wv``, ``_wk``, ``_wq`` in that order (docs/nntrainer.md,
+  "Weight order from an old topological sort"), so its .bin holds v, k, q (weight, bias each)
+  where GptOssForCausalLM's holds q, k, v;
 - the feed-forward layer is ``gpt_oss_moe_slim_cached`` (layers/gpt_oss_moe.py), with the HF
-  math: clamped GLU and router bias (the C++ layer drops the bias, G15);
+  math: clamped GLU and router bias (the C++ layer drops the bias: docs/nntrainer.md, "GPT-OSS
+  expert clamp and router bias");
 - the experts stay in the weight file by default: ``load_weight`` records where each expert
   weight lies (.bin or .safetensors) instead of reading it, and each layer reads the experts it
   routes to into an LRU of nntr_config ``moe_expert_cache`` experts (default 16 as nntrainer;

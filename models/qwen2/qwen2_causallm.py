@@ -8,11 +8,12 @@ Qwen2Transformer is the Llama decoder of :class:`Transformer` with its own atten
 Layer names and insertion (= .bin) order per block: ``layer{i}_wq`` (weight, bias), ``_wk``
 (weight, bias), ``_wv`` (weight, bias), ``_attention`` (mha_core), ``_attention_out`` (weight).
 
-Sliding windows follow Hugging Face's Qwen2Config (fix of spec G13: the C++ gives every layer
-``sliding_window`` and ignores ``use_sliding_window``), see :func:`readQwenLayerTypes`.
+Sliding windows follow Hugging Face's Qwen2Config (the C++ gives every layer ``sliding_window``
+and ignores ``use_sliding_window``: docs/nntrainer.md, "Qwen2 window on every layer"), see
+:func:`readQwenLayerTypes`.
 Also beyond the C++: ``rope_scaling`` / ``rope_parameters`` reach mha_core (HF Qwen2 reads
 them), the MLP has no bias whatever ``mlp_bias`` says, and an untied checkpoint's
-``lm_head.weight`` is loaded (G17).
+``lm_head.weight`` is loaded (docs/nntrainer.md, "Qwen2 converter without lm_head").
 """
 
 from __future__ import annotations

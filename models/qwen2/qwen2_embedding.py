@@ -3,8 +3,8 @@ as a sentence encoder (e.g. gte-Qwen2 models; modules.json: Transformer, Pooling
 
 The graph is Qwen2Transformer's followed by the modules of :class:`SentenceTransformer`.
 ``config.json`` decides the attention direction (``is_causal``, else
-``use_bidirectional_attention``; spec G23). Tensor names load with or without the ``model.``
-prefix (an HF ``Qwen2Model`` saves them bare).
+``use_bidirectional_attention``; docs/nntrainer.md, "Attention direction from config.json").
+Tensor names load with or without the ``model.`` prefix (an HF ``Qwen2Model`` saves them bare).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Layer names and insertion (= .bin) order per block: ``layer{i}_wq``, ``_q_norm``
 ``_wk``, ``_k_norm`` (gamma), ``_wv``, ``_attention`` (mha_core), ``_attention_out``.
 
 Beyond the C++ (which hard-codes no biases, one window for every layer and always-causal
-attention, G13/G23): ``attention_bias`` gives q/k/v/o their biases, sliding windows follow HF
+attention: docs/nntrainer.md, "Qwen2 window on every layer", "Attention direction from
+config.json"): ``attention_bias`` gives q/k/v/o their biases, sliding windows follow HF
 (:func:`models.qwen2.qwen2_causallm.readQwenLayerTypes`), ``is_causal`` and rope scaling
 reach mha_core, and the MLP has no bias whatever ``mlp_bias`` says.
 """

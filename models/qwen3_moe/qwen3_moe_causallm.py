@@ -15,11 +15,12 @@ Config keys: ``num_experts`` (``num_local_experts`` as transformers 5 writes it)
 width ``intermediate_size`` (``layer{i}_ffn_up/_ffn_gate/_ffn_swiglu/_ffn_down``). A set
 ``use_sliding_window`` gives every layer the window (Qwen3MoeConfig has no ``layer_types``).
 
-Beyond the C++ (spec §5.3, G14): ``norm_topk_prob=false`` is honoured, and so are
-``decoder_sparse_step`` and ``mlp_only_layers``.
+Beyond the C++ (docs/nntrainer.md, "Qwen MoE always renormalises"): ``norm_topk_prob=false`` is
+honoured, and so are ``decoder_sparse_step`` and ``mlp_only_layers``.
 
-.bin order per MoE block (spec §7.4): attention as Qwen3, ``ffn_norm``, then the router
-``gate`` [H, E] (FP32) and per expert ``up``, ``gate`` [H, I], ``down`` [I, H].
+.bin order per MoE block (docs/nntrainer.md, "Block order by family"): attention as Qwen3,
+``ffn_norm``, then the router ``gate`` [H, E] (FP32) and per expert ``up``, ``gate`` [H, I],
+``down`` [I, H].
 Hugging Face checkpoints: the Hub's per-expert tensors
 ``mlp.experts.{e}.{gate,up,down}_proj.weight``, or transformers 5's fused
 ``mlp.experts.gate_up_proj`` [E, 2I, H] (gate rows, then up rows) and ``mlp.experts.down_proj``

@@ -1,7 +1,8 @@
 """T5 (original, v1.1 and Flan): HF ``modeling_t5.py`` ``T5ForConditionalGeneration`` on
 :class:`EncoderDecoder`; the architecture NNTrainer's encoder-decoder note names first.
 
-The note's T5 (spec §9.1) is wrong in several places; this follows transformers (§9.4):
+The note's T5 is wrong in several places (docs/nntrainer.md, "Where the plan is wrong"); this
+follows transformers:
 
 - Embedding ``shared`` without a scale (the note multiplies by sqrt(d_model)); the encoder and
   decoder embeddings are the same tensor.

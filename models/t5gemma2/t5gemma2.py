@@ -1,7 +1,8 @@
 """T5Gemma2 (HF ``modeling_t5gemma2.py`` ``T5Gemma2ForConditionalGeneration``): the model
 NNTrainer's encoder-decoder note was written for, on :class:`EncoderDecoder`, with the SigLIP
 vision tower of Gemma 3 (models/vision_language.py). Where the note and the fork differ from
-the real model (porting spec §9.4, §9.5), this follows transformers.
+the real model (docs/nntrainer.md, "Where the plan is wrong", "Fork bugs"), this follows
+transformers.
 
 Stages::
 
