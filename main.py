@@ -48,7 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="input text; '-' reads it from stdin, as does no PROMPT when stdin is "
                         "a pipe or a file (default: nntr_config.json sample_input)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens to generate (nntr_config num_to_generate)")
+                   help="new tokens to generate (nntr_config num_to_generate), at most the "
+                        "context")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context: the positions of the prompt and the new tokens together, the "
+                        "KV cache rows (nntr_config max_seq_len; default: the model's own "
+                        "context, at most 4096)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
     p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
                    help="hold the fully connected, embedding and head weights in this format "
@@ -117,6 +122,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
     checks = [
         (args.max_new_tokens is not None and args.max_new_tokens < 1, "-n must be at least 1"),
+        (args.ctx_size is not None and args.ctx_size < 1, "-c must be at least 1"),
         (args.temp is not None and not (math.isfinite(args.temp) and args.temp >= 0),
          "--temp must be a finite number >= 0"),
         (args.top_k is not None and args.top_k < 0, "--top-k must be >= 0"),
@@ -258,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
                 if given_prompt is None and not os.path.exists(args.model_dir) else "")
         raise CausalLMError(f"{error}{hint}")
-    overrides, flags = {}, {}
+    overrides, flags = {}, {"max_seq_len": "-c"}
     if args.max_new_tokens is not None:
         overrides["num_to_generate"], flags["num_to_generate"] = args.max_new_tokens, "-n"
     for path in args.image:
@@ -267,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             raise CausalLMError(f"--image {path}: {what}")
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
                    threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
-                   flags=flags, **overrides)
+                   flags=flags, ctx_size=args.ctx_size, **overrides)
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -360,8 +366,12 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
                    help="precision of the KV cache")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens when a request gives no max_tokens; the KV cache holds "
-                        "init_seq_len + this (nntr_config num_to_generate)")
+                   help="new tokens when a request gives no max_tokens (nntr_config "
+                        "num_to_generate), at most the context")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context of each slot: the positions of a request's prompt and new "
+                        "tokens together (nntr_config max_seq_len; default: the model's own "
+                        "context, at most 4096)")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("-np", "--parallel", type=int, default=None,
                    help="requests decoded together: the KV caches hold this many sequences "
@@ -387,6 +397,8 @@ def serve(args: argparse.Namespace) -> int:
         raise CausalLMError("--port must be in [0, 65535]")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CausalLMError("-n must be at least 1")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise CausalLMError("-c must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise CausalLMError("-t must be at least 1")
     if args.parallel is not None and args.parallel < 1:
@@ -406,7 +418,8 @@ def serve(args: argparse.Namespace) -> int:
     run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
                log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
                threads=args.threads, plugins=args.plugin, parallel=args.parallel,
-               queue=args.queue, **overrides)
+               queue=args.queue, ctx_size=args.ctx_size,
+               flags={"num_to_generate": "-n", "max_seq_len": "-c"}, **overrides)
     return 0
 
 

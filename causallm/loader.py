@@ -53,20 +53,35 @@ def model_path_error(path: str) -> str | None:
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
            threads: int | None = None, num_beams: int | None = None, plugins=(),
-           flags: dict[str, str] | None = None, **nntr_options):
+           flags: dict[str, str] | None = None, ctx_size: int | None = None, **nntr_options):
     """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized:
-    ``nntr_options`` replace nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
-    ``max_seq_len``, ...), ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 /
-    Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads and
-    ``num_beams`` sizes the graph for beam search; ``plugins`` are model files to register
-    first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name the command-line flag
-    behind an nntr option, for its errors (``Factory.createFromFolder``)."""
+    ``ctx_size`` is the context, the positions a sequence holds (prompt and new tokens, the
+    KV cache rows; default nntr_config ``max_seq_len``, else the model's own context, at most
+    4096: Transformer.setupContext), ``nntr_options`` replace nntr_config.json keys
+    (``num_to_generate=64``, ``init_seq_len``, ...), ``dtype`` holds the packable weights as
+    FP32 / BF16 / FP16 / Q8_0 / Q4_0, ``kv_dtype`` the KV cache as FP32 / FP16, ``threads``
+    sets the kernel threads and ``num_beams`` sizes the graph for beam search; ``plugins`` are
+    model files to register first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name
+    the command-line flag behind an nntr option, for its errors (``Factory.createFromFolder``).
+    New tokens asked for (``num_to_generate``) beyond the context are refused here, before
+    anything is allocated."""
     from causallm.factory import Factory, loadPlugin
     from causallm.models.transformer import set_threads
 
     error = model_path_error(path)
     if error:
         raise CausalLMError(error)
+    flags = dict(flags or {})
+    if ctx_size is not None:
+        if isinstance(ctx_size, bool) or not isinstance(ctx_size, int) or ctx_size < 1:
+            raise CausalLMError(f"{flags.get('max_seq_len', 'ctx_size')} must be an integer "
+                                f">= 1, got {ctx_size!r}")
+        nntr_options["max_seq_len"] = ctx_size
+        flags.setdefault("max_seq_len", "ctx_size")
+    flags = {k: v for k, v in flags.items() if k in nntr_options}  # what was given only
+    for key in ("num_to_generate", "max_seq_len"):  # the caller's values, named as given
+        if key in nntr_options:
+            flags.setdefault(key, key)
     if threads is not None:
         if not (isinstance(threads, int) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
@@ -201,6 +216,11 @@ class LoadedModel:
         if max_new_tokens is not None and not (isinstance(max_new_tokens, int)
                                                and max_new_tokens >= 1):
             raise CausalLMError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        context = self.context_length
+        if max_new_tokens is not None and context is not None and max_new_tokens > context:
+            raise CausalLMError(f"max_new_tokens {max_new_tokens} is more than the context: "
+                                f"{context} positions, shared by the prompt and the new "
+                                f"tokens; load the model with a larger ctx_size")
         if isinstance(stop, str):
             stop = [stop]
         if stop:

@@ -201,7 +201,7 @@ def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
 @pytestmark_pty
 def test_interactive_ctrl_c_ends_the_reply_not_the_session():
     # a reply of up to 1500 tokens (this question runs to the limit): seconds to interrupt it
-    term = Terminal(TINY, "-i", "--greedy", "-n", "1500")
+    term = Terminal(TINY, "-i", "--greedy", "-n", "1500", "-c", "2048")
     term.read_until(rb"> ")
     term.type("Tell me about dictionaries.\n")
     term.read_until(rb"dictionaries\.\r?\n.")  # the reply has started streaming

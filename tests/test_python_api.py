@@ -143,10 +143,39 @@ def test_bad_calls_are_one_line_errors(gqa3, tiny):
     with pytest.raises(CausalLMError, match="not an embedding model"):
         gqa3.embed("hi")
     with pytest.raises(CausalLMError, match="KV cache holds"):
-        tiny.generate("word " * 400)
+        tiny.generate("word " * 1000)
+    with pytest.raises(CausalLMError, match="max_new_tokens 513 is more than the context: 512 "
+                                            "positions"):
+        tiny.generate("hi", max_new_tokens=513)
     with pytest.raises(CausalLMError, match="not a model folder"):
         causallm.load(os.path.join(FIXTURES, "no-such-model"))
     assert tiny.generate("hi", max_new_tokens=2)  # still usable after its errors
+
+
+def test_ctx_size_sizes_the_context_and_what_exceeds_it_is_refused_before_allocating():
+    """ctx_size is the context (the KV cache rows), over nntr_config's max_seq_len; new tokens
+    beyond it and a context beyond the memory are refused by load(), naming the keyword, before
+    the graph is built; a call's max_new_tokens is checked against it."""
+    small = causallm.load(TINY, ctx_size=64)
+    assert small.context_length == 64
+    cache = small.model.model.getKVCaches("self")[0]
+    assert cache.key.shape[2] == 64
+    assert small.complete("hi", max_new_tokens=64, greedy=True).finish_reason in ("stop",
+                                                                                  "length")
+    with pytest.raises(CausalLMError, match="max_new_tokens 65 is more than the context: 64"):
+        small.generate("hi", max_new_tokens=65)
+    with pytest.raises(CausalLMError, match=r"^num_to_generate 20000000 is more than the "
+                                            r"context: 512 positions \(max_seq_len in "):
+        causallm.load(TINY, num_to_generate=20000000)
+    with pytest.raises(CausalLMError, match=r"^num_to_generate 100 is more than the context: "
+                                            r"64 positions \(ctx_size\)"):
+        causallm.load(TINY, ctx_size=64, num_to_generate=100)
+    with pytest.raises(CausalLMError, match=r"^not enough memory for a context of 2147483648 "
+                                            r"positions \(ctx_size\): .* GiB"):
+        causallm.load(TINY, ctx_size=2**31)
+    for bad in (0, -1, 1.5, "64", True):
+        with pytest.raises(CausalLMError, match="ctx_size must be an integer >= 1"):
+            causallm.load(TINY, ctx_size=bad)
 
 
 def test_embed_gives_sentence_transformers_embeddings():
