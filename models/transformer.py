@@ -278,9 +278,13 @@ class Transformer:
         """The model's own context (the positions it was trained for) and what says so, for
         messages: config.json's ``max_position_embeddings`` (a family reading another key
         overrides this)."""
-        key = "max_position_embeddings"
-        where = f"{key} in {self.cfg.name}" if self.cfg.contains(key) else \
-            f"the default, {self.cfg.name} has no {key}"
+        key, gguf = "max_position_embeddings", getattr(self.cfg, "gguf", None)
+        if gguf is not None:  # config.json made from the file's metadata
+            where = f"{gguf.architecture}.context_length in {os.path.basename(gguf.path)}"
+        elif self.cfg.contains(key):
+            where = f"{key} in {self.cfg.name}"
+        else:
+            where = f"the default, {self.cfg.name} has no {key}"
         return self.MAX_POSITION_EMBEDDINGS, where
 
     def positionLimit(self) -> int | None:
