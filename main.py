@@ -103,6 +103,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="render the prompt as a user message through the model's chat template")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in the terminal, turn by turn, keeping the KV cache")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="with --chat / -i: the Jinja chat template in FILE instead of the "
+                        "model's (a GGUF's tokenizer.chat_template, a folder's "
+                        "chat_template.jinja or tokenizer_config.json)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                    help="import a Python file that registers model classes (repeatable)")
     p.add_argument("--graph", default=None, metavar="FILE",
@@ -153,6 +157,8 @@ def _check_args(args: argparse.Namespace) -> None:
          "--interactive reads the prompts from the terminal; pass no PROMPT"),
         (args.interactive and (args.json or args.image),
          "--interactive does not go with --json or --image"),
+        (args.chat_template_file is not None and not (args.chat or args.interactive),
+         "--chat-template-file is the template of --chat or --interactive; pass one of them"),
         (args.json_schema is not None and args.json_object,
          "--json-schema and --json-object do not go together (a schema says what the object "
          "holds)"),
@@ -441,12 +447,16 @@ def _chat_template(args: argparse.Namespace, model):
         raise CausalLMError("--interactive generates one row with one beam (batch_size 1, "
                             "--num-beams 1)")
     gguf = getattr(getattr(model, "cfg", None), "gguf", None)  # read with the configs
+    if args.chat_template_file is not None:
+        path = _arg_text(args.chat_template_file, "--chat-template-file")
+        return ChatTemplate.fromFile(path, gguf if gguf is not None else args.model_dir)
     chat = ChatTemplate.fromGGUF(gguf) if gguf is not None else \
         ChatTemplate.fromFolder(args.model_dir)
     if chat is None:
         where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf is not None else
                  "chat_template.jinja or tokenizer_config.json's 'chat_template'")
-        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template ({where})")
+        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template ({where}); give "
+                            f"one with --chat-template-file FILE")
     return chat
 
 

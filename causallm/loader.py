@@ -175,11 +175,16 @@ class LoadedModel:
         if self._template is None:
             from causallm.chat import ChatTemplate
 
+            from causallm.io.config import gguf_in_folder, is_gguf
+
             self._template = ChatTemplate.fromFolder(self.path)
             if self._template is None:
-                raise CausalLMError(f"{self.path}: the model has no chat template "
-                                    f"(tokenizer_config.json 'chat_template', "
-                                    f"chat_template.jinja or the .gguf's); pass a prompt string")
+                gguf = is_gguf(self.path) or (os.path.isdir(self.path)
+                                              and gguf_in_folder(self.path) is not None)
+                where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf else
+                         "no chat_template.jinja, nor 'chat_template' in tokenizer_config.json")
+                raise CausalLMError(f"{self.path}: the model has no chat template ({where}); "
+                                    f"pass a prompt string")
         return self._template
 
     def encode(self, prompt, tools: list | None = None, reply_prefix: str = "") -> list[int]:

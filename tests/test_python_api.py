@@ -178,6 +178,16 @@ def test_ctx_size_sizes_the_context_and_what_exceeds_it_is_refused_before_alloca
             causallm.load(TINY, ctx_size=bad)
 
 
+def test_a_gguf_without_a_chat_template_says_what_a_gguf_lacks():
+    """Chat messages to a GGUF whose metadata has no template: the message names the GGUF's key,
+    not the files of a Hugging Face folder."""
+    model = causallm.load(os.path.join(FIXTURES, "gguf-llama-q8_0", "model.gguf"))
+    with pytest.raises(CausalLMError, match=r"has no chat template \(no tokenizer\.chat_template "
+                                            r"in the GGUF's metadata\)") as e:
+        model.generate([{"role": "user", "content": "hi"}])
+    assert "tokenizer_config.json" not in str(e.value)
+
+
 def test_embed_gives_sentence_transformers_embeddings():
     ref = np.load(os.path.join(BERT, "expected.npz"))
     sentences = [str(s) for s in ref["sentences"]]
