@@ -47,7 +47,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="input text; '-' reads it from stdin, as does no PROMPT when stdin is "
                         "a pipe or a file (default: nntr_config.json sample_input)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens to generate (nntr_config num_to_generate)")
+                   help="new tokens to generate (nntr_config num_to_generate), at most the "
+                        "context")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context: the positions of the prompt and the new tokens together, the "
+                        "KV cache rows (nntr_config max_seq_len; default: the model's own "
+                        "context, at most 4096)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
     p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
                    help="hold the fully connected, embedding and head weights in this format "
@@ -98,6 +103,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="render the prompt as a user message through the model's chat template")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in the terminal, turn by turn, keeping the KV cache")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="with --chat / -i: the Jinja chat template in FILE instead of the "
+                        "model's (a GGUF's tokenizer.chat_template, a folder's "
+                        "chat_template.jinja or tokenizer_config.json)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                    help="import a Python file that registers model classes (repeatable)")
     p.add_argument("--graph", default=None, metavar="FILE",
@@ -128,6 +137,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in CLI_GENERATION_OPTIONS:  # one check of each option, as the API's and server's
         check(name, getattr(args, name), "flag")
     checks = [
+        (args.ctx_size is not None and args.ctx_size < 1, "-c must be at least 1"),
         (args.threads is not None and args.threads < 1, "-t must be at least 1"),
         (args.greedy and args.num_beams is not None and args.num_beams > 1,
          "--greedy means one beam; it cannot go with --num-beams > 1"),
@@ -135,6 +145,8 @@ def _check_args(args: argparse.Namespace) -> None:
          "--interactive reads the prompts from the terminal; pass no PROMPT"),
         (args.interactive and (args.json or args.image),
          "--interactive does not go with --json or --image"),
+        (args.chat_template_file is not None and not (args.chat or args.interactive),
+         "--chat-template-file is the template of --chat or --interactive; pass one of them"),
         (args.json_schema is not None and args.json_object,
          "--json-schema and --json-object do not go together (a schema says what the object "
          "holds)"),
@@ -246,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{_short(DEFAULT_MODEL_DIR)} \"PROMPT\""
                 if given_prompt is None and not os.path.exists(args.model_dir) else "")
         raise CausalLMError(f"{error}{hint}")
-    overrides, flags = {}, {}
+    overrides, flags = {}, {"max_seq_len": "-c"}
     if args.max_new_tokens is not None:
         overrides["num_to_generate"], flags["num_to_generate"] = args.max_new_tokens, "-n"
     for path in args.image:
@@ -255,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
             raise CausalLMError(f"--image {path}: {what}")
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
                    threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
-                   flags=flags, **overrides)
+                   flags=flags, ctx_size=args.ctx_size, **overrides)
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -344,8 +356,12 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
                    help="precision of the KV cache")
     p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens when a request gives no max_tokens; the KV cache holds "
-                        "init_seq_len + this (nntr_config num_to_generate)")
+                   help="new tokens when a request gives no max_tokens (nntr_config "
+                        "num_to_generate), at most the context")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context of each slot: the positions of a request's prompt and new "
+                        "tokens together (nntr_config max_seq_len; default: the model's own "
+                        "context, at most 4096)")
     p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
     p.add_argument("-np", "--parallel", type=int, default=None,
                    help="requests decoded together: the KV caches hold this many sequences "
@@ -371,6 +387,8 @@ def serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise CausalLMError("--port must be in [0, 65535]")
     check("max_new_tokens", args.max_new_tokens, "flag")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise CausalLMError("-c must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise CausalLMError("-t must be at least 1")
     if args.parallel is not None and args.parallel < 1:
@@ -390,7 +408,8 @@ def serve(args: argparse.Namespace) -> int:
     run_server(args.model_dir, host=args.host, port=args.port, model_id=args.model_name,
                log_level=args.log_level, dtype=args.dtype, kv_dtype=args.kv_dtype,
                threads=args.threads, plugins=args.plugin, parallel=args.parallel,
-               queue=args.queue, **overrides)
+               queue=args.queue, ctx_size=args.ctx_size,
+               flags={"num_to_generate": "-n", "max_seq_len": "-c"}, **overrides)
     return 0
 
 
@@ -412,12 +431,16 @@ def _chat_template(args: argparse.Namespace, model):
         raise CausalLMError("--interactive generates one row with one beam (batch_size 1, "
                             "--num-beams 1)")
     gguf = getattr(getattr(model, "cfg", None), "gguf", None)  # read with the configs
+    if args.chat_template_file is not None:
+        path = _arg_text(args.chat_template_file, "--chat-template-file")
+        return ChatTemplate.fromFile(path, gguf if gguf is not None else args.model_dir)
     chat = ChatTemplate.fromGGUF(gguf) if gguf is not None else \
         ChatTemplate.fromFolder(args.model_dir)
     if chat is None:
         where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf is not None else
                  "chat_template.jinja or tokenizer_config.json's 'chat_template'")
-        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template ({where})")
+        raise CausalLMError(f"{flag}: {args.model_dir} has no chat template ({where}); give "
+                            f"one with --chat-template-file FILE")
     return chat
 
 

@@ -232,6 +232,11 @@ class ChatTemplate:
         template = gguf.chat_template
         if not template:
             return None
+        return cls(template, cls._ggufTokens(gguf), gguf.path)
+
+    @staticmethod
+    def _ggufTokens(gguf) -> dict[str, str]:
+        """The named special tokens of an open GGUF file (its tokenizer.ggml.*_token_id)."""
         vocab = gguf.metadata.get("tokenizer.ggml.tokens") or []
         tokens = {}
         for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
@@ -239,7 +244,24 @@ class ChatTemplate:
             token_id = gguf.metadata.get(f"tokenizer.ggml.{name}_token_id")
             if token_id is not None and 0 <= int(token_id) < len(vocab):
                 tokens[key] = vocab[int(token_id)]
-        return cls(template, tokens, gguf.path)
+        return tokens
+
+    @classmethod
+    def fromFile(cls, template_path: str, model) -> "ChatTemplate":
+        """The Jinja chat template in the file ``template_path`` (the CLI's
+        ``--chat-template-file``, as llama.cpp's), with the special tokens of ``model``: an open
+        GGUF file (causallm.io.gguf_file.GGUFFile) or a model folder (its
+        tokenizer_config.json's)."""
+        if os.path.isdir(template_path):
+            raise CausalLMError(f"{template_path}: a folder, not a chat template file")
+        text = _read_text(template_path)
+        if isinstance(model, (str, os.PathLike)):
+            config_path = os.path.join(model, "tokenizer_config.json")
+            config = _read_json(config_path) if os.path.isfile(config_path) else {}
+            tokens = cls._specialTokens(os.fspath(model), config)
+        else:
+            tokens = cls._ggufTokens(model)
+        return cls(text, tokens, template_path)
 
     # -- rendering --------------------------------------------------------------------------
     def template(self, tools: list | None = None) -> str:

@@ -53,17 +53,21 @@ def model_path_error(path: str) -> str | None:
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
            threads: int | None = None, plugins=(), flags: dict[str, str] | None = None,
-           **options):
+           ctx_size: int | None = None, **options):
     """The model of ``path`` (a folder or a .gguf file) as main.py builds it, not initialized.
-    ``options`` are nntr_config.json keys (``num_to_generate=64``, ``init_seq_len``,
-    ``max_seq_len``, ``slots``, ...: they replace the file's) and generation options
-    (causallm/generation/options.py: ``max_new_tokens``, ``temperature``, ``num_beams``, ...:
-    the defaults of every generation, over generation_config.json's; ``max_new_tokens`` is
-    num_to_generate, as the CLI's -n); anything else is an error naming it. ``dtype`` holds
-    the packable weights as FP32 / BF16 / FP16 / Q8_0 / Q4_0 ..., ``kv_dtype`` the KV cache as
-    FP32 / FP16, ``threads`` sets the kernel threads; ``plugins`` are model files to register
-    first (the CLI's --plugin, ``factory.loadPlugin``); ``flags`` name the command-line flag
-    behind an nntr option, for its errors (``Factory.createFromFolder``)."""
+    ``ctx_size`` is the context, the positions a sequence holds (prompt and new tokens, the
+    KV cache rows; default nntr_config ``max_seq_len``, else the model's own context, at most
+    4096: Transformer.setupContext). ``options`` are nntr_config.json keys
+    (``num_to_generate=64``, ``init_seq_len``, ``slots``, ...: they replace the file's) and
+    generation options (causallm/generation/options.py: ``max_new_tokens``, ``temperature``,
+    ``num_beams``, ...: the defaults of every generation, over generation_config.json's;
+    ``max_new_tokens`` is num_to_generate, as the CLI's -n); anything else is an error naming
+    it. ``dtype`` holds the packable weights as FP32 / BF16 / FP16 / Q8_0 / Q4_0 ...,
+    ``kv_dtype`` the KV cache as FP32 / FP16, ``threads`` sets the kernel threads; ``plugins``
+    are model files to register first (the CLI's --plugin, ``factory.loadPlugin``); ``flags``
+    name the command-line flag behind an nntr option, for its errors
+    (``Factory.createFromFolder``). New tokens asked for (``num_to_generate``) beyond the
+    context are refused here, before anything is allocated."""
     from causallm.factory import Factory, loadPlugin
     from causallm.generation.options import OPTIONS, check_all, unknown
     from causallm.io.config import NNTR_KEYS
@@ -71,7 +75,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
 
     bad = [k for k in options if k not in OPTIONS and k not in NNTR_KEYS]
     if bad:
-        own = ("dtype", "kv_dtype", "threads", "plugins")
+        own = ("dtype", "kv_dtype", "threads", "plugins", "ctx_size")
         raise unknown(bad, [*own, *OPTIONS, *NNTR_KEYS], "load")
     nntr = {k: v for k, v in options.items() if k in NNTR_KEYS}
     generation = check_all({k: v for k, v in options.items() if k in OPTIONS}, what="load")
@@ -85,6 +89,13 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     error = model_path_error(path)
     if error:
         raise CausalLMError(error)
+    if ctx_size is not None:
+        if isinstance(ctx_size, bool) or not isinstance(ctx_size, int) or ctx_size < 1:
+            raise CausalLMError(f"{flags.get('max_seq_len', 'ctx_size')} must be an integer "
+                                f">= 1, got {ctx_size!r}")
+        nntr["max_seq_len"] = ctx_size
+        flags.setdefault("max_seq_len", "ctx_size")
+    flags = {k: v for k, v in flags.items() if k in nntr}  # what was given only
     if threads is not None:
         if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
@@ -201,11 +212,16 @@ class LoadedModel:
         if self._template is None:
             from causallm.chat import ChatTemplate
 
+            from causallm.io.config import gguf_in_folder, is_gguf
+
             self._template = ChatTemplate.fromFolder(self.path)
             if self._template is None:
-                raise CausalLMError(f"{self.path}: the model has no chat template "
-                                    f"(tokenizer_config.json 'chat_template', "
-                                    f"chat_template.jinja or the .gguf's); pass a prompt string")
+                gguf = is_gguf(self.path) or (os.path.isdir(self.path)
+                                              and gguf_in_folder(self.path) is not None)
+                where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf else
+                         "no chat_template.jinja, nor 'chat_template' in tokenizer_config.json")
+                raise CausalLMError(f"{self.path}: the model has no chat template ({where}); "
+                                    f"pass a prompt string")
         return self._template
 
     def encode(self, prompt, tools: list | None = None, reply_prefix: str = "",
@@ -253,6 +269,11 @@ class LoadedModel:
                                 f"embedding model: use embed)")
         options = check_all(options, what=what)
         max_new_tokens = options.pop("max_new_tokens", None)
+        context = self.context_length
+        if max_new_tokens is not None and context is not None and max_new_tokens > context:
+            raise CausalLMError(f"max_new_tokens {max_new_tokens} is more than the context: "
+                                f"{context} positions, shared by the prompt and the new "
+                                f"tokens; load the model with a larger ctx_size")
         model = self.model
         for key, value in self._defaults.items():  # the configs' values, every call
             setattr(model, key, value)

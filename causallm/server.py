@@ -1138,13 +1138,10 @@ available."""
 
 def default_parallel(model) -> int:
     """PARALLEL, or as many slots as a quarter of the available memory holds (at least one)."""
+    from causallm.models.transformer import available_memory
+
     per_slot = getattr(model, "kvCacheBytes", lambda: 0)()
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        available = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return PARALLEL
-    if per_slot <= 0:
+    available = available_memory()
+    if available is None or per_slot <= 0:
         return PARALLEL
     return max(1, min(PARALLEL, available // 4 // per_slot))

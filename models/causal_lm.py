@@ -54,9 +54,14 @@ class CausalLM(LanguageModel):
                     raise kv.error("pre_computed_cache_path", "the path of the cache file, not a "
                                                               "folder")
                 self.SYS_PROMP_LEN = kv.get_int("sys_prompt_token_size", 0, minimum=0)
-                if self.SYS_PROMP_LEN > self.max_timestep:
-                    raise kv.error("sys_prompt_token_size", f"at most the KV cache's "
-                                   f"{self.max_timestep} positions ({self.cacheSize()})")
+                self.sys_prompt_cfg = kv
+
+    def setupContext(self, nntr_cfg: JsonConfig) -> None:
+        super().setupContext(nntr_cfg)
+        if self.SYS_PROMP_LEN > self.max_timestep:
+            raise self.sys_prompt_cfg.error(
+                "sys_prompt_token_size", f"at most the KV cache's {self.max_timestep} positions "
+                f"({self.cacheSize()})")
 
     def constructModel(self) -> None:
         super().constructModel()
@@ -74,30 +79,26 @@ class CausalLM(LanguageModel):
 
     @property
     def max_timestep(self) -> int:
-        """Rows of every KV cache: the positions a run can use."""
-        return self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
+        """Rows of every KV cache: the positions a run can use, the context MAX_SEQ_LEN
+        (Transformer.setupContext)."""
+        return self.MAX_SEQ_LEN
 
     def kvCacheBytes(self) -> int:
         """Bytes of the KV caches of one sequence (a slot): every layer's keys and values at
-        max_timestep positions (a family with other layer counts or head sizes may differ a
-        little; this sizes a server's default slots)."""
-        per = 2 if self.kvCacheDtype() == "FP16" else 4
-        return (2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM
-                * self.max_timestep * per)
+        max_timestep positions (this sizes a server's default slots)."""
+        return self.kvBytesPerPosition() * self.max_timestep
 
     def cacheSize(self) -> str:
-        """What sets max_timestep, for messages: the settings and where they were set."""
-        origin = self.nntr_cfg.origin
-        return (f"init_seq_len {self.INIT_SEQ_LEN} from {origin('init_seq_len')} + num_to_generate "
-                f"{self.NUM_TO_GENERATE} from {origin('num_to_generate')}")
+        """What sets max_timestep, for messages: the context and where it was set."""
+        return f"the context, from {self.contextSource()}"
 
     def cacheLimit(self) -> str:
         """Why a generation ended with its KV cache full (finish reason ``cache_full``), and the
-        setting that raises the limit: the prompt and the new tokens share the cache's
-        max_timestep positions, so fewer than num_to_generate fit after a prompt longer than
-        init_seq_len."""
-        return (f"the KV cache is full at {self.max_timestep} positions ({self.cacheSize()}); "
-                f"raise init_seq_len in {self.nntr_cfg.name} to at least the prompt's length")
+        setting that raises the limit: the prompt and the new tokens share the context's
+        max_timestep positions, so fewer than num_to_generate fit after a long prompt."""
+        return (f"the KV cache is full at {self.max_timestep} positions ({self.cacheSize()}), "
+                f"shared by the prompt and the new tokens; a longer context: -c (ctx_size, "
+                f"max_seq_len)")
 
     # -- what the generator drives ----------------------------------------------------------
     def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],
@@ -110,8 +111,7 @@ class CausalLM(LanguageModel):
         if start_pos + P > T:
             raise CausalLMError(
                 f"prompt has {start_pos + P} tokens but the KV cache holds {T} "
-                f"(init_seq_len {self.INIT_SEQ_LEN} + num_to_generate {self.NUM_TO_GENERATE}); "
-                f"raise init_seq_len in nntr_config.json")
+                f"({self.cacheSize()}); a longer context: -c (ctx_size, max_seq_len)")
         self.position = start_pos  # what the cache holds until the prefill completes
         with metrics.phase("prefill", P):
             logits = self.prefill(prompt_ids, start_pos)
@@ -172,7 +172,8 @@ class CausalLM(LanguageModel):
         B = self.BATCH_SIZE
         if len(ids) > self.max_timestep:
             raise CausalLMError(f"system prompt has {len(ids)} tokens but the KV cache holds "
-                                f"{self.max_timestep}; raise init_seq_len in nntr_config.json")
+                                f"{self.max_timestep} ({self.cacheSize()}); a longer context: "
+                                f"-c (ctx_size, max_seq_len)")
         self.prefill(np.asarray([ids] * B, dtype=np.float32), 0)
         return len(ids)
 

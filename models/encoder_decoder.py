@@ -42,7 +42,8 @@ The note's three phases, in Python::
 Config (beyond Transformer's): ``num_encoder_layers`` and ``num_decoder_layers`` (default
 ``num_hidden_layers``), ``decoder_start_token_id`` (generation_config.json, else config.json;
 required). nntr_config ``init_seq_len`` is the longest prompt the encoder takes (in one step:
-attention is bidirectional), ``num_to_generate`` the decoder's positions (its KV cache rows).
+attention is bidirectional); the context (``max_seq_len``, ``-c``; Transformer.setupContext) is
+the decoder's positions (its KV cache rows), which ``num_to_generate`` fits in.
 """
 
 from __future__ import annotations
@@ -84,19 +85,33 @@ class EncoderDecoder(LanguageModel):
         if self.DECODER_START_TOKEN_ID >= self.NUM_VOCAB:
             raise source.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
         self.MAX_POSITIONS = None  # a family with learned positions: its table's length
-        self.DECODER_SEQ_LEN = self.NUM_TO_GENERATE  # decoder positions: its KV cache rows
         self.LM_HEAD_SCALE = 1.0  # the decoder output's scale before a tied head (T5's)
         # per stack (a family whose stacks differ sets them apart)
         self.ENCODER_NUM_HEADS = self.DECODER_NUM_HEADS = self.NUM_HEADS
         self.ENCODER_HEAD_DIM = self.DECODER_HEAD_DIM = self.HEAD_DIM
         self.ENCODER_INTERMEDIATE_SIZE = self.DECODER_INTERMEDIATE_SIZE = self.INTERMEDIATE_SIZE
 
+    def positionLimit(self) -> int | None:
+        """MAX_POSITIONS: no decoder step past a learned position table."""
+        return self.MAX_POSITIONS
+
+    def setupContext(self, nntr_cfg: JsonConfig) -> None:
+        """The context is the decoder's: DECODER_SEQ_LEN positions, its self-attention KV cache
+        rows (Transformer.readContext), which the new tokens fit in (fitNewTokens); the encoder
+        takes INIT_SEQ_LEN tokens in one step."""
+        self.MAX_SEQ_LEN = self.DECODER_SEQ_LEN = self.readContext(nntr_cfg)
+        self.NUM_TO_GENERATE = self.fitNewTokens(nntr_cfg)
+
+    def kvBytesPerPosition(self) -> int:
+        """The decoder's self-attention caches, one position of one sequence."""
+        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        return (2 * self.NUM_DECODER_LAYERS * self.DECODER_NUM_HEADS * self.DECODER_HEAD_DIM
+                // self.GQA_SIZE * per)
+
     # -- graph ------------------------------------------------------------------------------
     def constructModel(self) -> None:
         layers = []
         self.model = createModel()
-        if self.MAX_POSITIONS is not None:  # no decoder step past the position table
-            self.DECODER_SEQ_LEN = min(self.NUM_TO_GENERATE, self.MAX_POSITIONS)
 
         # ========== ENCODER ==========
         layers.append(createLayer("input", [withKey("name", "encoder_input0"),
@@ -321,7 +336,7 @@ class EncoderDecoder(LanguageModel):
         B, n = ids.shape
         if from_ + n > self.DECODER_SEQ_LEN:
             raise CausalLMError(f"decoder position {from_ + n} is past its "
-                                f"{self.DECODER_SEQ_LEN} positions (num_to_generate)")
+                                f"{self.DECODER_SEQ_LEN} positions ({self.contextSource()})")
         return self.model.incremental_inference(B, [ids], None, n, from_, from_ + n,
                                                 stage=DECODER)[0]
 
@@ -345,9 +360,8 @@ class EncoderDecoder(LanguageModel):
 
     def cacheLimit(self) -> str:
         """Why a generation ended with the decoder's cache full (finish reason ``cache_full``):
-        its learned positions end before num_to_generate."""
-        return (f"the decoder has {self.DECODER_SEQ_LEN} positions (max_position_embeddings in "
-                f"{self.cfg.path})")
+        the context (its learned positions, or -c) ends before num_to_generate."""
+        return f"the decoder has {self.DECODER_SEQ_LEN} positions ({self.contextSource()})"
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """One decoder step: one token per row at the next decoder position."""

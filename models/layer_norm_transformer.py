@@ -30,11 +30,6 @@ from causallm.models.transformer import SELF_ATTENTION, Transformer
 class LayerNormTransformer(Transformer):
     """Transformer with LayerNorm, RoPE-free attention and an ungated MLP (module docstring)."""
 
-    def kvCacheRows(self) -> int:
-        """mha_core ``max_timestep``: INIT_SEQ_LEN + NUM_TO_GENERATE (read when the graph is
-        built, after every setupParameters)."""
-        return self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
-
     def attentionScalar(self, layer_id: int) -> float:
         """mha_core ``query_pre_attn_scalar`` s of layer ``layer_id`` (scores are scaled by
         s^-1/2): 0, mha_core's default, which is head_dim."""

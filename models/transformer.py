@@ -46,6 +46,42 @@ SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 (bidirectional) self-attention, and a decoder's cross-attention over the encoder output."""
 
 
+CONTEXT_CAP = 4096
+"""The longest context a model gets by default (llama.cpp's default n_ctx): a model trained
+for more positions gets this many unless ``-c`` / ``ctx_size`` / nntr_config ``max_seq_len``
+ask for more (SmolLM2-135M's FP16 KV caches take 23 KiB a position, 90 MiB for 4096;
+Qwen3-0.6B's 112 KiB, 448 MiB)."""
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation may take: /proc/meminfo's MemAvailable, or less when a limit on
+    the address space (``ulimit -v``, RLIMIT_AS) leaves less room; None where neither is
+    known."""
+    room = None
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        room = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            room = max(0, limit - used) if room is None else min(room, max(0, limit - used))
+    except (ImportError, OSError, ValueError):
+        pass
+    return room
+
+
+def _gb(n: int) -> str:
+    """Bytes as GiB (or MiB below one GiB), for messages."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 class ModelType:
     MODEL = "Model"
     CAUSALLM = "CausalLM"
@@ -92,6 +128,7 @@ class Transformer:
         self.weight_path: str | None = None
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
+        self.setupContext(nntr_cfg)
         gguf = getattr(cfg, "gguf", None)
         if gguf is not None and not nntr_cfg.contains("tokenizer_file"):
             self.tokenizer = Tokenizer(gguf.tokenizer(), gguf.path)  # the file's vocabulary
@@ -130,18 +167,13 @@ class Transformer:
         self.MODEL_TENSOR_TYPE = nntr_cfg.get_str("model_tensor_type", d["model_tensor_type"])
         if self.MODEL_TENSOR_TYPE not in MODEL_TENSOR_TYPES:
             raise nntr_cfg.error("model_tensor_type", f"one of {', '.join(MODEL_TENSOR_TYPES)}")
+        # rows of the step buffer and new tokens; setupContext fits both to the context
         self.INIT_SEQ_LEN = nntr_cfg.get_int("init_seq_len", d["init_seq_len"], minimum=1)
         # new tokens: nntr_config's num_to_generate, else generation_config's max_new_tokens
         # (transformers' own default for the folder), else NNTrainer's default
         self.NUM_TO_GENERATE = nntr_cfg.get_int(
             "num_to_generate",
             generation_cfg.get_int("max_new_tokens", d["num_to_generate"], minimum=1), minimum=1)
-        if self.INIT_SEQ_LEN + self.NUM_TO_GENERATE > UINT_MAX:  # mha_core's max_timestep
-            raise nntr_cfg.error("num_to_generate", f"at most {UINT_MAX - self.INIT_SEQ_LEN}: the "
-                                 f"KV cache holds init_seq_len ({self.INIT_SEQ_LEN}) + "
-                                 f"num_to_generate positions, at most {UINT_MAX}")
-        self.MAX_SEQ_LEN = nntr_cfg.get_int("max_seq_len", self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
-                                            minimum=1)
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
         self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
         # the weights' precision (causallm/io/weights.py): nntr_config's dtype of each kind
@@ -244,8 +276,119 @@ class Transformer:
                     props[f"rope_scaling_{key}"] = float(s[key])
         return props
 
+    # -- context ----------------------------------------------------------------------------
+    def contextLength(self) -> tuple[int, str]:
+        """The model's own context (the positions it was trained for) and what says so, for
+        messages: config.json's ``max_position_embeddings`` (a family reading another key
+        overrides this)."""
+        key, gguf = "max_position_embeddings", getattr(self.cfg, "gguf", None)
+        if gguf is not None:  # config.json made from the file's metadata
+            where = f"{gguf.architecture}.context_length in {os.path.basename(gguf.path)}"
+        elif self.cfg.contains(key):
+            where = f"{key} in {self.cfg.name}"
+        else:
+            where = f"the default, {self.cfg.name} has no {key}"
+        return self.MAX_POSITION_EMBEDDINGS, where
+
+    def positionLimit(self) -> int | None:
+        """Positions past which the model has no position at all (a learned position table's
+        rows), or None: RoPE and relative positions go on past the trained context."""
+        return None
+
+    def setupContext(self, nntr_cfg: JsonConfig) -> None:
+        """The context ``MAX_SEQ_LEN``: the positions one sequence holds, the prompt and the new
+        tokens together, and so the rows of every self-attention KV cache and RoPE table
+        (readContext). The step buffer's INIT_SEQ_LEN rows and the new tokens fit in it
+        (fitNewTokens). Runs after setupParameters, so a family's own values count."""
+        self.MAX_SEQ_LEN = self.readContext(nntr_cfg)
+        self.INIT_SEQ_LEN = min(self.INIT_SEQ_LEN, self.MAX_SEQ_LEN)
+        self.NUM_TO_GENERATE = self.fitNewTokens(nntr_cfg)
+
+    def readContext(self, nntr_cfg: JsonConfig) -> int:
+        """nntr_config ``max_seq_len`` (the C++'s MAX_SEQ_LEN, which ``-c`` / ``ctx_size``
+        replace), else the model's own context (contextLength) capped at CONTEXT_CAP; at most
+        positionLimit(), and never sized by the new tokens."""
+        own, _ = self.contextLength()
+        limit = self.positionLimit()
+        default = min(own, CONTEXT_CAP, limit or UINT_MAX)
+        context = nntr_cfg.get_int("max_seq_len", default, minimum=1)
+        if limit is not None and context > limit:
+            raise nntr_cfg.error("max_seq_len", f"at most {limit}: the model has {limit} "
+                                 f"learned positions ({self.cfg.path})")
+        if context > UINT_MAX:  # mha_core's max_timestep
+            raise nntr_cfg.error("max_seq_len", f"at most {UINT_MAX}")
+        return context
+
+    def contextSource(self) -> str:
+        """Where the context's length comes from, for messages."""
+        nntr_cfg = self.nntr_cfg
+        if "max_seq_len" in nntr_cfg.flags:
+            return nntr_cfg.flags["max_seq_len"]
+        if nntr_cfg.contains("max_seq_len"):
+            return f"max_seq_len in {nntr_cfg.path}"
+        own, where = self.contextLength()
+        capped = f", capped at {self.MAX_SEQ_LEN}" if own > self.MAX_SEQ_LEN else ""
+        return f"the model's {own}, {where}{capped}"
+
+    def fitNewTokens(self, nntr_cfg: JsonConfig) -> int:
+        """NUM_TO_GENERATE within the context: more new tokens than the context holds is an
+        error when the caller asked for them (``-n``, ``num_to_generate=``), and cut to the
+        context when they are the configs' default (nntr_config.json, generation_config.json):
+        a run stops at the context's end either way (finish reason ``length``)."""
+        n, context = self.NUM_TO_GENERATE, self.MAX_SEQ_LEN
+        if n <= context:
+            return n
+        if "num_to_generate" in nntr_cfg.flags:
+            raise CausalLMError(
+                f"{nntr_cfg.flags['num_to_generate']} {n} is more than the context: "
+                f"{context} positions ({self.contextSource()}), shared by the prompt and the "
+                f"new tokens; ask for fewer new tokens or a longer context (-c, ctx_size)")
+        return context
+
+    def cacheRows(self) -> int:
+        """Sequences every self-attention KV cache holds: its slots, else a row per prompt and
+        beam."""
+        return self.SLOTS or self.BATCH_SIZE * self.rowsPerPrompt()
+
+    def kvBytesPerPosition(self) -> int:
+        """Bytes one position of one sequence takes in the self-attention KV caches: every
+        layer's key and value (a family with other layer counts or head sizes may differ a
+        little)."""
+        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        return 2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM * per
+
+    def checkMemory(self, available: int | None = None) -> None:
+        """Refuse, before anything is allocated, a context whose KV caches (cacheRows() x
+        MAX_SEQ_LEN positions x kvBytesPerPosition()) and RoPE tables (cos and sin, and the
+        float64 values they are rounded from: about 16 x HEAD_DIM bytes a position) need more
+        than the memory available (``available`` bytes; available_memory() when None; no check
+        where that is unknown). The weights and step buffers are not counted: the caches are
+        what a user's -c, --parallel, beams or batch multiply."""
+        if available is None:
+            available = available_memory()
+            if available is None:
+                return
+        rows, context = self.cacheRows(), self.MAX_SEQ_LEN
+        per = self.kvBytesPerPosition()
+        need = rows * context * per + context * self.HEAD_DIM * 16
+        if need <= available:
+            return
+        sources = [self.contextSource()]
+        if self.SLOTS > 1:
+            sources.append(f"{self.SLOTS} slots (--parallel, slots)")
+        if self.rowsPerPrompt() > 1:
+            sources.append(f"{self.rowsPerPrompt()} beams (--num-beams)")
+        if self.BATCH_SIZE > 1:
+            sources.append(f"batch_size {self.BATCH_SIZE}")
+        raise CausalLMError(
+            f"not enough memory for a context of {context} positions ({'; '.join(sources)}): "
+            f"the KV caches of {rows} sequence(s) x {context} positions x {per} bytes and the "
+            f"RoPE tables need {_gb(need)}, {_gb(available)} is available; ask for a shorter "
+            f"context (-c, ctx_size) or fewer sequences")
+
     # -- graph ------------------------------------------------------------------------------
     def initialize(self) -> None:
+        self.checkMemory()
         self.registerCustomLayers()
         self.constructModel()
         model_props = [withKey("batch_size", self.BATCH_SIZE * self.rowsPerPrompt()),
@@ -261,9 +404,10 @@ class Transformer:
             self.model.initialize(ExecutionMode.INFERENCE)
         except MemoryError as e:
             raise CausalLMError(
-                f"{self.nntr_cfg.origin('num_to_generate')}: not enough memory for the KV cache "
-                f"and buffers of batch_size {self.BATCH_SIZE}, init_seq_len {self.INIT_SEQ_LEN} "
-                f"and num_to_generate {self.NUM_TO_GENERATE} ({e})") from None
+                f"not enough memory for the KV caches and buffers of {self.cacheRows()} "
+                f"sequence(s), a context of {self.MAX_SEQ_LEN} positions "
+                f"({self.contextSource()}) and a step of init_seq_len {self.INIT_SEQ_LEN} rows "
+                f"({e})") from None
         self.loader = WeightLoader(self.model, self.precision, type(self).__name__)
         self.is_initialized = True
 
@@ -390,7 +534,7 @@ class Transformer:
         values it computes differently (its windows, RoPE, scale, sinks) and keeps the rest:
 
             num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
-            max_timestep               INIT_SEQ_LEN + NUM_TO_GENERATE (the KV cache rows)
+            max_timestep               kvCacheRows(): MAX_SEQ_LEN, the context (setupContext)
             cache_dtype                kvCacheDtype()
             sliding_window             layerSlidingWindow(layer_id)
             rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
@@ -400,7 +544,7 @@ class Transformer:
         ``kind`` is "self" in a decoder-only model; an encoder-decoder also asks for "encoder"
         (bidirectional self-attention) and "cross" attention."""
         return {"num_heads": n_heads, "num_heads_kv": n_heads // self.GQA_SIZE,
-                "max_timestep": self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
+                "max_timestep": self.kvCacheRows(),
                 "sliding_window": self.layerSlidingWindow(layer_id),
                 "rope_theta": self.ROPE_THETA,
                 "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
@@ -408,6 +552,10 @@ class Transformer:
                 "is_causal": self.IS_CAUSAL,
                 "cache_dtype": self.kvCacheDtype(),
                 **self.ropeProperties()}
+
+    def kvCacheRows(self) -> int:
+        """mha_core ``max_timestep`` of a self-attention: the context, MAX_SEQ_LEN."""
+        return self.MAX_SEQ_LEN
 
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:

@@ -231,7 +231,8 @@ def test_interactive_offers_to_start_over_when_the_cache_is_full(monkeypatch):
 
     from causallm.chat import ChatSession, interactive
 
-    model, chat = tiny_model(init_seq_len=32, num_to_generate=16), ChatTemplate.fromFolder(TINY)
+    model = tiny_model(init_seq_len=32, num_to_generate=16, max_seq_len=48)
+    chat = ChatTemplate.fromFolder(TINY)
     session = ChatSession(model, chat)
     long_turn = "Explain the difference between lists, tuples, sets and dicts in detail."
     lines = iter(["What is a list?", long_turn, "y"])

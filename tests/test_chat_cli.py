@@ -85,10 +85,39 @@ def test_a_gguf_without_a_chat_template_is_refused_before_its_weights_are_read(t
         out, err = capsys.readouterr()
         assert rc == 2 and out == "", err
         assert err == (f"error: {flag}: {path} has no chat template (no tokenizer.chat_template "
-                       f"in the GGUF's metadata)\n")
+                       f"in the GGUF's metadata); give one with --chat-template-file FILE\n")
     rc = main.main([str(path), "hi", "-n", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "blk.1.attn_v.weight" in err and "NaN" in err, err
+
+
+def test_chat_template_file_gives_a_gguf_without_one_its_template(tmp_path, capsys):
+    """--chat-template-file (llama.cpp's flag): the template comes from the file and the special
+    tokens from the model, here a GGUF whose metadata has no tokenizer.chat_template: the
+    rendered BOS text is encoded to the file's BOS id (tokenizer.ggml.bos_token_id)."""
+    import gguf
+
+    path = os.path.join(ROOT, "tests", "fixtures", "gguf-llama-q8_0", "model.gguf")
+    bos = int(gguf.GGUFReader(path).fields["tokenizer.ggml.bos_token_id"].parts[-1][0])
+    template = tmp_path / "turns.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+                        "\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    rc = main.main([path, "hi", "--chat", "--chat-template-file", str(template), "-n", "2",
+                    "--greedy", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    record = json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+    assert record["prompt_ids"][0] == bos and record["prompt_ids"].count(bos) == 1
+    for args, message in (
+            (["--chat-template-file", str(template)], "error: --chat-template-file is the "
+                                                      "template of --chat or --interactive"),
+            (["--chat", "--chat-template-file", str(tmp_path / "none.jinja")],
+             f"error: {tmp_path / 'none.jinja'}: cannot read the chat template"),
+            (["--chat", "--chat-template-file", str(tmp_path)],
+             f"error: {tmp_path}: a folder, not a chat template file")):
+        rc = main.main([path, "hi", *args])
+        out, err = capsys.readouterr()
+        assert rc == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("args,message", [
@@ -201,7 +230,7 @@ def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
 @pytestmark_pty
 def test_interactive_ctrl_c_ends_the_reply_not_the_session():
     # a reply of up to 1500 tokens (this question runs to the limit): seconds to interrupt it
-    term = Terminal(TINY, "-i", "--greedy", "-n", "1500")
+    term = Terminal(TINY, "-i", "--greedy", "-n", "1500", "-c", "2048")
     term.read_until(rb"> ")
     term.type("Tell me about dictionaries.\n")
     term.read_until(rb"dictionaries\.\r?\n.")  # the reply has started streaming

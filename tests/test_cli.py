@@ -223,12 +223,12 @@ def test_nntr_config_settings_and_sample_input(capsys, tmp_path, monkeypatch):
 def test_prompt_longer_than_init_seq_len_is_prefilled_in_chunks(capsys, tmp_path):
     prompt, prompt_ids, tokens = expected()
     folder = copy_fixture(tmp_path)
-    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32)
+    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32, max_seq_len=40)
     P = len(prompt_ids)
     assert P > 8
     record = greedy(capsys, folder, prompt)
-    # the KV cache holds init_seq_len + num_to_generate = 40 rows: the prompt's 19 and 21 more,
-    # which give 22 new tokens (the last one is not fed back)
+    # the context (max_seq_len) is 40 positions: the prompt's 19 and 21 more, which give 22 new
+    # tokens (the last one is not fed back)
     assert record["generated_ids"] == tokens[:40 - P + 1]
     assert record["finish_reason"] == "cache_full"
 
@@ -250,25 +250,26 @@ def test_nntrainer_bin_weights_from_model_file_name(capsys, tmp_path):
 def test_cache_full_is_said_on_stderr_with_the_setting_to_raise(capsys, tmp_path):
     prompt, prompt_ids, _ = expected()
     folder = copy_fixture(tmp_path)
-    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32)
+    edit_json(folder / "nntr_config.json", init_seq_len=8, num_to_generate=32, max_seq_len=40)
     rc, out, err = run_main(capsys, folder, prompt, "--greedy")
     assert rc == 0, err
     n = 40 - len(prompt_ids) + 1  # as in the chunked-prefill test above
     notes = [line for line in err.splitlines() if line.startswith("[cache full]")]
     assert notes == [f"[cache full] stopped after {n} of 32 new tokens: the KV cache is full at "
-                     f"40 positions (init_seq_len 8 from {folder / 'nntr_config.json'} + "
-                     f"num_to_generate 32 from {folder / 'nntr_config.json'}); raise "
-                     f"init_seq_len in nntr_config.json to at least the prompt's length"]
-    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "-n", 30)
-    assert f"num_to_generate 30 from -n); raise init_seq_len" in err
+                     f"40 positions (the context, from max_seq_len in "
+                     f"{folder / 'nntr_config.json'}), shared by the prompt and the new tokens; "
+                     f"a longer context: -c (ctx_size, max_seq_len)"]
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "-n", 30, "-c", 32)
+    assert "[cache full] stopped after 14 of 30 new tokens: the KV cache is full at 32 " \
+        "positions (the context, from -c)" in err
     rc, out, err = run_main(capsys, GQA3, prompt, "--greedy", "-n", 8)
-    assert rc == 0 and "[cache full]" not in err  # the prompt fits init_seq_len: all 8 come
+    assert rc == 0 and "[cache full]" not in err  # the prompt fits the context: all 8 come
     gpt2 = os.path.join(FIXTURES, "gpt2-tied")  # GPT-2: its learned positions end first
-    rc, out, err = run_main(capsys, gpt2, "hello there", "--greedy", "-n", 200, "--json")
+    rc, out, err = run_main(capsys, gpt2, "hello there " * 20, "--greedy", "-n", 100, "--json")
     record = split_json(out)[1]
     n = len(record["generated_ids"])
     assert record["finish_reason"] == "cache_full" and n == 128 - len(record["prompt_ids"]) + 1
-    assert f"[cache full] stopped after {n} of 200 new tokens: the model has n_positions = 128 " \
+    assert f"[cache full] stopped after {n} of 100 new tokens: the model has n_positions = 128 " \
         f"learned positions ({os.path.join(gpt2, 'config.json')}), prompt and new tokens " \
         f"together" in err.splitlines()
 
@@ -319,8 +320,11 @@ BAD_INPUTS = {
     "bad value type": (lambda d: _config(d, num_hidden_layers="three"), ["hi"],
                        ["config.json", "num_hidden_layers", "integer"]),
     "prompt longer than the cache": (
-        lambda d: edit_json(d / "nntr_config.json", init_seq_len=4, num_to_generate=4),
-        [expected()[0]], ["19", "8", "init_seq_len"]),
+        lambda d: edit_json(d / "nntr_config.json", init_seq_len=4, num_to_generate=4,
+                            max_seq_len=8),
+        [expected()[0]], ["19", "8", "max_seq_len", "-c"]),
+    "prompt longer than -c": (None, [expected()[0], "-c", "8", "-n", "4"],
+                              ["19", "holds 8", "from -c"]),
     "truncated safetensors": (lambda d: _truncate(d / "model.safetensors", 5000), ["hi"],
                               ["model.safetensors"]),
     "extra and missing tensor": (
@@ -357,8 +361,17 @@ BAD_INPUTS = {
                                   ["num_return_sequences 3", "num_beams 2"]),
     "--greedy with beams": (None, ["hi", "--greedy", "--num-beams", "3"], ["--greedy"]),
     "beam sampling": (None, ["hi", "--num-beams", "2", "--temp", "0.7"], ["beam sampling"]),
-    "-n beyond what the cache can index": (None, ["hi", "-n", "5000000000"],
-                                           ["-n (num_to_generate)", "init_seq_len", "5000000000"]),
+    "-n beyond the context": (None, ["hi", "-n", "300"],
+                              ["-n 300 is more than the context: 256 positions",
+                               "max_position_embeddings in config.json", "-c"]),
+    "-n beyond -c": (None, ["hi", "-n", "5000000000", "-c", "64"],
+                     ["-n 5000000000", "64 positions (-c)"]),
+    "-c 0": (None, ["hi", "-c", "0"], ["-c must be at least 1"]),
+    "-c beyond what the cache can index": (None, ["hi", "-c", "5000000000"],
+                                           ["-c (max_seq_len)", "5000000000"]),
+    "-c beyond the memory": (None, ["hi", "-c", str(2**31)],
+                             ["not enough memory", "context of 2147483648 positions (-c)",
+                              "GiB", "available"]),
     "architectures a string": (lambda d: _config(d, architectures="LlamaForCausalLM"), ["hi"],
                                ["config.json", "'architectures' must be a list",
                                 "'LlamaForCausalLM'"]),
@@ -367,7 +380,7 @@ BAD_INPUTS = {
         ["nntr_config.json", "'model_tensor_type' must be one of", "'FP99-FP32'"]),
     "sys_prompt_token_size beyond the cache (first run)": (
         lambda d: edit_json(d / "nntr_config.json", init_seq_len=16, num_to_generate=8,
-                            system_prompt={"head_prompt": "Be brief. ", "kvcache": {
+                            max_seq_len=24, system_prompt={"head_prompt": "Be brief. ", "kvcache": {
                                 "pre_computed_cache_path": "sys.cache",
                                 "sys_prompt_token_size": 100}}),
         ["hi"], ["nntr_config.json", "system_prompt.kvcache.sys_prompt_token_size",
@@ -417,17 +430,56 @@ def test_error_through_subprocess_and_debug_traceback(tmp_path):
     assert "Traceback (most recent call last)" in p.stderr and "config.json" in p.stderr
 
 
-def test_out_of_memory_names_the_flag_that_set_num_to_generate(capsys, monkeypatch):
+def test_out_of_memory_names_the_flag_that_set_the_context(capsys, monkeypatch):
     from causallm.runtime.graph import Model
 
     def no_memory(self, mode=None):
         raise MemoryError("Unable to allocate 59.6 GiB")
     monkeypatch.setattr(Model, "initialize", no_memory)
-    rc, out, err = run_main(capsys, GQA3, "hi", "-n", 1000000000)
+    rc, out, err = run_main(capsys, GQA3, "hi", "-c", 100000)
     assert rc == 2 and out == ""
-    assert err.startswith("error: -n: not enough memory for the KV cache and buffers of "
-                          "batch_size 1, init_seq_len ") and "num_to_generate 1000000000" in err
+    assert err.startswith("error: not enough memory for the KV caches and buffers of 1 "
+                          "sequence(s), a context of 100000 positions (-c) and a step of "
+                          "init_seq_len "), err
     assert len(err.splitlines()) == 1
+
+
+def _limited_run(*args, limit=3 << 30):
+    """main.py under RLIMIT_AS ``limit`` bytes of address space: (CompletedProcess, the
+    child's peak RSS in KiB, from its own getrusage written to fd 3)."""
+    import resource
+
+    code = ("import resource, runpy, sys, os\n"
+            f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
+            "sys.argv = ['main.py', *sys.argv[1:]]\n"
+            "try:\n"
+            "    runpy.run_path('main.py', run_name='__main__')\n"
+            "finally:\n"
+            "    sys.stderr.write(f'[rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}]\\n')\n")
+    del resource
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    lines = p.stderr.splitlines()
+    rss = int(lines[-1][len("[rss "):-1])
+    p.stderr = "".join(line + "\n" for line in lines[:-1])
+    return p, rss
+
+
+@pytest.mark.parametrize("flag", ["-n", "-c"])
+def test_huge_n_or_context_is_refused_before_anything_is_allocated(flag):
+    """-n 20000000 used to size the KV caches and RoPE tables (12.6 GB before an error): the
+    context (-c, default the model's own at most 4096) sizes them, -n beyond it is refused,
+    and a context whose caches exceed the memory (here the address space a ulimit leaves) is
+    refused with the bytes, all before the graph is built."""
+    p, rss = _limited_run(GQA3, "hi", flag, 20000000)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    line, = p.stderr.splitlines()
+    if flag == "-n":
+        assert line.startswith("error: -n 20000000 is more than the context: 256 positions")
+    else:
+        assert line.startswith("error: not enough memory for a context of 20000000 positions "
+                               "(-c): ") and "available" in line
+    assert rss < 1 << 20, rss  # KiB: well under a GiB (the imports take about 150 MB)
 
 
 def test_options_may_come_before_between_and_after_the_arguments():

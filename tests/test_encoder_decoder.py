@@ -32,7 +32,7 @@ def model(tmp_path_factory):
     shutil.copy(os.path.join(FIXTURES, "t5-flan-short", "tokenizer.json"), folder)
     json.dump(CONFIG, open(folder / "config.json", "w"))
     cfg, gen, nntr = load_model_configs(str(folder))
-    nntr.update(init_seq_len=16, num_to_generate=12)
+    nntr.update(init_seq_len=16, num_to_generate=12, max_seq_len=12)
     m = EncoderDecoder(cfg, gen, nntr)
     m.initialize()
     rng = np.random.default_rng(0)

@@ -629,10 +629,12 @@ def _transformer_from_config(config):
     base = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 131072}
     cfg = JsonConfig({**base, **config}, "/nowhere/config.json")
-    nntr = JsonConfig({"init_seq_len": 4, "num_to_generate": 60}, "/nowhere/nntr_config.json")
+    nntr = JsonConfig({"init_seq_len": 4, "num_to_generate": 60, "max_seq_len": 64},
+                      "/nowhere/nntr_config.json")
     model = Transformer.__new__(Transformer)
     model.cfg, model.nntr_cfg = cfg, nntr
     model.setupParameters(cfg, JsonConfig({}, "/nowhere/generation_config.json", exists=False), nntr)
+    model.setupContext(nntr)
     return model
 
 

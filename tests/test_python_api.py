@@ -143,7 +143,10 @@ def test_bad_calls_are_one_line_errors(gqa3, tiny):
     with pytest.raises(CausalLMError, match="not an embedding model"):
         gqa3.embed("hi")
     with pytest.raises(CausalLMError, match="KV cache holds"):
-        tiny.generate("word " * 400)
+        tiny.generate("word " * 1000)
+    with pytest.raises(CausalLMError, match="max_new_tokens 513 is more than the context: 512 "
+                                            "positions"):
+        tiny.generate("hi", max_new_tokens=513)
     with pytest.raises(CausalLMError, match="not a model folder"):
         causallm.load(os.path.join(FIXTURES, "no-such-model"))
     assert tiny.generate("hi", max_new_tokens=2)  # still usable after its errors
@@ -233,6 +236,42 @@ def test_a_keyword_option_is_named_in_its_error():
     with pytest.raises(CausalLMError) as e:  # a command-line flag keeps its name
         causallm.loader.create(TINY, flags={"num_to_generate": "-n"}, num_to_generate=0)
     assert str(e.value) == "-n (num_to_generate) must be an integer >= 1, got 0"
+
+
+def test_ctx_size_sizes_the_context_and_what_exceeds_it_is_refused_before_allocating():
+    """ctx_size is the context (the KV cache rows), over nntr_config's max_seq_len; new tokens
+    beyond it and a context beyond the memory are refused by load(), naming the keyword, before
+    the graph is built; a call's max_new_tokens is checked against it."""
+    small = causallm.load(TINY, ctx_size=64)
+    assert small.context_length == 64
+    cache = small.model.model.getKVCaches("self")[0]
+    assert cache.key.shape[2] == 64
+    assert small.complete("hi", max_new_tokens=64, greedy=True).finish_reason in ("stop",
+                                                                                  "length")
+    with pytest.raises(CausalLMError, match="max_new_tokens 65 is more than the context: 64"):
+        small.generate("hi", max_new_tokens=65)
+    with pytest.raises(CausalLMError, match=r"^num_to_generate 20000000 is more than the "
+                                            r"context: 512 positions \(max_seq_len in "):
+        causallm.load(TINY, num_to_generate=20000000)
+    with pytest.raises(CausalLMError, match=r"^num_to_generate 100 is more than the context: "
+                                            r"64 positions \(ctx_size\)"):
+        causallm.load(TINY, ctx_size=64, num_to_generate=100)
+    with pytest.raises(CausalLMError, match=r"^not enough memory for a context of 2147483648 "
+                                            r"positions \(ctx_size\): .* GiB"):
+        causallm.load(TINY, ctx_size=2**31)
+    for bad in (0, -1, 1.5, "64", True):
+        with pytest.raises(CausalLMError, match="ctx_size must be an integer >= 1"):
+            causallm.load(TINY, ctx_size=bad)
+
+
+def test_a_gguf_without_a_chat_template_says_what_a_gguf_lacks():
+    """Chat messages to a GGUF whose metadata has no template: the message names the GGUF's key,
+    not the files of a Hugging Face folder."""
+    model = causallm.load(os.path.join(FIXTURES, "gguf-llama-q8_0", "model.gguf"))
+    with pytest.raises(CausalLMError, match=r"has no chat template \(no tokenizer\.chat_template "
+                                            r"in the GGUF's metadata\)") as e:
+        model.generate([{"role": "user", "content": "hi"}])
+    assert "tokenizer_config.json" not in str(e.value)
 
 
 def test_embed_gives_sentence_transformers_embeddings():

@@ -77,7 +77,7 @@ def test_out_of_memory_buffers_are_a_one_line_user_error(tmp_path, capsys, monke
     folder = model_dir(tmp_path, None, {"init_seq_len": 4})
     code, _, err = run_cli(capsys, [folder, "hello", "-n", "5"])
     assert code == 2
-    assert "num_to_generate 5" in err and len(err.strip().splitlines()) == 1
+    assert "a context of 256 positions" in err and len(err.strip().splitlines()) == 1
 
 
 def test_generate_tokens_rejects_zero_new_tokens():

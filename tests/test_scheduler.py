@@ -117,7 +117,8 @@ def test_a_cached_prefix_is_reused_and_gives_the_same_logits():
 
 
 def test_cancelled_requests_free_their_slot_and_the_queue_is_bounded():
-    model = load_folder("llama-gqa3", init_seq_len=8, num_to_generate=40, slots=1)
+    model = load_folder("llama-gqa3", init_seq_len=8, num_to_generate=40, max_seq_len=48,
+                        slots=1)
     scheduler = Scheduler(model, max_queue=1)
     settings = model.generationSettings(False)
     prompt = reference("llama-gqa3", 0)[0]

@@ -81,8 +81,9 @@ def stop_server(proc):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # a KV cache of 256 + 1500 positions: room for a generation long enough to drop mid-way
-    proc, url = start_server(TINY, tmp_path_factory.mktemp("serve") / "server.log", "-n", "1500")
+    # a context of 1800 positions: room for a generation long enough to drop mid-way
+    proc, url = start_server(TINY, tmp_path_factory.mktemp("serve") / "server.log", "-n", "1500",
+                             "-c", "1800")
     yield url
     stop_server(proc)
 
@@ -487,6 +488,24 @@ def test_serve_without_the_extra_names_it(tmp_path):
     assert "causallm[serve]" in p.stderr and len(p.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args,message", [
+    (("-n", "20000000"), "error: -n 20000000 is more than the context: 512 positions (max_seq_len "
+                         "in "),
+    (("-c", "0"), "error: -c must be at least 1"),
+    (("-c", "64", "-n", "65"), "error: -n 65 is more than the context: 64 positions (-c)"),
+    (("--parallel", "100000", "-c", "100000"),
+     "error: not enough memory for a context of 100000 positions (-c; 100000 slots (--parallel, "
+     "slots)): the KV caches of 100000 sequence(s) x 100000 positions x 3072 bytes"),
+])
+def test_serve_refuses_what_exceeds_the_context_or_the_memory_before_loading(capsys, args,
+                                                                             message):
+    """What the KV caches would hold (the context, new tokens, slots) is checked before the
+    graph is built or a weight read, and refused in one line naming the flag."""
+    rc = main.main(["serve", TINY, *args])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, err
+
+
 # ------------------------------------------------------------------------------ many users
 def metrics(url) -> dict:
     """/metrics' samples: {name: value}, checking the text format's HELP/TYPE lines."""
@@ -539,8 +558,8 @@ def test_a_resent_conversation_prefills_only_its_new_turn(client, local):
 def test_a_full_queue_is_503_and_the_server_keeps_serving(tmp_path, local):
     """One slot and no queue: a request that comes while a generation holds the slot is
     refused at once (503, Retry-After), and served once the slot is free."""
-    proc, url = start_server(TINY, tmp_path / "server.log", "-n", "1500", "--parallel", "1",
-                             "--queue", "0")
+    proc, url = start_server(TINY, tmp_path / "server.log", "-n", "1500", "-c", "1800",
+                             "--parallel", "1", "--queue", "0")
     try:
         busy = None
         for _ in range(5):  # in case the 1500 tokens are done before the request comes
@@ -857,7 +876,8 @@ def test_ctrl_c_stops_the_streams_in_flight_and_exits(tmp_path, model_dir, signa
     """SIGINT while a long answer streams: the stream ends with a shutdown error event and
     the process exits 130 without a traceback (uvicorn alone would wait for the answer); a
     second SIGINT right after ends it at once."""
-    proc, url = start_server(model_dir, tmp_path / "server.log", "-n", "1500")
+    context = ("-c", "1800") if model_dir == TINY else ()  # the decoder-only's context
+    proc, url = start_server(model_dir, tmp_path / "server.log", "-n", "1500", *context)
     try:
         with httpx.Client(timeout=60) as c:
             with c.stream("POST", url + "/v1/completions", json={**LONG, "stream": True}) as r:

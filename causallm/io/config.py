@@ -25,7 +25,7 @@ NNTR_DEFAULTS: dict[str, Any] = {
     "model_tensor_type": "FP32-FP32",
     "batch_size": 1,
     "init_seq_len": 2048,       # rows of the step buffer: the longest prefill chunk
-    "num_to_generate": 512,     # new tokens; the KV cache holds init_seq_len + num_to_generate
+    "num_to_generate": 512,     # new tokens by default, within the context (max_seq_len)
     "embedding_dtype": "FP32",
     "fc_layer_dtype": "FP32",
     "bad_word_ids": [],
@@ -33,8 +33,11 @@ NNTR_DEFAULTS: dict[str, Any] = {
     "fsu": False,
     "fsu_lookahead": 1,
 }
-"""nntr_config.json defaults. ``max_seq_len`` defaults to init_seq_len + num_to_generate,
-``lmhead_dtype`` to embedding_dtype, and ``model_file_name`` to the folder's safetensors."""
+"""nntr_config.json defaults. ``max_seq_len`` (the context: the positions of a sequence, prompt
+and new tokens together; the KV cache rows) defaults to the model's own context at most 4096
+(models/transformer.py, ``setupContext``), ``init_seq_len`` is at most the context,
+``lmhead_dtype`` defaults to embedding_dtype, and ``model_file_name`` to the folder's
+safetensors."""
 
 NNTR_KEYS = frozenset((
     "model_type", "model_tensor_type", "model_file_name", "module_config_path",

@@ -117,13 +117,14 @@ class GPT2Transformer(LayerNormTransformer):
                                                             False)
         if cfg.get_bool("add_cross_attention", False):
             raise cfg.error("add_cross_attention", "false (cross-attention needs an encoder)")
-        # KV cache rows: a position past n_positions has no learned embedding
-        self.MAX_TIMESTEP = min(self.INIT_SEQ_LEN + self.NUM_TO_GENERATE,
-                                self.MAX_POSITION_EMBEDDINGS)
 
-    def kvCacheRows(self) -> int:
-        """mha_core ``max_timestep``: MAX_TIMESTEP (positions stop at n_positions)."""
-        return self.MAX_TIMESTEP
+    def contextLength(self) -> tuple[int, str]:
+        return self.MAX_POSITION_EMBEDDINGS, f"n_positions in {self.cfg.name}"
+
+    def positionLimit(self) -> int:
+        """n_positions: a position past them has no learned embedding, so the context (the KV
+        cache rows) is at most that."""
+        return self.MAX_POSITION_EMBEDDINGS
 
     def attentionScalar(self, layer_id: int) -> float:
         """mha_core ``query_pre_attn_scalar`` a (scores are scaled by a^-1/2): head_dim, or 1
@@ -174,15 +175,10 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
     The cooperative ``super()`` chain runs GPT2CausalLM -> CausalLM -> GPT2Transformer ->
     Transformer, as the C++ diamond of the other families does."""
 
-    @property
-    def max_timestep(self) -> int:
-        """Positions a run can use: the KV cache rows, at most n_positions."""
-        return self.MAX_TIMESTEP
-
     def cacheLimit(self) -> str:
-        """CausalLM.cacheLimit, unless the learned positions end first (no setting raises
+        """CausalLM.cacheLimit, unless the learned positions end there (no setting raises
         those)."""
-        if self.MAX_TIMESTEP < self.INIT_SEQ_LEN + self.NUM_TO_GENERATE:
+        if self.max_timestep == self.MAX_POSITION_EMBEDDINGS:
             return (f"the model has n_positions = {self.MAX_POSITION_EMBEDDINGS} learned "
                     f"positions ({self.cfg.path}), prompt and new tokens together")
         return super().cacheLimit()
