@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
+from causallm.io.config import list_folder
 from causallm.io.files import atomic_write
 from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
 from causallm.io.weight_check import check_weight
@@ -74,8 +75,12 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as f:
+        try:
+            size = os.path.getsize(self.path)
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise CausalLMError(f"{self.path}: cannot read ({e.strerror or e})") from None
+        with f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             if not 2 <= n <= min(_MAX_HEADER, size - 8):
@@ -259,7 +264,7 @@ class Checkpoint:
         elif os.path.isfile(index):
             self._sharded(index)
         else:
-            found = sorted(f for f in os.listdir(self.folder) if f.endswith(".safetensors"))
+            found = sorted(f for f in list_folder(self.folder) if f.endswith(".safetensors"))
             if not found:
                 raise CausalLMError(f"{self.folder}: no model.safetensors or "
                                     "model.safetensors.index.json")
