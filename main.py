@@ -14,6 +14,7 @@ one line ``error: ...`` on stderr and exit status 2 (``--debug`` shows the trace
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import stat
 import sys
@@ -25,6 +26,29 @@ WEIGHT_FORMATS = ["FP32", "BF16", "FP16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"
                   "Q6_K"]
 """``--dtype``'s choices: models/transformer.py's WEIGHT_FORMATS, spelled out so that parsing
 the command line imports no kernel."""
+USER_ERRNOS = frozenset((errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.ENOTDIR,
+                         errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS))
+"""An OSError of these on a named path is the user's files (unreadable, a folder where a file
+should be, ...): ``error: PATH: why``, status 2, wherever no closer check names it first."""
+
+
+def version() -> str:
+    """The package's version: the ``[project]`` version of a source tree's pyproject.toml (beside
+    this file; read with tomllib, Python 3.11+), else the installed distribution's metadata,
+    else "unknown"."""
+    try:
+        import tomllib
+
+        with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (ImportError, OSError, ValueError, KeyError, TypeError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("causallm")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,10 +61,15 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(
-        prog="causallm", description="Run an NNTrainer-style CausalLM on a model folder.",
+        prog="causallm",
+        usage="causallm [MODEL_DIR] [PROMPT] [options]\n       causallm serve MODEL_DIR [options]",
+        description="Run an NNTrainer-style CausalLM on a model folder. To serve it over an "
+                    "OpenAI-compatible HTTP API instead: causallm serve MODEL_DIR (causallm serve "
+                    "--help).",
         epilog="Sampling defaults come from generation_config.json; --temp/--top-k/--top-p/"
                "--min-p/--typical-p switch sampling on (--temp 0 means greedy); --greedy forces "
-               "greedy decoding.")
+               "greedy decoding. In -i, /help lists the chat's commands.")
+    p.add_argument("--version", action="version", version=f"causallm {version()}")
     p.add_argument("model_dir", nargs="?", default=DEFAULT_MODEL_DIR,
                    help="model folder or .gguf file (default: the embedded res/tiny-llama)")
     p.add_argument("prompt", nargs="?", default=None,
@@ -168,13 +197,9 @@ def _stdin_is_input() -> bool:
 
 def _utf8(raw: bytes, what: str) -> str:
     """``raw`` decoded as UTF-8, or a one-line error naming the first invalid byte."""
-    from causallm.errors import CausalLMError
+    from causallm.errors import utf8
 
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CausalLMError(f"{what} is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset "
-                            f"{e.start}") from None
+    return utf8(raw, what)
 
 
 def _arg_text(text: str, what: str) -> str:
@@ -220,6 +245,19 @@ def read_prompt(args: argparse.Namespace) -> str | None:
     return None if args.prompt is None else _arg_text(args.prompt, "PROMPT")
 
 
+def _warn_threads(args: argparse.Namespace) -> None:
+    """One warning line when -t asks for more threads than numba may run (NUMBA_NUM_THREADS,
+    every core by default): the count is lowered to that."""
+    if args.threads is None:
+        return
+    import numba
+
+    most = numba.config.NUMBA_NUM_THREADS
+    if args.threads > most:
+        sys.stderr.write(f"warning: -t {args.threads}: at most {most} threads here "
+                         f"(NUMBA_NUM_THREADS, every core by default); using {most}\n")
+
+
 def _short(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     rel = os.path.relpath(path)
@@ -252,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
     given_prompt = read_prompt(args)
     if args.system is not None:
         args.system = _arg_text(args.system, "--system")
+    if args.stop is not None:
+        args.stop = [_arg_text(text, "--stop") for text in args.stop]
+    _warn_threads(args)
     error = model_path_error(args.model_dir)
     if error:
         hint = (f"; to prompt the default model, pass its folder first: "
@@ -279,12 +320,13 @@ def run(args: argparse.Namespace) -> int:
         system = nntr_cfg.get_dict("system_prompt")
         head_prompt = system.get_str("head_prompt", "")
         tail_prompt = system.get_str("tail_prompt", "")
-    if args.system is not None:
-        head_prompt = args.system
+    if args.system is not None:  # a line of its own before the prompt, unless it ends one
+        head_prompt = args.system if not args.system or args.system[-1].isspace() else \
+            f"{args.system}\n"
 
-    prompt = given_prompt
+    prompt, prompt_source = given_prompt, None
     if prompt is None and not args.interactive and nntr_cfg.contains("chat_input"):  # main.cpp 6
-        prompt = model.chatPrompt(nntr_cfg.get_dict("chat_input"))
+        prompt, prompt_source = model.chatPrompt(nntr_cfg.get_dict("chat_input")), "chat_input"
         if prompt is None:
             sys.stderr.write(f"[Warning] 'chat_input' is set but support for model architecture "
                              f"'{model.architecture}' is not implemented. Falling back to "
@@ -293,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         if not nntr_cfg.contains("sample_input"):
             raise CausalLMError(f"no prompt: pass one after the model folder or set "
                                 f"'sample_input' in {nntr_cfg.path}")
-        prompt = nntr_cfg.get_str("sample_input")
+        prompt, prompt_source = nntr_cfg.get_str("sample_input"), "sample_input"
 
     schema, schema_source = read_json_schema(args.json_schema) if args.json_schema else \
         (None, None)
@@ -319,7 +361,13 @@ def run(args: argparse.Namespace) -> int:
     if args.interactive:
         from causallm.chat import ChatSession, interactive
 
-        return interactive(ChatSession(model, chat, args.system, args.max_new_tokens))
+        banner = (f"causallm {version()}: {_short(args.model_dir)} ({model.architecture}), chat "
+                  f"template from {_short(chat.source)}")
+        session = ChatSession(model, chat, args.system, args.max_new_tokens)
+        return interactive(session, banner=banner)
+    if prompt_source is not None:  # the user gave none: say which text the output continues
+        sys.stderr.write(f"[prompt: {prompt_source} of {_short(nntr_cfg.path)}] {prompt}\n")
+        sys.stderr.flush()
     if chat is not None:
         result = model.run(prompt_text, None, log_output=True, add_special_tokens=False)
     else:
@@ -395,6 +443,12 @@ def serve(args: argparse.Namespace) -> int:
         raise CausalLMError("--parallel must be at least 1")
     if args.queue < 0:
         raise CausalLMError("--queue must be at least 0")
+    args.host = _arg_text(args.host, "--host")
+    if args.model_name is not None:
+        args.model_name = _arg_text(args.model_name, "--model-name")
+        if not args.model_name.strip():
+            raise CausalLMError("--model-name needs a non-empty name")
+    _warn_threads(args)
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -476,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(e, CausalLMError):
             sys.stderr.write(f"error: {e}\n")
+            return 2
+        if isinstance(e, OSError) and e.filename is not None and e.errno in USER_ERRNOS:
+            sys.stderr.write(f"error: {e.filename}: {e.strerror}\n")  # a path the run was given
             return 2
         sys.stderr.write(f"error: {type(e).__name__}: {e} (run with --debug for the traceback)\n")
         return 1

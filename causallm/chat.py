@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from causallm.errors import CausalLMError
+from causallm.errors import CausalLMError, utf8
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                       "cls_token", "mask_token")
@@ -425,55 +425,141 @@ class Turn:
         return f"[{head}, {tps} TPS{full}]"
 
 
-def interactive(session: ChatSession, out=None, err=None) -> int:
-    """The terminal chat: read a line per user turn after the prompt ``> `` and stream the
-    reply, then one line on ``err`` with the turn's prefill (new tokens of the whole prompt
-    and those reused from the cache) and generation. Ctrl-C during a reply ends the reply,
-    at the prompt it clears the line; Ctrl-D (end of input) ends the session (returns 0). A
-    turn that would overflow the KV cache offers to start over without the history."""
+COMMANDS = (("/help", "this list"),
+            ("/clear", "forget the conversation (the system message stays)"),
+            ("/bye", "leave (also /exit, /quit, or Ctrl-D)"))
+"""The chat's commands: a line that is one of them (or /exit, /quit) is not sent to the model."""
+LEAVE = ("/bye", "/exit", "/quit")
+
+
+class _Tail:
+    """A text stream that remembers whether what was written to it ends a line."""
+
+    def __init__(self, out) -> None:
+        self.out, self.ends_line = out, True
+
+    def write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.ends_line = text.endswith("\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def interactive(session: ChatSession, out=None, err=None, banner: str | None = None,
+                terminal: bool | None = None) -> int:
+    """The chat of ``main.py -i``: one user turn per line of stdin, the reply streamed to ``out``
+    and ended with a newline, then the turn's statistics as a line of their own on ``err``: its
+    prefill (new tokens of the whole prompt and those reused from the cache) and generation.
+
+    On a terminal (``terminal``, default: stdin is a tty) ``banner`` and a line on how to use
+    the chat go to ``err`` first and each turn is read after the prompt ``> ``; from a pipe or a
+    file there is neither, so ``out`` holds the replies alone. The lines in ``COMMANDS`` are
+    commands, not turns (``//`` starts a turn with ``/``; another ``/word`` is refused). A line
+    that is not UTF-8, or a turn the model refuses (a conversation too long for the KV cache),
+    is one ``error: ...`` line on ``err``, and the session goes on with the next line. Ctrl-C
+    during a reply ends the reply, at the prompt it clears the line; Ctrl-D (end of input) or
+    /bye ends the session. Returns 0, or 2 when any line or turn was refused (not answered).
+    On a terminal a turn that would overflow the KV cache offers to start over without the
+    history; elsewhere it is refused."""
     import sys
 
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:  # pragma: no cover - platforms without it
-        pass
+    if terminal is None:
+        terminal = bool(getattr(sys.stdin, "isatty", lambda: False)())
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:  # bytes that are not UTF-8 reach the check below, not input()
+        reconfigure(encoding="utf-8", errors="surrogateescape")
+    if terminal:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - platforms without it
+            pass
+        if banner:
+            err.write(banner + "\n")
+        err.write("Type a message and press Enter; /help lists the commands, /bye or Ctrl-D "
+                  "leaves, Ctrl-C stops a reply.\n")
+        err.flush()
+    status, lines = 0, 0
 
     def ask(prompt: str) -> str | None:
         """A line of input; None at the end of input, "" after Ctrl-C."""
         try:
-            return input(prompt)
+            return input(prompt if terminal else "")
         except EOFError:
             return None
         except KeyboardInterrupt:
             out.write("\n")
             return ""
 
+    def refuse(message: str) -> None:
+        nonlocal status
+        err.write(f"error: {message}\n")
+        err.flush()
+        status = 2
+
     while True:
         text = ask("> ")
         if text is None:
-            out.write("\n")
+            if terminal:
+                out.write("\n")
             out.flush()
-            return 0
-        if not text.strip():
-            continue
+            return status
+        lines += 1
         try:
-            turn = session.reply(text, out)
+            text = utf8(text.encode("utf-8", "surrogateescape"), f"input line {lines}")
         except CausalLMError as e:
-            err.write(f"error: {e}\n")
-            if len(session.messages) <= len(session.system):
+            refuse(f"{e}; the line is skipped")
+            continue
+        command = text.strip()
+        if not command:
+            continue
+        if command.lower() in LEAVE:
+            out.flush()
+            return status
+        if command.lower() == "/help":
+            out.write("".join(f"{name:<8}{what}\n" for name, what in COMMANDS)
+                      + "//TEXT  send TEXT starting with '/'\n"
+                      "Ctrl-C stops a reply; at the prompt it clears the line.\n")
+            out.flush()
+            continue
+        if command.lower() == "/clear":
+            session.reset()
+            err.write("[the conversation is cleared]\n")
+            err.flush()
+            continue
+        if command.startswith("//"):
+            text = text.replace("//", "/", 1)
+        elif command.startswith("/") and command[1:2].isalpha():
+            refuse(f"unknown command {command.split()[0]} (/help lists the commands; // starts "
+                   f"a message with /)")
+            continue
+        stream = _Tail(out)
+        try:
+            turn = session.reply(text, stream)
+        except CausalLMError as e:
+            if not stream.ends_line:
+                out.write("\n")
+            if not terminal or len(session.messages) <= len(session.system):
+                refuse(str(e))
                 continue
+            err.write(f"error: {e}\n")
+            err.flush()
             answer = ask("start over without the history? [y/N] ")
+            lines += answer is not None
             if answer is None or answer.strip().lower() not in ("y", "yes"):
+                status = 2  # the turn is dropped
                 continue
             session.reset()
+            stream = _Tail(out)
             try:
-                turn = session.reply(text, out)
+                turn = session.reply(text, stream)
             except CausalLMError as e:
-                err.write(f"error: {e}\n")
+                refuse(str(e))
                 continue
-        if turn.result is None:
+        if not stream.ends_line or turn.result is None:  # after Ctrl-C's ^C too
             out.write("\n")
-            out.flush()
+        out.flush()
         err.write(turn.summary() + "\n")
         err.flush()

@@ -7,3 +7,13 @@ the CLI prints it as ``error: <message>`` and exits with status 2.
 
 class CausalLMError(ValueError):
     """A user-facing error with a one-line message."""
+
+
+def utf8(raw: bytes, what: str) -> str:
+    """``raw`` decoded as UTF-8, or a CausalLMError naming ``what`` and its first invalid byte
+    (``PROMPT is not valid UTF-8: byte 0xe9 at offset 3``)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CausalLMError(f"{what} is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset "
+                            f"{e.start}") from None

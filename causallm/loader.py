@@ -388,6 +388,8 @@ class LoadedModel:
                 ids = self._encode_turn(prompt, tools, reply_prefix)
                 model = self.model
                 settings = model.generationSettings()
+                if max_new_tokens is not None:  # the caller's number: max_length yields
+                    settings.max_length = None
                 n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
             finally:
                 for key, value in self._defaults.items():

@@ -46,7 +46,7 @@ APPLIED_GENERATION_KEYS = frozenset((
     "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "num_beams",
     "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
     "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
-    "bad_words_ids", "renormalize_logits", "stop_strings", "max_new_tokens"))
+    "bad_words_ids", "renormalize_logits", "stop_strings", "max_new_tokens", "max_length"))
 """The generation_config.json keys generation applies (the one list: docs/cli.md shows it)."""
 
 METADATA_GENERATION_KEYS = frozenset((
@@ -102,6 +102,14 @@ class LanguageModel(Transformer):
         self.FREQUENCY_PENALTY = 0.0
         self.RESPONSE_FORMAT = None   # a compiled response format (structured output), or None
         self.readSearchParameters(cfg, generation_cfg)
+        # max_length (prompt and new tokens together; an encoder-decoder's decoder tokens, its
+        # start token included) caps the new tokens as in transformers, where it binds: when
+        # nothing sets their number (nntr_config num_to_generate, -n, generation_config's
+        # max_new_tokens, a call's max_new_tokens), which transformers' max_new_tokens overrides
+        self.MAX_LENGTH = None
+        if generation_cfg.get("max_length") is not None and not (
+                nntr_cfg.contains("num_to_generate") or generation_cfg.contains("max_new_tokens")):
+            self.MAX_LENGTH = generation_cfg.get_int("max_length", minimum=1)
         self.config_warnings = unappliedKeyWarnings(generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()
@@ -232,7 +240,7 @@ class LanguageModel(Transformer):
             length_penalty=self.LENGTH_PENALTY, early_stopping=self.EARLY_STOPPING,
             num_return_sequences=self.NUM_RETURN_SEQUENCES,
             renormalize_logits=self.RENORMALIZE_LOGITS, seed=self.SEED,
-            response_format=self.RESPONSE_FORMAT)
+            max_length=self.MAX_LENGTH, response_format=self.RESPONSE_FORMAT)
 
     def samples(self, do_sample: bool) -> bool:
         """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of
@@ -253,6 +261,8 @@ class LanguageModel(Transformer):
         prompt's image tokens, for this generation only."""
         self.requireWeights("generate")
         settings = self.generationSettings(do_sample)
+        if max_new_tokens is not None:  # the caller's number of new tokens: max_length yields
+            settings.max_length = None
         search = BeamSearch if settings.num_beams > 1 else Generator
         if images is not None:
             self.setImages(images)

@@ -245,8 +245,10 @@ def test_interactive_offers_to_start_over_when_the_cache_is_full(monkeypatch):
 
     monkeypatch.setattr("builtins.input", fake_input)
     out, err = io.StringIO(), io.StringIO()
-    assert interactive(session, out, err) == 0
+    assert interactive(session, out, err, terminal=True) == 0  # the turn was answered
     log = err.getvalue().splitlines()
+    assert log[0].startswith("Type a message")  # the banner's usage line, on a terminal
+    log = log[1:]
     assert log[1].startswith("error: the conversation has ") and "48 positions" in log[1]
     assert log[2].startswith("[prefill ") and "(0 from the cache)" in log[2]  # started over
     assert [m["role"] for m in session.messages] == ["user", "assistant"]

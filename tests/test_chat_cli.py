@@ -208,11 +208,51 @@ class Terminal:
 pytestmark_pty = pytest.mark.skipif(os.name != "posix", reason="needs a POSIX pseudo-terminal")
 
 
+def run_piped(stdin: bytes, *args):
+    """``python main.py res/tiny-llama -i --greedy -n 6 *args`` with ``stdin`` piped in."""
+    return subprocess.run([sys.executable, "main.py", TINY, "-i", "--greedy", "-n", "6", *args],
+                          cwd=ROOT, input=stdin, capture_output=True, timeout=300)
+
+
+def test_interactive_from_a_pipe_skips_a_line_that_is_not_utf8_and_goes_on():
+    """Piped in: no banner and no prompt, stdout the replies alone, each ending its line; a
+    line that is not UTF-8 is one error line naming it and the next line is answered; the
+    session then ends with status 2 (a script can tell a line was refused)."""
+    p = run_piped(b"caf\xe9\nWhat is a list?\n")
+    err = p.stderr.decode()
+    assert p.returncode == 2, err
+    assert "error: input line 1 is not valid UTF-8: byte 0xe9 at offset 3; the line is " \
+        "skipped\n" in err and "Traceback" not in err
+    assert len(SUMMARY.findall(err)) == 1
+    reply = p.stdout.decode()
+    assert reply.endswith("\n") and not reply.startswith(">") and "causallm" not in reply
+    clean = run_piped(b"What is a list?\n")
+    assert clean.returncode == 0 and clean.stdout == p.stdout  # the same turn, the same reply
+
+
+def test_interactive_commands_help_clear_and_bye():
+    p = run_piped(b"/help\nWhat is a list?\n/clear\nWhat is a list?\n/bogus\n/bye\nunread\n")
+    out, err = p.stdout.decode(), p.stderr.decode()
+    assert p.returncode == 2, err  # /bogus was refused
+    assert out.startswith("/help") and "/bye" in out and "/clear" in out
+    summaries = SUMMARY.findall(err)
+    assert len(summaries) == 2  # /bye ended the session before "unread"
+    assert summaries[1][3] == "0"  # after /clear nothing came from the cache
+    assert "error: unknown command /bogus" in err
+    p = run_piped(b"What is a list?\n/exit\n")
+    assert p.returncode == 0 and len(SUMMARY.findall(p.stderr.decode())) == 1
+
+
 @pytestmark_pty
 def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
     term = Terminal(TINY, "-i", "--greedy", "-n", "24")
-    term.read_until(rb"> ")
+    banner = term.read_until(rb"> ")
+    assert "res/tiny-llama (LlamaForCausalLM)" in banner and "/help" in banner, banner
+    assert "/bye" in banner and "Ctrl-D" in banner
     term.type("What is a list?\n")
+    text = term.read_until(rb"\[prefill")
+    assert text.endswith("\n[prefill"), text  # the statistics on a line of their own
+    term.buffer = b"[prefill" + term.buffer
     interrupted, prefilled, total, cached, generated = term.summary()
     assert not interrupted and cached == 0 and prefilled == total and generated == 24
     term.read_until(rb"> ")

@@ -275,11 +275,118 @@ def test_cache_full_is_said_on_stderr_with_the_setting_to_raise(capsys, tmp_path
 
 
 def test_system_prompt_is_prepended(capsys):
+    """Without --chat, --system is a line of its own before the prompt: a newline joins them
+    unless the text already ends with white space (a head_prompt of nntr_config.json is joined
+    as it is, as in the C++)."""
     system, prompt = "You are a careful assistant. ", "The assert statement"
     tokenizer = Tokenizer.FromFile(os.path.join(GQA3, "tokenizer.json"))
     record = greedy(capsys, GQA3, prompt, "-n", 2, "--system", system)
     assert record["prompt_ids"] == tokenizer.Encode(system + prompt)
     assert record["prompt_ids"] != tokenizer.Encode(prompt)
+    record = greedy(capsys, GQA3, prompt, "-n", 2, "--system", system.strip())
+    assert record["prompt_ids"] == tokenizer.Encode(system.strip() + "\n" + prompt)
+
+
+def test_the_prompt_taken_from_the_folder_is_shown(capsys):
+    """No PROMPT: the text the output continues (nntr_config's sample_input) is one stderr line
+    before it; stdout stays the generated text alone. A given prompt is not repeated."""
+    with open(os.path.join(DEFAULT_MODEL, "nntr_config.json")) as f:
+        sample_input = json.load(f)["sample_input"]
+    rc, out, err = run_main(capsys, DEFAULT_MODEL, "-n", 2)
+    assert rc == 0, err
+    shown = f"[prompt: sample_input of {os.path.relpath(DEFAULT_MODEL)}/nntr_config.json] " \
+        f"{sample_input}"
+    assert err.splitlines()[0] == shown and shown not in out
+    rc, out, err = run_main(capsys, DEFAULT_MODEL, sample_input, "-n", 2)
+    assert rc == 0 and "[prompt" not in err
+
+
+def test_version_and_help_mention_what_there_is(capsys):
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    for argv, where in ((["--version"], "out"), (["--help"], "out")):
+        with pytest.raises(SystemExit) as e:
+            main.main(argv)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        if argv == ["--version"]:
+            assert out == f"causallm {version}\n"
+        else:
+            assert "causallm serve MODEL_DIR" in out and "--version" in out
+
+
+def test_threads_above_what_numba_runs_are_one_warning(capsys, tmp_path):
+    """-t above NUMBA_NUM_THREADS runs with that many and says so, in main.py and serve."""
+    import numba
+
+    most = numba.config.NUMBA_NUM_THREADS
+    warning = (f"warning: -t 1000: at most {most} threads here (NUMBA_NUM_THREADS, every core "
+               f"by default); using {most}")
+    rc, out, err = run_main(capsys, GQA3, "hi", "-n", 1, "-t", 1000)
+    assert rc == 0 and err.splitlines()[0] == warning, err
+    rc, out, err = run_main(capsys, "serve", tmp_path / "none", "-t", 1000)
+    assert rc == 2 and err.splitlines()[0] == warning, err
+    assert err.splitlines()[1].startswith("error: ") and len(err.splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model-name", ""], "--model-name needs a non-empty name"),
+    (["--model-name", "m\udce9"], "--model-name is not valid UTF-8: byte 0xe9 at offset 1"),
+    (["--host", "\udcff"], "--host is not valid UTF-8: byte 0xff at offset 0"),
+    (["--port", "70000"], "--port must be in [0, 65535]"),
+    (["-np", "0"], "--parallel must be at least 1"),
+    (["--queue", "-1"], "--queue must be at least 0"),
+    (["-t", "0"], "-t must be at least 1"),
+    (["-n", "0"], "-n must be at least 1"),
+    (["--dtype", "Q9"], "argument --dtype: invalid choice: 'Q9'"),
+])
+def test_serve_refuses_a_bad_option_in_one_line(capsys, tmp_path, argv, message):
+    """Refused before anything loads (a folder that is not there is never looked at)."""
+    try:
+        rc = main.main(["serve", str(tmp_path / "none"), *argv])
+    except SystemExit as e:  # argparse's errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_max_length_of_generation_config_caps_the_new_tokens_as_transformers(capsys, tmp_path):
+    """generation_config.json's max_length (prompt and new tokens together) binds when nothing
+    sets the new tokens' number, as in transformers: the Marian folder's beam search with
+    max_length 25 is transformers' with max_new_tokens 24 (beams-marian.json, its forced EOS
+    at the last position); a decoder-only run stops after max_length - P tokens (transformers'
+    greedy tokens). -n (max_new_tokens in transformers) overrides it. No warning says it is
+    not applied."""
+    with open(os.path.join(FIXTURES, "beams-marian.json")) as f:
+        case = next(c for c in json.load(f) if c["name"] == "beam4-defaults")
+    marian = copy_fixture(tmp_path, case["folder"], "marian")
+    edit_json(marian / "generation_config.json", max_length=1 + 24)
+    prompt = str(np.load(os.path.join(FIXTURES, case["folder"], "expected.npz"))["prompt"])
+    rc, out, err = run_main(capsys, marian, prompt, "--json")
+    assert rc == 0 and "max_length" not in err, err
+    record = split_json(out)[1]
+    assert record["prompt_ids"] == case["prompt_ids"]
+    assert record["generated_ids"] == case["sequences"][0]
+
+    prompt, prompt_ids, tokens = expected()
+    folder = copy_fixture(tmp_path)
+    edit_json(folder / "generation_config.json", max_new_tokens=None,
+              max_length=len(prompt_ids) + 5)
+    rc, out, err = run_main(capsys, folder, prompt, "--greedy", "--json")
+    assert rc == 0 and "max_length" not in err, err
+    record = split_json(out)[1]
+    assert record["generated_ids"] == tokens[:5] and record["finish_reason"] == "length"
+    assert greedy(capsys, folder, prompt, "-n", 8)["generated_ids"] == tokens[:8]
+    import causallm  # the Python API's requests (the server's) follow the same rule
+
+    model = causallm.load(str(folder))
+    one, = model.complete_many([prompt], greedy=True)
+    assert (one.completion_tokens, one.finish_reason) == (5, "length")
+    one, = model.complete_many([prompt], greedy=True, max_new_tokens=8)
+    assert one.completion_tokens == 8
 
 
 # ------------------------------------------------------------------------------- bad inputs
@@ -395,6 +502,15 @@ BAD_INPUTS = {
     "num_beams in generation_config": (
         lambda d: edit_json(d / "generation_config.json", num_beams=0), ["hi"],
         ["generation_config.json", "num_beams"]),
+    "--stop not UTF-8": (None, ["hi", "--stop", "ok\udcff"],  # argv byte 0xff (surrogateescape)
+                         ["--stop is not valid UTF-8: byte 0xff at offset 2"]),
+    "model.safetensors a folder": (
+        lambda d: (os.remove(d / "model.safetensors"), (d / "model.safetensors").mkdir()),
+        ["hi"], ["model.safetensors: cannot read (Is a directory)"]),
+    "prompt longer than generation_config's max_length": (
+        lambda d: edit_json(d / "generation_config.json", max_new_tokens=None, max_length=5),
+        [expected()[0]],
+        ["the prompt has 19 tokens", "max_length", "is 5"]),
 }
 
 
@@ -417,6 +533,57 @@ def test_bad_input_is_one_error_line(capsys, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     for name in names:
         assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
+
+
+NO_DAC = ("setpriv", "--inh-caps=-dac_override,-dac_read_search",
+          "--bounding-set=-dac_override,-dac_read_search")
+"""Runs a command as root without the capabilities that let root ignore file permissions,
+so a file or folder without read (or write) permission is refused to it as to any user."""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv (the permission checks of an ordinary user)")
+def test_unreadable_files_and_folders_are_named_errors(tmp_path):
+    """A weight file, shard, GGUF or model folder the user may not read, and a --graph file in
+    a folder they may not write: one line naming the user's path, status 2."""
+    def run(*args):
+        p = subprocess.run([*NO_DAC, sys.executable, "main.py", *map(str, args)], cwd=ROOT,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and p.stdout == "", p.stderr
+        assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+        return p.stderr
+
+    folder = copy_fixture(tmp_path)
+    os.chmod(folder / "model.safetensors", 0)
+    assert run(folder, "hi") == \
+        f"error: {folder / 'model.safetensors'}: cannot read (Permission denied)\n"
+    os.chmod(folder, 0)
+    assert run(folder, "hi") == f"error: {folder}: cannot read the folder (Permission denied)\n"
+    sharded = copy_fixture(tmp_path, "llama-hd80-bf16-sharded", "sharded")
+    shard = sharded / "model-00002-of-00002.safetensors"
+    os.chmod(shard, 0)
+    assert run(sharded, "hi") == f"error: {shard}: cannot read (Permission denied)\n"
+    os.chmod(shard, 0o644)
+    os.chmod(sharded / "model.safetensors.index.json", 0)
+    assert run(sharded, "hi") == \
+        f"error: {sharded / 'model.safetensors.index.json'}: Permission denied\n"
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(os.path.join(FIXTURES, "gguf-llama-q8_0", "model.gguf"), gguf)
+    os.chmod(gguf, 0)
+    assert run(gguf, "hi") == f"error: {gguf}: not a readable GGUF file (Permission denied)\n"
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    assert run(GQA3, "--graph", read_only / "g.dot") == \
+        f"error: --graph {read_only / 'g.dot'}: cannot write it (Permission denied)\n"
+    assert os.listdir(read_only) == []
+
+
+def test_graph_onto_a_folder_names_the_path_given(capsys, tmp_path):
+    (tmp_path / "g.dot").mkdir()
+    rc, out, err = run_main(capsys, GQA3, "--graph", tmp_path / "g.dot")
+    assert (rc, out) == (2, "")
+    assert err == f"error: --graph {tmp_path / 'g.dot'}: cannot write it (Is a directory)\n"
+    assert os.listdir(tmp_path) == ["g.dot"] and os.listdir(tmp_path / "g.dot") == []
 
 
 def test_error_through_subprocess_and_debug_traceback(tmp_path):

@@ -46,6 +46,7 @@ from causallm.generation.generator import (
     PerformanceMetrics,
     check_prompts,
     cut_at_stop,
+    new_token_limit,
     peak_memory_kb,
 )
 from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
@@ -91,7 +92,8 @@ class BeamSearch:
                                  list(context_ids), metrics)
         running = [list(h) for h in start.history]          # B*K rows of ids
         P = len(running[0])
-        n_new = min(max_new_tokens, start.capacity)
+        limit = new_token_limit(s, max_new_tokens, P)
+        n_new = min(limit, start.capacity)
         max_length = P + n_new
         processors = build_processors(s, P, max_length)
         eos = set(s.eos_token_id)
@@ -176,7 +178,7 @@ class BeamSearch:
             result.generated_ids.append(best_ids)
             result.finish_reasons.append("stop" if stopped
                                          else "eos" if best_ids and best_ids[-1] in eos
-                                         else ("cache_full" if n_new < max_new_tokens
+                                         else ("cache_full" if n_new < limit
                                                else "length"))
             if on_token is not None:
                 for token in best_ids:

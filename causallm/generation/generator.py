@@ -212,6 +212,20 @@ def check_prompts(prompt_ids: list[list[int]], batch: int, max_new_tokens: int) 
         raise CausalLMError(f"generate: max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
+def new_token_limit(settings: GenerationSettings, max_new_tokens: int, prompt_len: int) -> int:
+    """The new tokens a generation may make: ``max_new_tokens``, and with a ``max_length`` at
+    most ``max_length - prompt_len`` (``prompt_len``: the ids before the new ones, a decoder's
+    start token included), which must leave one, as transformers requires."""
+    if settings.max_length is None:
+        return max_new_tokens
+    if prompt_len >= settings.max_length:
+        raise CausalLMError(f"the prompt has {prompt_len} tokens but generation_config.json's "
+                            f"max_length, prompt and new tokens together, is "
+                            f"{settings.max_length}: raise it, or give the number of new "
+                            f"tokens (-n, max_new_tokens)")
+    return min(max_new_tokens, settings.max_length - prompt_len)
+
+
 class Sequence:
     """One sequence's new tokens as they come: its ids, its text through a UTF-8-safe
     ``StreamDecoder`` and its stop strings (``StopText``), its response format's
@@ -328,8 +342,9 @@ class Generator:
                 for b in range(B)]
         for row, history in zip(rows, start.history):
             row.history = history  # the model's: a beam's rows, a cached system prompt
-        n_new = min(max_new_tokens, start.capacity)
         prompt_len = len(start.history[0])
+        limit = new_token_limit(s, max_new_tokens, prompt_len)
+        n_new = min(limit, start.capacity)
         sampler = Sampler(s.temperature, s.top_k, s.top_p, seed=s.seed, do_sample=s.do_sample,
                           processors=build_processors(s, prompt_len, prompt_len + n_new),
                           min_p=s.min_p, typical_p=s.typical_p)
@@ -357,7 +372,7 @@ class Generator:
                 emit(sampler.select(logits, [r.history for r in rows], masks()))
         metrics.generation_tokens = steps
         for row in rows:
-            row.finish("length" if n_new == max_new_tokens else "cache_full")
+            row.finish("length" if n_new == limit else "cache_full")
         if stream is not None:
             stream.flush()
         result.generated_ids = [r.generated for r in rows]

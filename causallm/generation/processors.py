@@ -76,6 +76,8 @@ class GenerationSettings:
     num_return_sequences: int = 1
     renormalize_logits: bool = False
     seed: int | None = None
+    max_length: int | None = None      # prompt + new tokens at most (transformers' max_length,
+                                       # given when nothing sets the new tokens' number)
     response_format: object = None     # a compiled ResponseFormat (generation/constraint.py):
                                        # each row held to its JSON grammar; None = free text
 

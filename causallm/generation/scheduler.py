@@ -31,7 +31,7 @@ from typing import Callable, Sequence as Sequence_
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.generation.generator import Sequence
+from causallm.generation.generator import Sequence, new_token_limit
 from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
 from causallm.generation.sampler import Sampler
 
@@ -69,6 +69,7 @@ class Request(Sequence):
         if max_new_tokens < 1:
             raise CausalLMError(f"generate: max_new_tokens must be at least 1, got "
                                 f"{max_new_tokens}")
+        max_new_tokens = new_token_limit(settings, max_new_tokens, len(prompt_ids))
         super().__init__(prompt_ids, settings, tokenizer, on_text,
                          skip_special_tokens=skip_special_tokens)
         self.max_new_tokens = max_new_tokens

@@ -211,6 +211,14 @@ def load_model_configs(model_dir: str) -> tuple[JsonConfig, JsonConfig, JsonConf
     return cfg, gen, nntr
 
 
+def list_folder(folder: str) -> list[str]:
+    """``os.listdir(folder)``; a folder that cannot be read is a one-line error naming it."""
+    try:
+        return os.listdir(folder)
+    except OSError as e:
+        raise CausalLMError(f"{folder}: cannot read the folder ({e.strerror or e})") from None
+
+
 def is_gguf(path: str) -> bool:
     """A path that names a .gguf file."""
     return os.path.isfile(path) and path.lower().endswith(".gguf")
@@ -220,7 +228,7 @@ def gguf_in_folder(folder: str) -> str | None:
     """The folder's only .gguf file when it has no config.json; an error when it has several."""
     if os.path.exists(os.path.join(folder, "config.json")):
         return None
-    found = sorted(f for f in os.listdir(folder) if f.lower().endswith(".gguf"))
+    found = sorted(f for f in list_folder(folder) if f.lower().endswith(".gguf"))
     if len(found) > 1:
         raise CausalLMError(f"{folder}: no config.json and {len(found)} GGUF files "
                             f"({', '.join(found)}); pass the one to run")

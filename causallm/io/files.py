@@ -25,21 +25,28 @@ from causallm.errors import CausalLMError
 
 
 def atomic_write(path, write: Callable) -> None:
-    """Call write(f) on a fresh temporary file next to ``path``, then rename it over ``path``."""
+    """Call write(f) on a fresh temporary file next to ``path``, then rename it over ``path``.
+    An OSError about the temporary file (a read-only folder, ``path`` a folder) is raised
+    about ``path``, the name the caller knows."""
     path = os.fspath(path)
     folder, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+    except OSError as e:
+        if e.filename != tmp:
+            raise
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 def write_json_atomic(path: str, data: Any) -> None:

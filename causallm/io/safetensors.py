@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from causallm.errors import CausalLMError
+from causallm.io.config import list_folder
 from causallm.io.files import atomic_write, cannot_read, map_file
 from causallm.io.mxfp4 import MXFP4_DTYPE, dequantize_mxfp4, find_mxfp4_pairs, mxfp4_shape
 from causallm.io.weight_check import check_weight
@@ -264,7 +265,7 @@ class Checkpoint:
         elif os.path.isfile(index):
             self._sharded(index)
         else:
-            found = sorted(f for f in os.listdir(self.folder) if f.endswith(".safetensors"))
+            found = sorted(f for f in list_folder(self.folder) if f.endswith(".safetensors"))
             if not found:
                 raise CausalLMError(f"{self.folder}: no model.safetensors or "
                                     "model.safetensors.index.json")

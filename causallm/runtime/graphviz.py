@@ -70,4 +70,7 @@ def write_graph(model, path: str, name: str = "model") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise CausalLMError(f"--graph {path}: no such directory {folder}")
-    atomic_write(path, lambda f: f.write(data))
+    try:
+        atomic_write(path, lambda f: f.write(data))
+    except OSError as e:
+        raise CausalLMError(f"--graph {path}: cannot write it ({e.strerror or e})") from None
