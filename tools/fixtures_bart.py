@@ -95,28 +95,17 @@ Usage:  python tools/fixtures_bart.py [--only NAME ...] [--out tests/fixtures]
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_bart_tokenizer as barttok  # noqa: E402
-from fixture_common import (  # noqa: E402
-    BIAS_STD,
-    MIN_MARGIN,
-    NORM_STD,
-    Run,
-    decoder_greedy,
-    decoder_logits,
-    encoder_output,
-    folder_bytes,
-    random_model,
-    rel_err,
-    run_cli,
-    torch_dtype,
-    write_json,
-)
+from fixture_common import (BIAS_STD, MIN_MARGIN, NORM_STD, Seq2SeqRun,  # noqa: E402
+                            check_safetensors, check_seq2seq_reload, check_tokenizer,
+                            fresh_folder, greedy_generate, load_reference, random_model, run_cli,
+                            save_tensors, save_weights, seq2seq_arrays, seq2seq_search,
+                            state_tensors, summary, torch_dtype, write_expected, write_json)
 from train_tokenizer import corpus_text  # noqa: E402
 
 BOS_ID, PAD_ID, EOS_ID = barttok.BOS_ID, barttok.PAD_ID, barttok.EOS_ID
@@ -252,42 +241,22 @@ def generation_config(spec: dict):
     return GenerationConfig(**kw)
 
 
-def generate(model, prompt_ids: np.ndarray, spec: dict, gen_config=None) -> list[int]:
-    """model.generate's new tokens (greedy, N new tokens) with gen_config (default: the model's
-    own, as loaded from generation_config.json); checks it starts from START."""
-    import torch
-    with torch.no_grad():
-        out = model.generate(torch.from_numpy(prompt_ids)[None], generation_config=gen_config,
-                             do_sample=False, num_beams=1, max_new_tokens=spec["n_new"])
-    assert int(out[0, 0]) == START, out
-    return out[0, 1:].tolist()
-
-
-def search(name: str, spec: dict, tries: int = 300) -> tuple[Run, np.ndarray, np.ndarray]:
-    """The first seed from spec["seed"] whose greedy decoding is good(); return (run, encoder
-    output (P, d_model), full_step_logits (N, V)), checked against the cached steps and
-    generate()."""
+def search(name: str, spec: dict) -> Seq2SeqRun:
+    """The first seed from spec["seed"] whose greedy decoding (forced steps included) is
+    good(), checked against the no-cache forward and generate()."""
     prompt_ids = encode(spec["prompt"])
     assert prompt_ids[0] == BOS_ID and prompt_ids[-1] == EOS_ID, prompt_ids
     assert len(prompt_ids) + 2 <= spec["config"]["max_position_embeddings"] + 2
-    for seed in range(spec["seed"], spec["seed"] + tries):
-        model = build(spec, seed)
-        enc = encoder_output(model, prompt_ids)
-        forced = forced_steps(spec)
-        tokens, step_logits = decoder_greedy(
-            model, enc, START, spec["n_new"], lambda k, raw: forced.get(k, int(np.argmax(raw))))
-        if good(spec, tokens, step_logits):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without "
-                         f"special ids, with forcing that matters and enough distinct tokens")
-    full = decoder_logits(model, enc, tokens, START)
-    err = rel_err(full, step_logits)
-    assert err < 1e-5, (name, err)
-    gen = generate(model, prompt_ids, spec, generation_config(spec))
-    assert gen == tokens.tolist(), (name, gen, tokens)
-    run = Run(seed, model, prompt_ids, tokens, step_logits, full[-1])
-    return run, enc[0].numpy().astype(np.float32), full
+    forced = forced_steps(spec)
+    run = seq2seq_search(name, spec, build, prompt_ids, START,
+                         lambda model, tokens, steps: good(spec, tokens, steps),
+                         f"a greedy margin >= {MIN_MARGIN} without special ids, with forcing "
+                         f"that matters and enough distinct tokens",
+                         choose=lambda k, raw: forced.get(k, int(np.argmax(raw))), tries=300)
+    gen = greedy_generate(run.model, prompt_ids, START, spec["n_new"],
+                          generation_config=generation_config(spec))
+    assert gen == run.tokens.tolist(), (name, gen, run.tokens)
+    return run
 
 
 def hub_config(spec: dict) -> dict:
@@ -319,72 +288,43 @@ def hub_config(spec: dict) -> dict:
     return dict(sorted(cfg.items()))
 
 
-def write_weights(model, path: str, dtype: str) -> None:
-    """model.safetensors in dtype with every state_dict tensor (model.shared, its encoder /
-    decoder embed_tokens copies, final_logits_bias, the rest) except the tied lm_head.weight."""
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().to(torch_dtype(dtype)).contiguous().clone()
-               for k, v in model.state_dict().items()}
+def embed_copy_tensors(model, dtype: str) -> dict:
+    """The tensors of model.safetensors in dtype: every state_dict tensor (model.shared, its
+    encoder / decoder embed_tokens copies, final_logits_bias, the rest) except the tied
+    lm_head.weight."""
+    tensors = state_tensors(model, dtype, drop=("lm_head.weight",))
     for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
               "model.decoder.embed_tokens.weight", "final_logits_bias"):
         assert k in tensors, k
-    del tensors["lm_head.weight"]
-    save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
+    return tensors
 
 
-def write_folder(name: str, spec: dict, run: Run, enc: np.ndarray, full: np.ndarray,
-                 out_root: str) -> str:
+def write_folder(name: str, spec: dict, run: Seq2SeqRun, out_root: str) -> str:
     """Write out_root/name afresh (weights, configs, tokenizer files, expected.npz)."""
-    import torch
-    import transformers
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_folder(out_root, name)
     if spec["layout"] == "save_pretrained":
-        run.model.to(torch_dtype(spec["dtype"])).save_pretrained(out)
-        run.model.to(torch.float32)
-        for f in ("config.json", "generation_config.json"):  # written below
-            os.remove(os.path.join(out, f))
+        save_weights(run.model, out, spec["dtype"])
     else:
-        write_weights(run.model, os.path.join(out, "model.safetensors"), spec["dtype"])
-    assert sorted(os.listdir(out)) == ["model.safetensors"], os.listdir(out)
+        save_tensors(embed_copy_tensors(run.model, spec["dtype"]), out)
     write_json(os.path.join(out, "config.json"), hub_config(spec))
     generation_config(spec).save_pretrained(out)
     barttok.write_tokenizer(TOKENIZER, out, pretty=False,
                             model_max_length=spec["config"]["max_position_embeddings"])
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=run.prompt_ids, encoder_output=enc,
-        decoder_start_token_id=np.array(START, dtype=np.int64), tokens=run.tokens,
-        step_logits=run.step_logits, prefill_logits=run.step_logits[0],
-        full_step_logits=full, full_logits_last=run.full_last,
-        transformers_version=np.array(transformers.__version__))
+    write_expected(out, seq2seq_arrays(spec["prompt"], run))
     return out
 
 
-def tensor_names(out: str) -> list[str]:
-    """The names in out/model.safetensors outside the encoder / decoder layers."""
-    from safetensors import safe_open
-    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        return sorted(k for k in f.keys() if ".layers." not in k)
-
-
-def check_reload(name: str, spec: dict, out: str, run: Run, enc: np.ndarray) -> float:
+def check_reload(name: str, spec: dict, out: str, run: Seq2SeqRun) -> tuple[float, list]:
     """Reload the folder (float32, eager) and check it reproduces the encoder output, the
     prefill and the last full-sequence logits to TOL, final_logits_bias (not zeros), the tied
     embeddings, the stored dtype, the forced ids of its generation config and generate()'s
     tokens, and that tokenizer.json and transformers' AutoTokenizer both give prompt_ids;
-    return the largest relative error."""
+    return (the largest relative error, the tensor names outside the encoder / decoder
+    layers)."""
     import torch
-    from safetensors import safe_open
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer, BartForConditionalGeneration
+    from transformers import BartForConditionalGeneration
 
-    back = BartForConditionalGeneration.from_pretrained(out, dtype=torch.float32,
-                                                        attn_implementation="eager").eval()
+    back = load_reference(BartForConditionalGeneration, out)
     shared = back.model.shared.weight
     assert back.lm_head.weight is shared and back.model.encoder.embed_tokens.weight is shared
     assert back.model.decoder.embed_tokens.weight is shared
@@ -393,43 +333,27 @@ def check_reload(name: str, spec: dict, out: str, run: Run, enc: np.ndarray) -> 
     assert torch.equal(back.final_logits_bias, run.model.final_logits_bias), name
     for stack in (back.model.encoder, back.model.decoder):
         assert stack.embed_tokens.embed_scale == run.model.model.encoder.embed_tokens.embed_scale
-    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        assert f.metadata() == {"format": "pt"}, f.metadata()
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {
-            {"float32": "F32", "bfloat16": "BF16"}[spec["dtype"]]}, name
-        assert "lm_head.weight" not in f.keys() and "final_logits_bias" in f.keys(), name
+    keys = check_safetensors(out, spec["dtype"])
+    assert "lm_head.weight" not in keys and "final_logits_bias" in keys, name
     gc = back.generation_config
     assert (gc.forced_bos_token_id, gc.forced_eos_token_id, gc.decoder_start_token_id) == (
         spec["forced_bos"], spec["forced_eos"], START), gc
-    back_enc = encoder_output(back, run.prompt_ids)
-    prefill = decoder_logits(back, back_enc, run.tokens[:1], START)[0]
-    full = decoder_logits(back, back_enc, run.tokens, START)
-    err = max(rel_err(back_enc[0].numpy(), enc), rel_err(prefill, run.step_logits[0]),
-              rel_err(full[-1], run.full_last))
-    assert err < TOL, f"{name}: reloaded folder differs by {err}"
-    assert generate(back, run.prompt_ids, spec) == run.tokens.tolist(), name
-    ids = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).encode(spec["prompt"]).ids
-    assert ids == run.prompt_ids.tolist(), name
-    hf = AutoTokenizer.from_pretrained(out)
-    assert hf(spec["prompt"])["input_ids"] == ids, name
-    return err
+    err = check_seq2seq_reload(name, back, run, TOL)
+    assert greedy_generate(back, run.prompt_ids, START, spec["n_new"]) == run.tokens.tolist()
+    check_tokenizer(out, spec["prompt"], run.prompt_ids)
+    return err, sorted(k for k in keys if ".layers." not in k)
 
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    run, enc, full = search(name, spec)
-    out = write_folder(name, spec, run, enc, full, out_root)
-    err = check_reload(name, spec, out, run, enc)
-    c = spec["config"]
-    free = run.tokens[unforced(spec)]
-    return dict(name=name, seed=run.seed, vocab=c["vocab_size"], prompt_len=len(run.prompt_ids),
-                n_new=len(run.tokens), dtype=spec["dtype"],
-                forced={str(k): v for k, v in forced_steps(spec).items()},
-                margin=round(margin(spec, run.step_logits), 4),
-                distinct=len(set(free.tolist())),
-                logit_scale=round(float(np.abs(run.step_logits).max()), 2),
-                text=TOKENIZER.decode(run.tokens.tolist(), skip_special_tokens=False),
-                tensors=tensor_names(out), reload_err=err, bytes=folder_bytes(out))
+    run = search(name, spec)
+    out = write_folder(name, spec, run, out_root)
+    err, tensors = check_reload(name, spec, out, run)
+    return summary(name, run, out, err, margin=margin(spec, run.step_logits),
+                   distinct_of=run.tokens[unforced(spec)],
+                   text=TOKENIZER.decode(run.tokens.tolist(), skip_special_tokens=False),
+                   vocab=spec["config"]["vocab_size"], dtype=spec["dtype"],
+                   forced={str(k): v for k, v in forced_steps(spec).items()}, tensors=tensors)
 
 
 TOKENIZER = None

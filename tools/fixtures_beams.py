@@ -110,16 +110,15 @@ of the prompt ids (yarn 31 and 9, gqa3 16) with wider gaps or, for no_repeat_ngr
 repeated trigram to ban.
 
 T5 note (transformers 5.23): generate() sizes its cache from config.num_layers (the encoder's
-depth) and fails when num_decoder_layers is larger (t5-relu-tied: 2 / 3), so, as in
-tools/fixtures_t5.py, every T5 call passes past_key_values=EncoderDecoderCache of two
-DynamicCache(config=model.decoder.config).
+depth) and fails when num_decoder_layers is larger (t5-relu-tied: 2 / 3), so every T5 call
+passes past_key_values=EncoderDecoderCache of two DynamicCache(config=model.decoder.config)
+(fixture_common.generate, which tools/fixtures_t5.py's generate() check uses too).
 
 Usage:  python tools/fixtures_beams.py [--only t5 llama bart] [--out tests/fixtures]
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -128,7 +127,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_common import FIXTURES_DIR, quiet_torch  # noqa: E402
+from fixture_common import FIXTURES_DIR, beam_search, load_reference, run_cli  # noqa: E402
 
 F64_TOL = 1e-4
 """Largest |float32 score - float64 score| accepted."""
@@ -214,7 +213,6 @@ CASES = {
 
 def load(folder: str, float64: bool = False):
     """The fixture folder's model in float32 (or float64), eager attention, eval mode."""
-    import torch
     from transformers import (
         AutoModelForCausalLM,
         BartForConditionalGeneration,
@@ -223,8 +221,7 @@ def load(folder: str, float64: bool = False):
 
     cls = {"t5": T5ForConditionalGeneration, "bart": BartForConditionalGeneration}.get(
         folder.split("-")[0], AutoModelForCausalLM)
-    model = cls.from_pretrained(os.path.join(FIXTURES_DIR, folder), dtype=torch.float32,
-                                attn_implementation="eager").eval()
+    model = load_reference(cls, os.path.join(FIXTURES_DIR, folder))
     return model.double() if float64 else model
 
 
@@ -316,31 +313,19 @@ class Probe:
 
 
 def generate(model, ids: list[int], gen: dict, probe: bool = False):
-    """model.generate(ids, **gen) as a dict: sequences (new ids, each cut at its own length),
-    scores, decoder_prompt_len, eos_token_id (as in effect), and margins if probe."""
-    import torch
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
-    extra = {}
-    if model.config.model_type == "t5":  # the T5 note above
-        extra["past_key_values"] = EncoderDecoderCache(DynamicCache(config=model.decoder.config),
-                                                       DynamicCache(config=model.decoder.config))
+    """beam_search(model, ids, **gen) (fixture_common; T5 with the cache of the note above) as
+    a dict: decoder_prompt_len, eos_token_id (as in effect), sequences (new ids, each cut at its
+    own length), scores, eos_ended, steps, and margins if probe."""
     eos = eos_ids(model, gen)
     p = Probe(model, gen, eos)
-    with torch.no_grad(), (p if probe else contextlib.nullcontext()):
-        out = model.generate(torch.tensor([ids]), return_dict_in_generate=True,
-                             output_scores=True, **gen, **extra)
-    start = 1 if model.config.is_encoder_decoder else len(ids)
-    seqs = []
-    for seq, beams in zip(out.sequences.tolist(), out.beam_indices):
-        n = int((beams >= 0).sum())
-        seqs.append(seq[start:start + n])
-    scores = [float(s) for s in out.sequences_scores]
+    with p if probe else contextlib.nullcontext():
+        found = beam_search(model, ids, **gen)
+    seqs, scores = found["sequences"], found["scores"]
     assert len(seqs) == gen["num_return_sequences"] and scores == sorted(scores, reverse=True)
     eos_in_effect = gen.get("eos_token_id", model.generation_config.eos_token_id)
-    res = dict(decoder_prompt_len=start, eos_token_id=eos_in_effect, sequences=seqs,
-               scores=scores, eos_ended=[bool(s) and s[-1] in eos for s in seqs],
-               steps=len(out.scores))
+    res = dict(decoder_prompt_len=found["decoder_prompt_len"], eos_token_id=eos_in_effect,
+               sequences=seqs, scores=scores, eos_ended=[bool(s) and s[-1] in eos for s in seqs],
+               steps=found["steps"])
     if probe:
         lens = [len(q) for q in seqs]
         gaps = [(a - b) * min(la, lb) ** gen["length_penalty"]
@@ -463,29 +448,26 @@ def write_cases(path: str, cases: list[dict]) -> None:
                 f' "cases": [\n{body}\n ]\n}}\n')
 
 
-def main(argv=None) -> int:
+def make_family(family: str, out_root: str) -> dict:
+    """Run a family's cases (printing each case's summary line) and write
+    out_root/beams-<family>.json; return the file's summary."""
     import transformers
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=FIXTURES_DIR)
-    ap.add_argument("--only", nargs="*", choices=list(CASES), help="families (default: all)")
-    args = ap.parse_args(argv)
-    quiet_torch()
-    for family in args.only or list(CASES):
-        models, cases = {}, []
-        for spec in CASES[family]:
-            out, extra = run_case(spec, models)
-            cases.append(out)
-            print(json.dumps(summary_line(out, extra)), flush=True)
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, f"beams-{family}.json")
-        write_cases(path, cases)
-        with open(path, encoding="utf-8") as f:
-            assert json.load(f) == dict(transformers_version=transformers.__version__,
-                                        cases=cases)
-        print(json.dumps(dict(file=os.path.relpath(path), cases=len(cases),
-                              bytes=os.path.getsize(path))))
-    return 0
+    models, cases = {}, []
+    for spec in CASES[family]:
+        out, extra = run_case(spec, models)
+        cases.append(out)
+        print(json.dumps(summary_line(out, extra)), flush=True)
+    os.makedirs(out_root, exist_ok=True)
+    path = os.path.join(out_root, f"beams-{family}.json")
+    write_cases(path, cases)
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f) == dict(transformers_version=transformers.__version__, cases=cases)
+    return dict(file=os.path.relpath(path), cases=len(cases), bytes=os.path.getsize(path))
+
+
+def main(argv=None) -> int:
+    return run_cli(__doc__, CASES, lambda family, args: make_family(family, args.out), argv)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from fixture_common import last_logits, run_cli, search, summary, write_folder, write_json  # noqa: E402
+from fixture_common import (check_reload, load_reference, run_cli, search, summary,  # noqa: E402
+                            write_folder, write_json)
 from fixtures_gpt_oss import FIXTURES as GPT_OSS_FIXTURES  # noqa: E402
 from fixtures_gpt_oss import MIN_DISTINCT, build, clamp_fractions, clamps_active  # noqa: E402
 
@@ -147,16 +148,12 @@ def check_mxfp4_reload(name: str, out: str, run, tol: float = 1e-4):
     import torch
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
-    back = AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, attn_implementation="eager",
-        quantization_config=Mxfp4Config(dequantize=True)).eval()
+    back = load_reference(AutoModelForCausalLM, out,
+                          quantization_config=Mxfp4Config(dequantize=True))
     ours = dict(run.model.named_parameters())
     for pname, p in back.named_parameters():
         assert torch.equal(p, ours[pname]), f"{name}: reloaded {pname} differs"
-    err = max(float(np.abs(last_logits(back, run.prompt_ids) - run.step_logits[0]).max()),
-              float(np.abs(last_logits(back, run.seq) - run.full_last).max()))
-    assert err < tol, f"{name}: reloaded folder differs by {err}"
-    return back, err
+    return check_reload(name, out, run, tol, back=back)
 
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:

@@ -130,7 +130,6 @@ import collections
 import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 import warnings
@@ -139,19 +138,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import marian_tokenizer as mtok  # noqa: E402
-from fixture_common import (  # noqa: E402
-    BIAS_STD,
-    MIN_MARGIN,
-    NORM_STD,
-    decoder_greedy,
-    decoder_logits,
-    encoder_output,
-    folder_bytes,
-    rel_err,
-    run_cli,
-    torch_dtype,
-    write_json,
-)
+from fixture_common import (BIAS_STD, MIN_MARGIN, NORM_STD, Seq2SeqRun, beam_search,  # noqa: E402
+                            check_safetensors, check_seq2seq_reload, check_tokenizer,
+                            decoder_logits, encoder_output, fresh_folder, generate,
+                            greedy_generate, load_reference, random_model, rel_err, run_cli,
+                            save_tensors, save_weights, seq2seq_arrays, seq2seq_search,
+                            state_tensors, summary, torch_dtype, write_expected, write_json)
 
 SOURCE_VOCAB, TARGET_VOCAB = 1000, 800
 """sentencepiece vocab_size of source.spm (first half of the corpus) and target.spm (second)."""
@@ -174,7 +166,7 @@ N_NEW = 32
 
 FIXTURES = {
     "marian-positions-in-file": dict(
-        seed=100, dtype="float32", positions_in_file=True, std=0.125, embed_std=0.15,
+        seed=100, n_new=N_NEW, dtype="float32", positions_in_file=True, std=0.125, embed_std=0.15,
         qk_std=0.3, min_distinct=12,
         prompt="The ﬁrst statement of a function body can be a string literal… it becomes "
                "the function’s docstring, as Java and  Python programmers expect.",
@@ -183,7 +175,7 @@ FIXTURES = {
                     max_position_embeddings=128),
     ),
     "marian-no-positions": dict(
-        seed=200, dtype="bfloat16", positions_in_file=False, std=0.125, embed_std=0.15,
+        seed=200, n_new=N_NEW, dtype="bfloat16", positions_in_file=False, std=0.125, embed_std=0.15,
         qk_std=0.3, pad_bias=2.5,
         prompt=">>deu<< A module is an object and a type.",
         config=dict(d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
@@ -294,10 +286,10 @@ def marian_tokenizer(folder: str):
 # ---------------------------------------------------------------- the model
 
 
-def config_kwargs(spec: dict, vocab_size: int) -> dict:
-    """MarianConfig keywords: spec["config"] plus opus-mt's fixed settings."""
+def config_kwargs(vocab_size: int) -> dict:
+    """MarianConfig keywords besides spec["config"]: opus-mt's fixed settings."""
     pad = vocab_size - 1
-    return dict(spec["config"], vocab_size=vocab_size, decoder_vocab_size=vocab_size,
+    return dict(vocab_size=vocab_size, decoder_vocab_size=vocab_size,
                 activation_function="swish", scale_embedding=True,
                 static_position_embeddings=True, share_encoder_decoder_embeddings=True,
                 tie_word_embeddings=True, normalize_before=False, normalize_embedding=False,
@@ -310,8 +302,11 @@ def config_kwargs(spec: dict, vocab_size: int) -> dict:
 def marian_init(std: float, embed_std: float, qk_std: float):
     """init(name) -> (mean, std): LayerNorm gains 1 + N(0, 0.1^2), biases (LayerNorm's too)
     N(0, 0.1^2), the shared embedding (= tied head) N(0, embed_std^2), q_proj and k_proj
-    N(0, qk_std^2), the other projections (v_proj, out_proj, fc1, fc2) N(0, std^2)."""
-    def init(name: str) -> tuple[float, float]:
+    N(0, qk_std^2), the other projections (v_proj, out_proj, fc1, fc2) N(0, std^2); None (kept)
+    for the sinusoidal position tables."""
+    def init(name: str) -> tuple[float, float] | None:
+        if "embed_positions" in name:
+            return None
         if name.endswith("layer_norm.weight"):
             return 1.0, NORM_STD
         if name.endswith(".bias"):
@@ -332,23 +327,15 @@ def build(spec: dict, seed: int, vocab_size: int):
     import torch
     from transformers import MarianConfig, MarianMTModel
 
-    cfg = MarianConfig(**config_kwargs(spec, vocab_size))
-    torch.manual_seed(seed)
-    model = MarianMTModel(cfg).to(torch.float32).eval()
-    model.config._attn_implementation = "eager"
     init = marian_init(spec["std"], spec["embed_std"], spec["qk_std"])
-    gen = torch.Generator().manual_seed(seed)
-    dtype = torch_dtype(spec["dtype"])
+    gen = torch.Generator()
+    model = random_model(MarianConfig, MarianMTModel, spec, seed, init, generator=gen,
+                         **config_kwargs(vocab_size))
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" in name:
-                continue
-            mean, std = init(name)
-            p.copy_((mean + std * torch.randn(p.shape, generator=gen)).to(dtype).to(torch.float32))
         bias = FINAL_BIAS_STD * torch.randn(model.final_logits_bias.shape, generator=gen)
         if spec.get("pad_bias") is not None:
             bias[0, vocab_size - 1] = spec["pad_bias"]
-        model.final_logits_bias.copy_(bias.to(dtype).to(torch.float32))
+        model.final_logits_bias.copy_(bias.to(torch_dtype(spec["dtype"])).to(torch.float32))
     shared = model.model.shared.weight
     assert model.lm_head.weight is shared and model.model.encoder.embed_tokens.weight is shared
     assert model.model.decoder.embed_tokens.weight is shared
@@ -382,14 +369,11 @@ def processed(raw: np.ndarray, step: int, n_new: int, pad: int) -> np.ndarray:
     return out
 
 
-def greedy(model, enc, n_new: int, pad: int):
-    """Greedy decode n_new tokens from [start] (= pad) as generate() does with the folder's
-    generation config; return (tokens (N,), raw step_logits (N, V), margins (N - 1,): top-1
-    minus top-2 processed logit of each unforced step)."""
-    tokens, steps = decoder_greedy(model, enc, pad, n_new,
-                                   lambda k, raw: int(np.argmax(processed(raw, k, n_new, pad))))
-    top2 = [np.sort(processed(steps[k], k, n_new, pad))[-2:] for k in range(n_new - 1)]
-    return tokens, steps, np.array([float(b - a) for a, b in top2])
+def margins(step_logits: np.ndarray, pad: int) -> np.ndarray:
+    """(N - 1,): top-1 minus top-2 processed logit of each unforced step."""
+    n_new = len(step_logits)
+    top2 = [np.sort(processed(step_logits[k], k, n_new, pad))[-2:] for k in range(n_new - 1)]
+    return np.array([float(b - a) for a, b in top2])
 
 
 def pad_wins(step_logits: np.ndarray) -> int:
@@ -397,11 +381,11 @@ def pad_wins(step_logits: np.ndarray) -> int:
     return int((step_logits[:-1].argmax(axis=1) == step_logits.shape[1] - 1).sum())
 
 
-def good(spec: dict, tokens: np.ndarray, step_logits: np.ndarray, margins: np.ndarray) -> bool:
+def good(spec: dict, tokens: np.ndarray, step_logits: np.ndarray, pad: int) -> bool:
     """Every unforced step wins by MIN_MARGIN; EOS only as the forced last token; no <unk>;
     at least spec["min_distinct"] (default MIN_DISTINCT) different tokens; with
     spec["pad_bias"], ``<pad>`` the raw top logit of at least PAD_WINS steps."""
-    return (margins.min() >= MIN_MARGIN and tokens[-1] == EOS_ID
+    return (margins(step_logits, pad).min() >= MIN_MARGIN and tokens[-1] == EOS_ID
             and not np.isin(tokens[:-1], [EOS_ID, UNK_ID]).any()
             and len(set(tokens.tolist())) >= spec.get("min_distinct", MIN_DISTINCT)
             and (spec.get("pad_bias") is None or pad_wins(step_logits) >= PAD_WINS))
@@ -419,40 +403,27 @@ def conditioning(model, prompt_ids: np.ndarray, tokens: np.ndarray, pad: int) ->
                        decoder_logits(wide, enc64, tokens, pad)))
 
 
-def generate(model, prompt_ids: np.ndarray, **kwargs):
-    """model.generate on prompt_ids with the folder's generation config plus kwargs."""
-    import torch
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(prompt_ids)[None], **kwargs)
-
-
-def search(name: str, spec: dict, prompt_ids: np.ndarray, vocab_size: int, tries: int = 200):
-    """The first seed from spec["seed"] whose greedy decoding is good(); return (seed, model,
-    tokens, step_logits, margins, encoder output (P, d_model), full_step_logits (N, V)), checked
-    against the no-cache forward and against generate() (tokens, raw logits)."""
+def search(name: str, spec: dict, prompt_ids: np.ndarray, vocab_size: int) -> Seq2SeqRun:
+    """The first seed from spec["seed"] whose greedy decoding, as generate() does it with the
+    folder's generation config, is good() and well conditioned, checked against the no-cache
+    forward and against generate() (tokens, raw logits)."""
     from transformers import GenerationConfig
 
     pad = vocab_size - 1
-    for seed in range(spec["seed"], spec["seed"] + tries):
-        model = build(spec, seed, vocab_size)
-        enc = encoder_output(model, prompt_ids)
-        tokens, step_logits, margins = greedy(model, enc, N_NEW, pad)
-        if (good(spec, tokens, step_logits, margins)
-                and conditioning(model, prompt_ids, tokens, pad) <= COND_TOL):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without EOS / "
-                         f"<unk>, enough distinct tokens and float64 agreement {COND_TOL}")
-    full = decoder_logits(model, enc, tokens, pad)
-    err = rel_err(full, step_logits)
-    assert err < 1e-5 and np.abs(full - step_logits).max() < 1e-4, (name, err)
-    model.generation_config = GenerationConfig(**generation_config(vocab_size))
-    gen = generate(model, prompt_ids, do_sample=False, num_beams=1, max_new_tokens=N_NEW,
+    run = seq2seq_search(
+        name, spec, lambda spec, seed: build(spec, seed, vocab_size), prompt_ids, pad,
+        lambda model, tokens, steps: (good(spec, tokens, steps, pad) and conditioning(
+            model, prompt_ids, tokens, pad) <= COND_TOL),
+        f"a greedy margin >= {MIN_MARGIN} without EOS / <unk>, enough distinct tokens and "
+        f"float64 agreement {COND_TOL}",
+        choose=lambda k, raw: int(np.argmax(processed(raw, k, N_NEW, pad))), abs_tol=1e-4)
+    run.model.generation_config = GenerationConfig(**generation_config(vocab_size))
+    gen = generate(run.model, prompt_ids, do_sample=False, num_beams=1, max_new_tokens=N_NEW,
                    return_dict_in_generate=True, output_logits=True)
-    assert gen.sequences[0].tolist() == [pad] + tokens.tolist(), (name, gen.sequences, tokens)
+    assert gen.sequences[0].tolist() == [pad] + run.tokens.tolist(), (name, gen.sequences)
     raw = np.stack([x[0].numpy() for x in gen.logits])
-    assert rel_err(raw, step_logits) < 1e-5, name
-    return seed, model, tokens, step_logits, margins, enc[0].numpy().astype(np.float32), full
+    assert rel_err(raw, run.step_logits) < 1e-5, name
+    return run
 
 
 # ---------------------------------------------------------------- the folder
@@ -513,62 +484,42 @@ def weight_tensors(model, spec: dict) -> dict:
     copies of model.shared.weight, with the two sinusoid tables (float32 values; stored in the
     fixture dtype) only if spec["positions_in_file"]. Checked against what save_pretrained
     writes (the same names without the tables)."""
-    dtype = torch_dtype(spec["dtype"])
-    tensors = {k: v.detach().to(dtype).contiguous().clone() for k, v in model.state_dict().items()
-               if k not in TIED_COPIES}
+    tensors = state_tensors(model, spec["dtype"], drop=TIED_COPIES)
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        from safetensors import safe_open
-        with safe_open(os.path.join(tmp, "model.safetensors"), "pt") as f:
-            saved = set(f.keys())
+        save_weights(model, tmp, spec["dtype"])
+        saved = set(check_safetensors(tmp, spec["dtype"]))
     assert saved == set(tensors) - set(POSITION_KEYS), sorted(saved ^ set(tensors))
     if not spec["positions_in_file"]:
         for k in POSITION_KEYS:
             del tensors[k]
-    return dict(sorted(tensors.items()))
+    return tensors
 
 
-def write_folder(name: str, spec: dict, files: dict, run: dict, out_root: str) -> str:
+def write_folder(name: str, spec: dict, files: dict, run: Seq2SeqRun, out_root: str) -> str:
     """Write out_root/name afresh (tokenizer files, weights, configs, expected.npz)."""
-    import transformers
-    from safetensors.torch import save_file
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_folder(out_root, name)
     write_tokenizer_files(files, out)
     vocab_size = len(files["vocab"])
-    save_file(weight_tensors(run["model"], spec), os.path.join(out, "model.safetensors"),
-              metadata={"format": "pt"})
+    save_tensors(weight_tensors(run.model, spec), out)
     write_json(os.path.join(out, "config.json"), hub_config(spec, vocab_size))
     write_json(os.path.join(out, "generation_config.json"), generation_config(vocab_size))
-    positions = run["model"].model.encoder.embed_positions.weight.detach().numpy()
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=run["prompt_ids"],
-        encoder_output=run["enc"], decoder_start_token_id=np.array(vocab_size - 1, dtype=np.int64),
-        tokens=run["tokens"], step_logits=run["step_logits"], prefill_logits=run["step_logits"][0],
-        full_step_logits=run["full"], full_logits_last=run["full"][-1],
-        positions=positions.astype(np.float32),
-        transformers_version=np.array(transformers.__version__))
+    positions = run.model.model.encoder.embed_positions.weight.detach().numpy()
+    write_expected(out, seq2seq_arrays(spec["prompt"], run,
+                                       positions=positions.astype(np.float32)))
     return out
 
 
-def check_reload(name: str, spec: dict, out: str, run: dict):
+def check_reload(name: str, spec: dict, out: str, run: Seq2SeqRun):
     """Reload the folder (float32, eager) and check it reproduces the encoder output, the
     prefill, the last full-sequence logits and the greedy generate() tokens to TOL, with
     final_logits_bias, the sinusoid tables (from the file or computed), the tied head and the
-    stored dtype / names; tokenizer.json and MarianTokenizer must both give prompt_ids. Return
-    (reloaded model, largest relative error)."""
+    stored dtype / names; tokenizer.json must give prompt_ids. Return (reloaded model, largest
+    relative error)."""
     import torch
-    from safetensors import safe_open
-    from tokenizers import Tokenizer
     from transformers import MarianMTModel
 
-    back = MarianMTModel.from_pretrained(out, dtype=torch.float32,
-                                         attn_implementation="eager").eval()
-    model = run["model"]
+    back = load_reference(MarianMTModel, out)
+    model = run.model
     assert back.lm_head.weight is back.model.shared.weight, name
     assert torch.equal(back.model.shared.weight, model.model.shared.weight), name
     assert torch.equal(back.final_logits_bias, model.final_logits_bias), name
@@ -580,23 +531,12 @@ def check_reload(name: str, spec: dict, out: str, run: dict):
     pad = back.config.pad_token_id
     assert (gen.bad_words_ids, gen.forced_eos_token_id, gen.num_beams, gen.renormalize_logits,
             gen.decoder_start_token_id) == ([[pad]], EOS_ID, 4, True, pad), gen
-    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        assert f.metadata() == {"format": "pt"}, f.metadata()
-        keys = set(f.keys())
-        assert {f.get_slice(k).get_dtype() for k in keys} == {
-            {"float32": "F32", "bfloat16": "BF16"}[spec["dtype"]]}, name
+    keys = set(check_safetensors(out, spec["dtype"]))
     assert (set(POSITION_KEYS) <= keys) == spec["positions_in_file"], name
     assert not keys & set(TIED_COPIES) and "final_logits_bias" in keys, name
-    enc = encoder_output(back, run["prompt_ids"])
-    full = decoder_logits(back, enc, run["tokens"], pad)
-    prefill = decoder_logits(back, enc, run["tokens"][:1], pad)[0]
-    err = max(rel_err(enc[0].numpy(), run["enc"]), rel_err(prefill, run["step_logits"][0]),
-              rel_err(full[-1], run["full"][-1]))
-    assert err < TOL, f"{name}: reloaded folder differs by {err}"
-    seq = generate(back, run["prompt_ids"], do_sample=False, num_beams=1, max_new_tokens=N_NEW)
-    assert seq[0].tolist() == [pad] + run["tokens"].tolist(), name
-    ids = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).encode(spec["prompt"]).ids
-    assert ids == run["prompt_ids"].tolist() and ids[-1] == EOS_ID, (name, ids)
+    err = check_seq2seq_reload(name, back, run, TOL)
+    assert greedy_generate(back, run.prompt_ids, pad, N_NEW) == run.tokens.tolist(), name
+    check_tokenizer(out, spec["prompt"], run.prompt_ids, auto=False)
     return back, err
 
 
@@ -608,22 +548,14 @@ def make_fixture(name: str, spec: dict, files: dict, out_root: str) -> tuple[dic
     assert prompt_ids[-1] == EOS_ID and EOS_ID not in prompt_ids[:-1], prompt_ids
     vocab_size = len(files["vocab"])
     assert spec["positions_in_file"] <= (spec["dtype"] == "float32"), name
-    seed, model, tokens, step_logits, margins, enc, full = search(name, spec, prompt_ids,
-                                                                    vocab_size)
-    run = dict(seed=seed, model=model, prompt_ids=prompt_ids, tokens=tokens,
-               step_logits=step_logits, enc=enc, full=full)
+    run = search(name, spec, prompt_ids, vocab_size)
     out = write_folder(name, spec, files, run, out_root)
     back, err = check_reload(name, spec, out, run)
-    hf = marian_tokenizer(out)
-    summary = dict(name=name, seed=seed, vocab=vocab_size, prompt_len=len(prompt_ids),
-                   n_new=len(tokens), dtype=spec["dtype"],
-                   positions_in_file=spec["positions_in_file"],
-                   margin=round(float(margins.min()), 4), distinct=len(set(tokens.tolist())),
-                   pad_raw_top_steps=pad_wins(step_logits),
-                   logit_scale=round(float(np.abs(step_logits).max()), 2),
-                   text=hf.decode(tokens.tolist(), skip_special_tokens=True), reload_err=err,
-                   bytes=folder_bytes(out))
-    return summary, back
+    text = marian_tokenizer(out).decode(run.tokens.tolist(), skip_special_tokens=True)
+    return summary(name, run, out, err, margin=float(margins(run.step_logits, vocab_size - 1)
+                                                     .min()), text=text, vocab=vocab_size,
+                   dtype=spec["dtype"], positions_in_file=spec["positions_in_file"],
+                   pad_raw_top_steps=pad_wins(run.step_logits)), back
 
 
 # ---------------------------------------------------------------- beam search
@@ -659,15 +591,10 @@ EXTRA_EOS_STEPS = (2, 10)
 """extra_eos() looks for X among the tokens generated at these (0-based, end excluded) steps."""
 
 
-def beam_run(model, prompt_ids: np.ndarray, kwargs: dict, steps: bool = False):
-    """generate(**kwargs, return_dict_in_generate, output_scores); return (sequences: the new
-    tokens of each returned hypothesis, cut at its own length = its count of beam_indices >= 0,
-    scores: sequences_scores) and, with steps, the number of decoding steps run."""
-    out = generate(model, prompt_ids, return_dict_in_generate=True, output_scores=True, **kwargs)
-    lengths = (out.beam_indices >= 0).sum(dim=1).tolist()
-    seqs = [out.sequences[i, 1:1 + n].tolist() for i, n in enumerate(lengths)]
-    scores = [float(x) for x in out.sequences_scores]
-    return (seqs, scores, len(out.scores)) if steps else (seqs, scores)
+def beam_run(model, prompt_ids: np.ndarray, kwargs: dict) -> tuple[list, list]:
+    """(sequences, scores) of beam_search(model, prompt_ids, **kwargs)."""
+    res = beam_search(model, prompt_ids, **kwargs)
+    return res["sequences"], res["scores"]
 
 
 def extra_eos(model, prompt_ids: np.ndarray) -> int:
@@ -712,7 +639,8 @@ def make_beams(models: dict, prompts: dict, out_root: str) -> dict:
             if folder not in extra:
                 extra[folder] = extra_eos(model, prompt_ids)
             kwargs["eos_token_id"] = [EOS_ID, extra[folder]]
-        seqs, scores, steps = beam_run(model, prompt_ids, kwargs, steps=True)
+        res = beam_search(model, prompt_ids, **kwargs)
+        seqs, scores, steps = res["sequences"], res["scores"], res["steps"]
         seqs64, scores64 = beam_run(copy.deepcopy(model).double(), prompt_ids, kwargs)
         if seqs64 != seqs:
             raise SystemExit(f"{name}: float64 beams differ: {seqs} vs {seqs64}")
@@ -745,13 +673,10 @@ def main(argv=None) -> int:
 
     def make(name, args):
         if name == "beams-marian":
-            import torch
             from transformers import MarianMTModel
 
             for folder in sorted({c[1] for c in BEAM_CASES} - set(models)):  # made before
-                models[folder] = MarianMTModel.from_pretrained(
-                    os.path.join(args.out, folder), dtype=torch.float32,
-                    attn_implementation="eager").eval()
+                models[folder] = load_reference(MarianMTModel, os.path.join(args.out, folder))
             prompts = {f: np.load(os.path.join(args.out, f, "expected.npz"))["prompt_ids"]
                        for f in models}
             return make_beams(models, prompts, args.out)

@@ -83,29 +83,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_t5_tokenizer as t5tok  # noqa: E402
-from fixture_common import (  # noqa: E402
-    MIN_MARGIN,
-    NORM_STD,
-    WEIGHT_STD,
-    Run,
-    decoder_greedy,
-    decoder_logits,
-    encoder_output,
-    folder_bytes,
-    min_margin,
-    random_model,
-    rel_err,
-    run_cli,
-    torch_dtype,
-    write_json,
-)
+from fixture_common import (MIN_MARGIN, NORM_STD, WEIGHT_STD, Seq2SeqRun,  # noqa: E402
+                            check_safetensors, check_seq2seq_reload, check_tokenizer,
+                            fresh_folder, greedy_generate, load_reference, min_margin,
+                            random_model, run_cli, save_tensors, save_weights, seq2seq_arrays,
+                            seq2seq_search, state_tensors, summary, write_expected, write_json)
 
 PAD_ID, EOS_ID, UNK_ID = t5tok.PAD_ID, t5tok.EOS_ID, t5tok.UNK_ID
 START = PAD_ID
@@ -226,38 +214,18 @@ def good(spec: dict, tokens: np.ndarray, step_logits: np.ndarray) -> bool:
             and len(set(tokens.tolist())) >= spec.get("min_distinct", MIN_DISTINCT))
 
 
-def search(name: str, spec: dict, tries: int = 200) -> tuple[Run, np.ndarray, np.ndarray]:
-    """The first seed from spec["seed"] whose greedy decoding is good(); return (run, encoder
-    output (P, d_model), full_step_logits (N, V)), checked against the cached steps and
-    generate()."""
-    import torch
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
+def search(name: str, spec: dict) -> Seq2SeqRun:
+    """The first seed from spec["seed"] whose greedy decoding is good(), checked against the
+    no-cache forward and generate()."""
     prompt_ids = encode(spec["prompt"])
     assert prompt_ids[-1] == EOS_ID
-    for seed in range(spec["seed"], spec["seed"] + tries):
-        model = build(spec, seed)
-        enc = encoder_output(model, prompt_ids)
-        tokens, step_logits = decoder_greedy(model, enc, START, spec["n_new"])
-        if good(spec, tokens, step_logits):
-            break
-    else:
-        raise SystemExit(f"{name}: no seed gave a greedy margin >= {MIN_MARGIN} without "
-                         f"pad/EOS/unk and enough distinct tokens")
-    full = decoder_logits(model, enc, tokens, START)
-    err = rel_err(full, step_logits)
-    assert err < 1e-5 and np.abs(full - step_logits).max() < 1e-4, (name, err)
-    # generate() sizes its DynamicCache from config.num_layers, the ENCODER depth (transformers
-    # 5.23), and fails with an IndexError when num_decoder_layers is larger: hand it a cache
-    # built from the decoder's config
-    cache = EncoderDecoderCache(DynamicCache(config=model.decoder.config),
-                                DynamicCache(config=model.decoder.config))
-    with torch.no_grad():
-        gen = model.generate(torch.from_numpy(prompt_ids)[None], max_new_tokens=spec["n_new"],
-                             do_sample=False, num_beams=1, past_key_values=cache)
-    assert gen[0].tolist() == [START] + tokens.tolist(), (name, gen[0].tolist(), tokens)
-    run = Run(seed, model, prompt_ids, tokens, step_logits, full[-1])
-    return run, enc[0].numpy().astype(np.float32), full
+    run = seq2seq_search(name, spec, build, prompt_ids, START,
+                         lambda model, tokens, steps: good(spec, tokens, steps),
+                         f"a greedy margin >= {MIN_MARGIN} without pad/EOS/unk and enough "
+                         f"distinct tokens", abs_tol=1e-4)
+    gen = greedy_generate(run.model, prompt_ids, START, spec["n_new"])
+    assert gen == run.tokens.tolist(), (name, gen, run.tokens)
+    return run
 
 
 def hub_config(spec: dict) -> dict:
@@ -286,108 +254,66 @@ def hub_config(spec: dict) -> dict:
     return dict(sorted(cfg.items()))
 
 
-def write_untied_weights(model, path: str, dtype: str, embed_copies: bool) -> None:
-    """model.safetensors of an untied T5 in dtype: every state_dict tensor (shared, the
-    encoder / decoder embed_tokens copies of it, lm_head, the blocks) as google's t5-v1_1 files
-    hold them, or without the two embed_tokens copies (embed_copies False) as transformers 4's
-    save_pretrained wrote them."""
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().to(torch_dtype(dtype)).contiguous().clone()
-               for k, v in model.state_dict().items()}
-    for k in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-              "lm_head.weight"):
+def untied_tensors(model, dtype: str, embed_copies: bool) -> dict:
+    """The tensors of an untied T5's model.safetensors in dtype: every state_dict tensor
+    (shared, the encoder / decoder embed_tokens copies of it, lm_head, the blocks) as google's
+    t5-v1_1 files hold them, or without the two embed_tokens copies (embed_copies False) as
+    transformers 4's save_pretrained wrote them."""
+    copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    tensors = state_tensors(model, dtype, drop=() if embed_copies else copies)
+    for k in ("shared.weight", "lm_head.weight") + (copies if embed_copies else ()):
         assert k in tensors, k
-    if not embed_copies:
-        del tensors["encoder.embed_tokens.weight"], tensors["decoder.embed_tokens.weight"]
     assert not tensors["lm_head.weight"].equal(tensors["shared.weight"])
-    save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
+    return tensors
 
 
-def write_folder(name: str, spec: dict, run: Run, enc: np.ndarray, full: np.ndarray,
-                 out_root: str) -> str:
+def write_folder(name: str, spec: dict, run: Seq2SeqRun, out_root: str) -> str:
     """Write out_root/name afresh (weights, configs, tokenizer files, expected.npz)."""
-    import torch
-    import transformers
     from transformers import GenerationConfig
 
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_folder(out_root, name)
     if spec["untied"]:
-        write_untied_weights(run.model, os.path.join(out, "model.safetensors"), spec["dtype"],
-                             spec["embed_copies"])
+        save_tensors(untied_tensors(run.model, spec["dtype"], spec["embed_copies"]), out)
     else:
-        run.model.to(torch_dtype(spec["dtype"])).save_pretrained(out)
-        run.model.to(torch.float32)
-        for f in ("config.json", "generation_config.json"):  # written below
-            os.remove(os.path.join(out, f))
-    assert sorted(os.listdir(out)) == ["model.safetensors"], os.listdir(out)
+        save_weights(run.model, out, spec["dtype"])
     write_json(os.path.join(out, "config.json"), hub_config(spec))
     GenerationConfig(decoder_start_token_id=START, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
                      do_sample=False, max_new_tokens=spec["n_new"]).save_pretrained(out)
     t5tok.write_tokenizer(TOKENIZER, out, pretty=False)
-    np.savez_compressed(
-        os.path.join(out, "expected.npz"),
-        prompt=np.array(spec["prompt"]), prompt_ids=run.prompt_ids, encoder_output=enc,
-        decoder_start_token_id=np.array(START, dtype=np.int64), tokens=run.tokens,
-        step_logits=run.step_logits, prefill_logits=run.step_logits[0],
-        full_step_logits=full, full_logits_last=run.full_last,
-        transformers_version=np.array(transformers.__version__))
+    write_expected(out, seq2seq_arrays(spec["prompt"], run))
     return out
 
 
-def check_reload(name: str, spec: dict, out: str, run: Run, enc: np.ndarray) -> float:
+def check_reload(name: str, spec: dict, out: str, run: Seq2SeqRun) -> float:
     """Reload the folder (float32, eager) and check it reproduces the encoder output, the
     prefill and the last full-sequence logits to TOL, the tied / untied head and the stored
     dtype, and that tokenizer.json and transformers' AutoTokenizer both give prompt_ids;
     return the largest relative error."""
     import torch
-    from safetensors import safe_open
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer, T5ForConditionalGeneration
+    from transformers import T5ForConditionalGeneration
 
-    back = T5ForConditionalGeneration.from_pretrained(out, dtype=torch.float32,
-                                                      attn_implementation="eager").eval()
-    cfg = back.config
-    assert cfg.scale_decoder_outputs == (not spec["untied"]), name
+    back = load_reference(T5ForConditionalGeneration, out)
+    assert back.config.scale_decoder_outputs == (not spec["untied"]), name
     if spec["untied"]:
         assert back.lm_head.weight is not back.shared.weight, name
         assert not torch.equal(back.lm_head.weight, back.shared.weight), name
         assert torch.equal(back.lm_head.weight, run.model.lm_head.weight), name
     else:
         assert back.lm_head.weight is back.shared.weight, name
-    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        assert f.metadata() == {"format": "pt"}, f.metadata()
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {
-            {"float32": "F32", "bfloat16": "BF16"}[spec["dtype"]]}, name
-    back_enc = encoder_output(back, run.prompt_ids)
-    prefill = decoder_logits(back, back_enc, run.tokens[:1], START)[0]
-    full = decoder_logits(back, back_enc, run.tokens, START)
-    err = max(rel_err(back_enc[0].numpy(), enc), rel_err(prefill, run.step_logits[0]),
-              rel_err(full[-1], run.full_last))
-    assert err < TOL, f"{name}: reloaded folder differs by {err}"
-    ids = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).encode(spec["prompt"]).ids
-    assert ids == run.prompt_ids.tolist() and ids[-1] == EOS_ID, name
-    hf = AutoTokenizer.from_pretrained(out)
-    assert hf(spec["prompt"])["input_ids"] == ids, name
+    check_safetensors(out, spec["dtype"])
+    err = check_seq2seq_reload(name, back, run, TOL)
+    check_tokenizer(out, spec["prompt"], run.prompt_ids)
     return err
 
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
-    run, enc, full = search(name, spec)
-    out = write_folder(name, spec, run, enc, full, out_root)
-    err = check_reload(name, spec, out, run, enc)
-    c = spec["config"]
-    return dict(name=name, seed=run.seed, vocab=c["vocab_size"], prompt_len=len(run.prompt_ids),
-                n_new=len(run.tokens), dtype=spec["dtype"], untied=spec["untied"],
-                margin=round(min_margin(run.step_logits), 4),
-                distinct=len(set(run.tokens.tolist())),
-                logit_scale=round(float(np.abs(run.step_logits).max()), 2),
-                text=TOKENIZER.decode(run.tokens.tolist()), reload_err=err,
-                bytes=folder_bytes(out))
+    run = search(name, spec)
+    out = write_folder(name, spec, run, out_root)
+    err = check_reload(name, spec, out, run)
+    return summary(name, run, out, err, text=TOKENIZER.decode(run.tokens.tolist()),
+                   vocab=spec["config"]["vocab_size"], dtype=spec["dtype"],
+                   untied=spec["untied"])
 
 
 TOKENIZER = None

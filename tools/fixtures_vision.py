@@ -245,9 +245,7 @@ Usage:  python tools/fixtures_vision.py [--only NAME ...] [--out tests/fixtures]
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -255,22 +253,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemma_vision_tokenizer as gtok  # noqa: E402
-from fixture_common import (  # noqa: E402
-    BIAS_STD,
-    MIN_MARGIN,
-    NORM_STD,
-    ROOT,
-    WEIGHT_STD,
-    decoder_greedy,
-    decoder_logits,
-    folder_bytes,
-    min_margin,
-    random_model,
-    rel_err,
-    run_cli,
-    torch_dtype,
-    write_json,
-)
+from fixture_common import (BIAS_STD, MIN_MARGIN, NORM_STD, ROOT, WEIGHT_STD, Run,  # noqa: E402
+                            check_safetensors, decoder_greedy, decoder_logits, first_seed,
+                            fresh_folder, generate, load_reference, min_margin, random_model,
+                            rel_err, run_cli, save_tensors, save_weights, summary, write_expected,
+                            write_json)
 
 N_NEW = 32
 MIN_DISTINCT = 16
@@ -675,13 +662,17 @@ def image_sensitive(spec: dict, model, inputs: dict, tokens: np.ndarray) -> bool
 def search(name: str, spec: dict, inputs: dict, tries: int = 300):
     """The first seed from spec["seed"] whose greedy decoding is good() (and image-sensitive);
     returns (seed, model, tokens, step_logits, enc or None)."""
-    for seed in range(spec["seed"], spec["seed"] + tries):
+    def attempt(seed: int):
         model = build(spec, seed)
         tokens, steps, enc = decode(spec, model, inputs, spec["n_new"])
         if good(tokens, steps) and image_sensitive(spec, model, inputs, tokens):
-            return seed, model, tokens, steps, enc
-    raise SystemExit(f"{name}: no seed gave margin >= {MIN_MARGIN}, no special ids, "
-                     f"{MIN_DISTINCT} distinct tokens and image-dependent tokens")
+            return model, tokens, steps, enc
+        return None
+
+    seed, found = first_seed(name, spec, attempt, tries,
+                             f"margin >= {MIN_MARGIN}, no special ids, {MIN_DISTINCT} distinct "
+                             f"tokens and image-dependent tokens")
+    return (seed, *found)
 
 
 # -------------------------------------------------------------------------------- mask checks
@@ -822,19 +813,17 @@ def generation_config(spec: dict):
                             do_sample=False, num_beams=1, max_new_tokens=spec["n_new"])
 
 
-def generate(spec: dict, model, inputs: dict, gen_config=None) -> list[int]:
+def generate_tokens(spec: dict, model, inputs: dict, gen_config=None) -> list[int]:
     """model.generate's new tokens for the processor's inputs (greedy, N new tokens) with
     gen_config (default: the model's own); checks the T5Gemma 2 decoder start / the prompt."""
     import torch
-    kw = dict(input_ids=tensor(inputs["input_ids"])[None],
-              attention_mask=torch.ones(1, len(inputs["input_ids"]), dtype=torch.long))
+    kw = dict(attention_mask=torch.ones(1, len(inputs["input_ids"]), dtype=torch.long))
     if inputs["pixel_values"] is not None:
         kw["pixel_values"] = tensor(inputs["pixel_values"])
     if spec["family"] == "gemma3":
         kw["token_type_ids"] = tensor(inputs["token_type_ids"])[None]
-    with torch.no_grad():
-        out = model.generate(**kw, generation_config=gen_config, do_sample=False, num_beams=1,
-                             max_new_tokens=spec["n_new"])[0].tolist()
+    out = generate(model, inputs["input_ids"], **kw, generation_config=gen_config,
+                   do_sample=False, num_beams=1, max_new_tokens=spec["n_new"])[0].tolist()
     if spec["family"] == "t5gemma2":
         assert out[0] == START, out
         return out[1:]
@@ -871,7 +860,7 @@ def reference(spec: dict, model, inputs: dict, tokens: np.ndarray, steps: np.nda
         arrays.update(full_logits_last=full[-1], token_type_ids=inputs["token_type_ids"])
         facts["nocache_err"] = rel_err(full, steps)
     arrays["prefill_logits"] = steps[0]
-    gen = generate(spec, model, inputs, generation_config(spec))
+    gen = generate_tokens(spec, model, inputs, generation_config(spec))
     assert gen == tokens.tolist(), (gen, tokens.tolist())
     m64 = copy.deepcopy(model).to(torch.float64)
     tokens64, steps64, _ = decode(spec, m64, inputs, spec["n_new"], torch.float64)
@@ -939,24 +928,13 @@ def write_weights(spec: dict, model, out: str) -> dict:
     (layout "save_pretrained"), or that with SigLIP's ``vision_model.`` level put back after
     ``vision_tower.`` (layout "hub", as the Hub's Gemma 3 / T5Gemma 2 files name the tower).
     Returns the config.json dict save_pretrained wrote."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    tmp = tempfile.mkdtemp()
-    try:
-        copy.deepcopy(model).to(torch_dtype(spec["dtype"])).save_pretrained(tmp)
-        assert sorted(os.listdir(tmp)) == ["config.json", "generation_config.json",
-                                           "model.safetensors"], os.listdir(tmp)
-        with open(os.path.join(tmp, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        path = os.path.join(out, "model.safetensors")
-        if spec["layout"] == "save_pretrained":
-            shutil.copy(os.path.join(tmp, "model.safetensors"), path)
-        else:
-            tensors = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v
-                       for k, v in load_file(os.path.join(tmp, "model.safetensors")).items()}
-            save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
-    finally:
-        shutil.rmtree(tmp)
+    cfg = save_weights(model, out, spec["dtype"])
+    if spec["layout"] == "hub":
+        tensors = load_file(os.path.join(out, "model.safetensors"))
+        save_tensors({k.replace("vision_tower.", "vision_tower.vision_model.", 1): v
+                      for k, v in tensors.items()}, out)
     return cfg
 
 
@@ -990,25 +968,19 @@ def write_folder(name: str, spec: dict, model, inputs: dict, tokens, steps, arra
                  out_root: str) -> str:
     """Write out_root/name afresh: weights, config.json, generation_config.json, tokenizer and
     processor files, expected.npz."""
-    import transformers
-
-    out = os.path.join(out_root, name)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_folder(out_root, name)
     saved_cfg = write_weights(spec, model, out)
     cfg = saved_cfg if spec["family"] == "t5gemma2" else hub_gemma3_config(spec)
     write_json(os.path.join(out, "config.json"), cfg)
     generation_config(spec).save_pretrained(out)
     gtok.write_tokenizer_files(out, *vision_params(spec))
     data = dict(prompt=np.array(spec["prompt"]), prompt_ids=inputs["input_ids"], tokens=tokens,
-                step_logits=steps, **arrays,
-                transformers_version=np.array(transformers.__version__))
+                step_logits=steps, **arrays)
     if spec["images"]:
         data.update(processor_text=np.array(inputs["text"]), images=np.array(spec["images"]),
                     pixel_values=inputs["pixel_values"],
                     image_processor=np.array(inputs["image_processor"]))
-    np.savez_compressed(os.path.join(out, "expected.npz"), **dict(sorted(data.items())))
+    write_expected(out, data, sort=True)
     return out
 
 
@@ -1029,19 +1001,14 @@ def check_reload(name: str, spec: dict, out: str, model, inputs: dict, tokens, s
     ids / token types / pixel values exactly, the encoder output, vision outputs and logits to
     TOL, generate() with the folder's generation config; return the largest relative error."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     auto = AutoModelForSeq2SeqLM if spec["family"] == "t5gemma2" else AutoModelForImageTextToText
-    back = auto.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    back = load_reference(auto, out)
     assert type(back) is type(model), type(back)
     sd0, sd1 = model.state_dict(), back.state_dict()
     assert sd0.keys() == sd1.keys() and all(torch.equal(sd0[k], sd1[k]) for k in sd0), name
-    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        assert f.metadata() == {"format": "pt"}, f.metadata()
-        assert sorted(f.keys()) == expected_weight_names(spec), name
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {
-            {"float32": "F32", "bfloat16": "BF16"}[spec["dtype"]]}, name
+    assert sorted(check_safetensors(out, spec["dtype"])) == expected_weight_names(spec), name
     if spec["family"] == "t5gemma2":
         emb = back.model.encoder.text_model.embed_tokens
         assert back.lm_head.out_proj.weight is emb.weight
@@ -1093,20 +1060,17 @@ def check_reload(name: str, spec: dict, out: str, model, inputs: dict, tokens, s
                  rel_err(features, arrays["image_features"])]
     err = max(errs)
     assert err < TOL, f"{name}: reloaded folder differs by {err}"
-    assert generate(spec, back, again) == tokens.tolist(), name
+    assert generate_tokens(spec, back, again) == tokens.tolist(), name
     return err
 
 
 def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     """Write one fixture folder and return a summary dict."""
     write_images()
-    tmp = tempfile.mkdtemp()
-    try:  # a processor folder for the search: the spec's config.json and the tokenizer files
-        config_of(spec).save_pretrained(tmp)
+    with tempfile.TemporaryDirectory() as tmp:  # a processor folder for the search: the
+        config_of(spec).save_pretrained(tmp)     # spec's config.json and the tokenizer files
         gtok.write_tokenizer_files(tmp, *vision_params(spec))
         inputs = run_processor(tmp, spec)
-    finally:
-        shutil.rmtree(tmp)
     facts = check_pixels(spec, inputs) if spec["images"] else {}
     seed, model, tokens, steps, enc = search(name, spec, inputs)
     arrays, more = reference(spec, model, inputs, tokens, steps, enc)
@@ -1115,11 +1079,9 @@ def make_fixture(name: str, spec: dict, out_root: str) -> dict:
     err = check_reload(name, spec, out, model, inputs, tokens, steps, arrays)
     from tokenizers import Tokenizer
     text = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).decode(tokens.tolist())
-    return dict(name=name, seed=seed, prompt_len=len(inputs["input_ids"]), n_new=len(tokens),
-                dtype=spec["dtype"], layout=spec["layout"],
-                margin=round(min_margin(steps), 4), distinct=len(set(tokens.tolist())),
-                logit_scale=round(float(np.abs(steps).max()), 2), **facts, reload_err=err,
-                text=text, bytes=folder_bytes(out))
+    run = Run(seed, model, inputs["input_ids"], tokens, steps, arrays["full_logits_last"])
+    return summary(name, run, out, err, text=text, dtype=spec["dtype"], layout=spec["layout"],
+                   **facts)
 
 
 def main(argv=None) -> int:
