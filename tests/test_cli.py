@@ -339,7 +339,7 @@ def test_threads_above_what_numba_runs_are_one_warning(capsys, tmp_path):
     (["-np", "0"], "--parallel must be at least 1"),
     (["--queue", "-1"], "--queue must be at least 0"),
     (["-t", "0"], "-t must be at least 1"),
-    (["-n", "0"], "-n must be at least 1"),
+    (["-n", "0"], "-n must be an integer >= 1, got 0"),
     (["--dtype", "Q9"], "argument --dtype: invalid choice: 'Q9'"),
 ])
 def test_serve_refuses_a_bad_option_in_one_line(capsys, tmp_path, argv, message):
@@ -566,7 +566,7 @@ def test_unreadable_files_and_folders_are_named_errors(tmp_path):
     os.chmod(shard, 0o644)
     os.chmod(sharded / "model.safetensors.index.json", 0)
     assert run(sharded, "hi") == \
-        f"error: {sharded / 'model.safetensors.index.json'}: Permission denied\n"
+        f"error: {sharded / 'model.safetensors.index.json'}: cannot read (Permission denied)\n"
     gguf = tmp_path / "model.gguf"
     shutil.copy(os.path.join(FIXTURES, "gguf-llama-q8_0", "model.gguf"), gguf)
     os.chmod(gguf, 0)
