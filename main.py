@@ -24,8 +24,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL_DIR = os.path.join(HERE, "res", "tiny-llama")
 WEIGHT_FORMATS = ["FP32", "BF16", "FP16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
                   "Q6_K"]
-"""``--dtype``'s choices: models/transformer.py's WEIGHT_FORMATS, spelled out so that parsing
-the command line imports no kernel."""
+"""``--dtype``'s choices: causallm/io/weights.py's WEIGHT_FORMATS, spelled out so that parsing
+the command line imports no kernel (tests/test_options.py checks that they agree)."""
+KV_FORMATS = ["FP32", "FP16"]
+"""``--kv-dtype``'s choices."""
 USER_ERRNOS = frozenset((errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.ENOTDIR,
                          errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS))
 """An OSError of these on a named path is the user's files (unreadable, a folder where a file
@@ -51,7 +53,7 @@ def version() -> str:
         return "unknown"
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse with the CLI's one-line error (``error: ...``, exit status 2) instead of the
     usage block."""
 
@@ -59,8 +61,111 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+RUN, SERVE, WARMUP = "run", "serve", "warmup"
+"""The commands: ``causallm`` (main.py's run), ``causallm serve``, ``python -m causallm.warmup``."""
+
+
+def _option(flags: tuple, commands: set, **kwargs) -> tuple:
+    return flags, frozenset(commands), kwargs
+
+
+OPTIONS = [
+    _option(("-n", "--max-new-tokens"), {RUN, SERVE}, type=int, default=None,
+            help="new tokens to generate, for serve those of a request without max_tokens "
+                 "(nntr_config num_to_generate), at most the context"),
+    _option(("-c", "--ctx-size"), {RUN, SERVE}, type=int, default=None,
+            help="context: the positions of the prompt and the new tokens together, the KV "
+                 "cache rows, for serve each slot's (nntr_config max_seq_len; default: the "
+                 "model's own context, at most 4096)"),
+    _option(("--greedy",), {RUN}, action="store_true", help="argmax decoding, one beam"),
+    _option(("--dtype",), {RUN, SERVE, WARMUP}, type=str.upper, default=None,
+            choices=WEIGHT_FORMATS,
+            help="hold the fully connected, embedding and head weights in this format "
+                 "(converted at load); default: as the weight file stores them"),
+    _option(("--kv-dtype",), {RUN, SERVE, WARMUP}, type=str.upper, default=None,
+            choices=KV_FORMATS,
+            help="precision of the KV cache (nntr_config kv_cache_dtype); default: FP32 for "
+                 "float32 weights, FP16 for 16-bit or quantized ones"),
+    _option(("--image",), {RUN}, action="append", default=[], metavar="PATH",
+            help="an image for a vision model (repeatable, in the order of the prompt's "
+                 "<start_of_image> placeholders, or put before the prompt)"),
+    _option(("--num-beams",), {RUN}, type=int, default=None,
+            help="beam search with N beams (generation_config num_beams)"),
+    _option(("--num-return-sequences",), {RUN}, type=int, default=None,
+            help="hypotheses a beam search returns (at most --num-beams)"),
+    _option(("--temp", "--temperature"), {RUN}, dest="temperature", type=float, default=None,
+            help="sampling temperature"),
+    _option(("--top-k",), {RUN}, type=int, default=None,
+            help="keep the k most likely tokens (0: all)"),
+    _option(("--top-p",), {RUN}, type=float, default=None, help="nucleus sampling mass"),
+    _option(("--repeat-penalty", "--repetition-penalty"), {RUN}, dest="repetition_penalty",
+            type=float, default=None, help="repetition penalty (1.0: off)"),
+    _option(("--min-p",), {RUN}, type=float, default=None,
+            help="keep tokens with probability >= P x the top one's (0: off)"),
+    _option(("--typical-p",), {RUN}, type=float, default=None,
+            help="locally typical sampling mass (1.0: off)"),
+    _option(("--presence-penalty",), {RUN}, type=float, default=None,
+            help="subtract from the logit of every token already generated (0: off)"),
+    _option(("--frequency-penalty",), {RUN}, type=float, default=None,
+            help="subtract this times its count from a generated token's logit (0: off)"),
+    _option(("--no-repeat-ngram-size",), {RUN}, type=int, default=None,
+            help="never repeat an n-gram of this size (0: off)"),
+    _option(("--min-new-tokens",), {RUN}, type=int, default=None,
+            help="hold back EOS until this many new tokens"),
+    _option(("--stop",), {RUN}, action="append", default=None, metavar="STR",
+            help="end generation when the text contains STR, which is not printed (repeatable)"),
+    _option(("--json-schema",), {RUN}, default=None, metavar="FILE_OR_JSON",
+            help="hold the answer to JSON valid under this JSON Schema (a file, or the schema's "
+                 "text when it starts with '{'); needs the 'grammar' extra"),
+    _option(("--json-object",), {RUN}, action="store_true",
+            help="hold the answer to one JSON object (OpenAI's json_object response format); "
+                 "needs the 'grammar' extra"),
+    _option(("-s", "--seed"), {RUN}, type=int, default=None, help="random seed for sampling"),
+    _option(("-t", "--threads"), {RUN, SERVE}, type=int, default=None,
+            help="threads that compute (default: every core)"),
+    _option(("-np", "--parallel"), {SERVE}, type=int, default=None,
+            help="requests decoded together: the KV caches hold this many sequences (default: "
+                 "4, fewer when their caches would take over a quarter of the available "
+                 "memory)"),
+    _option(("--queue",), {SERVE}, type=int, default=64,
+            help="requests that may wait for a slot; beyond them a request gets a 503 "
+                 "(default: 64)"),
+    _option(("--system",), {RUN}, default=None,
+            help="system prompt placed before the prompt (with --chat / -i: the system "
+                 "message)"),
+    _option(("--chat",), {RUN}, action="store_true",
+            help="render the prompt as a user message through the model's chat template"),
+    _option(("-i", "--interactive"), {RUN}, action="store_true",
+            help="chat in the terminal, turn by turn, keeping the KV cache"),
+    _option(("--chat-template-file",), {RUN}, default=None, metavar="FILE",
+            help="with --chat / -i: the Jinja chat template in FILE instead of the model's (a "
+                 "GGUF's tokenizer.chat_template, a folder's chat_template.jinja or "
+                 "tokenizer_config.json)"),
+    _option(("--plugin",), {RUN, SERVE}, action="append", default=[], metavar="FILE.py",
+            help="import a Python file that registers model classes (repeatable)"),
+    _option(("--graph",), {RUN}, default=None, metavar="FILE",
+            help="write the compiled layer graph (FILE.dot, or FILE.svg with Graphviz) and "
+                 "exit without loading weights or generating"),
+    _option(("--json",), {RUN}, action="store_true",
+            help="print one JSON object with ids, text and metrics as the last line"),
+    _option(("--log-level",), {SERVE}, default="info",
+            choices=["critical", "error", "warning", "info", "debug"],
+            help="uvicorn's log level (default: info)"),
+    _option(("--debug",), {RUN, SERVE}, action="store_true", help="show tracebacks"),
+]
+"""Every option of the commands, declared once (as llama.cpp's common/arg.cpp): its flags, the
+commands that take it, argparse's keywords."""
+
+
+def add_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The OPTIONS of ``command`` on parser ``p``."""
+    for flags, commands, kwargs in OPTIONS:
+        if command in commands:
+            p.add_argument(*flags, **kwargs)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(
+    p = Parser(
         prog="causallm",
         usage="causallm [MODEL_DIR] [PROMPT] [options]\n       causallm serve MODEL_DIR [options]",
         description="Run an NNTrainer-style CausalLM on a model folder. To serve it over an "
@@ -75,75 +180,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("prompt", nargs="?", default=None,
                    help="input text; '-' reads it from stdin, as does no PROMPT when stdin is "
                         "a pipe or a file (default: nntr_config.json sample_input)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens to generate (nntr_config num_to_generate), at most the "
-                        "context")
-    p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help="context: the positions of the prompt and the new tokens together, the "
-                        "KV cache rows (nntr_config max_seq_len; default: the model's own "
-                        "context, at most 4096)")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding, one beam")
-    p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
-                   help="hold the fully connected, embedding and head weights in this format "
-                        "(converted at load); default: as the weight file stores them")
-    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
-                   help="precision of the KV cache (nntr_config kv_cache_dtype); default: FP32 "
-                        "for float32 weights, FP16 for 16-bit or quantized ones")
-    p.add_argument("--image", action="append", default=[], metavar="PATH",
-                   help="an image for a vision model (repeatable, in the order of the prompt's "
-                        "<start_of_image> placeholders, or put before the prompt)")
-    p.add_argument("--num-beams", type=int, default=None,
-                   help="beam search with N beams (generation_config num_beams)")
-    p.add_argument("--num-return-sequences", type=int, default=None,
-                   help="hypotheses a beam search returns (at most --num-beams)")
-    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
-                   help="sampling temperature")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-    p.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty",
-                   type=float, default=None, help="repetition penalty (1.0: off)")
-    p.add_argument("--min-p", type=float, default=None,
-                   help="keep tokens with probability >= P x the top one's (0: off)")
-    p.add_argument("--typical-p", type=float, default=None,
-                   help="locally typical sampling mass (1.0: off)")
-    p.add_argument("--presence-penalty", type=float, default=None,
-                   help="subtract from the logit of every token already generated (0: off)")
-    p.add_argument("--frequency-penalty", type=float, default=None,
-                   help="subtract this times its count from a generated token's logit (0: off)")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
-                   help="never repeat an n-gram of this size (0: off)")
-    p.add_argument("--min-new-tokens", type=int, default=None,
-                   help="hold back EOS until this many new tokens")
-    p.add_argument("--stop", action="append", default=None, metavar="STR",
-                   help="end generation when the text contains STR, which is not printed "
-                        "(repeatable)")
-    p.add_argument("--json-schema", default=None, metavar="FILE_OR_JSON",
-                   help="hold the answer to JSON valid under this JSON Schema (a file, or the "
-                        "schema's text when it starts with '{'); needs the 'grammar' extra")
-    p.add_argument("--json-object", action="store_true",
-                   help="hold the answer to one JSON object (OpenAI's json_object response "
-                        "format); needs the 'grammar' extra")
-    p.add_argument("-s", "--seed", type=int, default=None, help="random seed for sampling")
-    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
-    p.add_argument("--system", default=None,
-                   help="system prompt placed before the prompt (with --chat / -i: the system "
-                        "message)")
-    p.add_argument("--chat", action="store_true",
-                   help="render the prompt as a user message through the model's chat template")
-    p.add_argument("-i", "--interactive", action="store_true",
-                   help="chat in the terminal, turn by turn, keeping the KV cache")
-    p.add_argument("--chat-template-file", default=None, metavar="FILE",
-                   help="with --chat / -i: the Jinja chat template in FILE instead of the "
-                        "model's (a GGUF's tokenizer.chat_template, a folder's "
-                        "chat_template.jinja or tokenizer_config.json)")
-    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
-                   help="import a Python file that registers model classes (repeatable)")
-    p.add_argument("--graph", default=None, metavar="FILE",
-                   help="write the compiled layer graph (FILE.dot, or FILE.svg with Graphviz) "
-                        "and exit without loading weights or generating")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object with ids, text and metrics as the last line")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_options(p, RUN)
     args = p.parse_intermixed_args(argv)  # options may come before, between or after them
     if args.model_dir == "-" and args.prompt is None:  # `causallm -`: the default model
         args.model_dir, args.prompt = DEFAULT_MODEL_DIR, "-"
@@ -158,16 +195,26 @@ CLI_GENERATION_OPTIONS = (
 its option's name as argparse's dest."""
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_model_options(args: argparse.Namespace) -> None:
+    """The options main.py and serve share (-n, -c, -t), checked one way for both."""
     from causallm.errors import CausalLMError
-
     from causallm.generation.options import check
 
+    check("max_new_tokens", args.max_new_tokens, "flag")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise CausalLMError("-c must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise CausalLMError("-t must be at least 1")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    from causallm.errors import CausalLMError
+    from causallm.generation.options import check
+
+    _check_model_options(args)
     for name in CLI_GENERATION_OPTIONS:  # one check of each option, as the API's and server's
         check(name, getattr(args, name), "flag")
     checks = [
-        (args.ctx_size is not None and args.ctx_size < 1, "-c must be at least 1"),
-        (args.threads is not None and args.threads < 1, "-t must be at least 1"),
         (args.greedy and args.num_beams is not None and args.num_beams > 1,
          "--greedy means one beam; it cannot go with --num-beams > 1"),
         (args.interactive and args.prompt is not None,
@@ -390,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="causallm serve",
+    p = Parser(prog="causallm serve",
                 description="Serve a model over an OpenAI-compatible HTTP API "
                             "(docs/server.md); needs the 'serve' extra.")
     p.add_argument("model_dir", help="model folder or .gguf file")
@@ -399,46 +446,17 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
     p.add_argument("--model-name", default=None,
                    help="the model id responses and /v1/models show (default: the folder name)")
-    p.add_argument("--dtype", type=str.upper, default=None, choices=WEIGHT_FORMATS,
-                   help="hold the packable weights in this format (converted at load)")
-    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
-                   help="precision of the KV cache")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=None,
-                   help="new tokens when a request gives no max_tokens (nntr_config "
-                        "num_to_generate), at most the context")
-    p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help="context of each slot: the positions of a request's prompt and new "
-                        "tokens together (nntr_config max_seq_len; default: the model's own "
-                        "context, at most 4096)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="kernel threads")
-    p.add_argument("-np", "--parallel", type=int, default=None,
-                   help="requests decoded together: the KV caches hold this many sequences "
-                        "(default: 4, fewer when their caches would take over a quarter of "
-                        "the available memory)")
-    p.add_argument("--queue", type=int, default=64,
-                   help="requests that may wait for a slot; beyond them a request gets a 503 "
-                        "(default: 64)")
-    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
-                   help="a Python file registering model classes (repeatable), as in the CLI")
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (default: info)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_options(p, SERVE)
     return p.parse_args(argv)
 
 
 def serve(args: argparse.Namespace) -> int:
     """``causallm serve``: load the model once, then answer HTTP requests until interrupted."""
     from causallm.errors import CausalLMError
-    from causallm.generation.options import check
 
     if not 0 <= args.port <= 65535:
         raise CausalLMError("--port must be in [0, 65535]")
-    check("max_new_tokens", args.max_new_tokens, "flag")
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise CausalLMError("-c must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise CausalLMError("-t must be at least 1")
+    _check_model_options(args)
     if args.parallel is not None and args.parallel < 1:
         raise CausalLMError("--parallel must be at least 1")
     if args.queue < 0:

@@ -16,7 +16,6 @@ that cannot be loaded.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -24,16 +23,12 @@ import time
 def main(argv: list[str] | None = None) -> int:
     import causallm  # noqa: F401  (first: it sizes the thread pools before numpy loads)
     from causallm.errors import CausalLMError
-    from causallm.main import DEFAULT_MODEL_DIR
+    from causallm.main import DEFAULT_MODEL_DIR, WARMUP, Parser, add_options
 
-    p = argparse.ArgumentParser(prog="python -m causallm.warmup",
-                                description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m causallm.warmup", description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", default=[DEFAULT_MODEL_DIR],
                    help="model folders or .gguf files (default: the embedded model)")
-    p.add_argument("--dtype", type=str.upper, default=None,
-                   help="the weight format the runs will use (main.py's --dtype)")
-    p.add_argument("--kv-dtype", type=str.upper, default=None, choices=["FP32", "FP16"],
-                   help="the KV cache format the runs will use (main.py's --kv-dtype)")
+    add_options(p, WARMUP)  # --dtype, --kv-dtype: the formats the runs will use
     args = p.parse_args(argv)
     from causallm.loader import load
 

@@ -77,3 +77,20 @@ def test_long_names_of_the_cli_are_the_api_names(capsys):
     args = main.parse_args([TINY, "hi", "--temperature", "0.5", "--repetition-penalty", "1.2",
                             "--max-new-tokens", "3"])
     assert (args.temperature, args.repetition_penalty, args.max_new_tokens) == (0.5, 1.2, 3)
+
+
+def test_the_commands_declare_their_shared_options_once():
+    """main.py's OPTIONS table is the one declaration of every flag: serve and warmup take the
+    shared ones from it (warmup's --dtype choices included), and --dtype's choices are the
+    weight formats the loader knows."""
+    from causallm.io.weights import WEIGHT_FORMATS
+    from causallm.warmup import main as warmup
+
+    assert tuple(main.WEIGHT_FORMATS) == WEIGHT_FORMATS
+    serve = main.parse_serve_args(["m", "-n", "5", "-c", "64", "-t", "1", "--dtype", "q8_0"])
+    run = main.parse_args(["m", "p", "-n", "5", "-c", "64", "-t", "1", "--dtype", "q8_0"])
+    for name in ("max_new_tokens", "ctx_size", "threads", "dtype", "kv_dtype", "plugin", "debug"):
+        assert getattr(serve, name) == getattr(run, name)
+    with pytest.raises(SystemExit) as e:
+        warmup(["--dtype", "Q9"])
+    assert e.value.code == 2
