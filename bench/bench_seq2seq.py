@@ -30,6 +30,7 @@ warning says otherwise).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -107,8 +108,10 @@ def child_ours(folder: str, ids: list[int], decode: int, beams: int, threads: in
     model.initialize()
     model.load_weight()
     # a fixed number of steps and no processors, as torch's run
-    model.EOS_TOKEN_ID, model.FORCED_EOS_TOKEN_ID, model.BAD_WORDS_IDS = [], [], []
-    model.RENORMALIZE_LOGITS = False
+    model.EOS_TOKEN_ID = []
+    model.generation = dataclasses.replace(model.generation, eos_token_id=[],
+                                           forced_eos_token_id=[], bad_words_ids=[],
+                                           renormalize_logits=False)
     load_s = time.perf_counter() - t0
 
     def run():

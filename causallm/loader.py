@@ -18,10 +18,11 @@ then initializes it and loads its weights. ``complete`` (and ``generate``, ``str
 through the model's own ``generate_tokens`` (the generator loop over batch rows,
 causallm/generation/generator.py) and prefills from position 0; ``complete_many`` and
 ``request`` go through the scheduler (causallm/generation/scheduler.py), which decodes several
-prompts on the model's slots and reuses what a slot holds, prefix by prefix. A call's sampling
-options are set on top of the configs' values and forgotten after it, so one loaded model
-serves any number of calls. Calls from several threads take turns (a lock): the model's
-caches are never shared.
+prompts on the model's slots and reuses what a slot holds, prefix by prefix. A call's generation
+options make a copy of the model's settings (the configs' and load()'s:
+``LanguageModel.withOptions``) for that call, and the model is not changed, so one loaded model
+serves any number of calls. Calls from several threads take turns (a lock): the model's caches
+are never shared.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -183,7 +184,6 @@ class LoadedModel:
         self.generates = isinstance(model, LanguageModel)
         self.embeds = model.MODEL_TYPE == ModelType.EMBEDDING
         self.lock = threading.Lock()
-        self._defaults = {k: v for k, v in vars(model).items() if k.isupper()}
         self._template = None
         self._scheduler = None
 
@@ -258,10 +258,11 @@ class LoadedModel:
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
 
     # -- generation -------------------------------------------------------------------------
-    def _set_options(self, options: dict, what: str) -> int | None:
-        """A call's generation options (causallm/generation/options.py) over the configs' and
-        load()'s values, on the model (hold ``lock``); returns its max_new_tokens (None: the
-        model's num_to_generate). ``what`` names the call in errors."""
+    def _settings(self, options: dict, what: str):
+        """(settings, max_new_tokens) of a call: its generation options
+        (causallm/generation/options.py) over the model's settings (the configs' and load()'s),
+        a copy (LanguageModel.withOptions: the model is not changed); max_new_tokens None is the
+        model's num_to_generate. ``what`` names the call in errors."""
         from causallm.generation.options import check_all
 
         if not self.generates:
@@ -275,19 +276,18 @@ class LoadedModel:
                                 f"{context} positions, shared by the prompt and the new "
                                 f"tokens; load the model with a larger ctx_size")
         model = self.model
-        for key, value in self._defaults.items():  # the configs' values, every call
-            setattr(model, key, value)
-        model.setGenerationOptions(**options)
-        return max_new_tokens
+        return model.withOptions(model.generation, what=what, **options), max_new_tokens
 
-    def _encode_turn(self, prompt, tools: list | None = None,
-                     reply_prefix: str = "") -> list[int]:
-        """``encode``; a chat reply also ends at the template's end-of-turn token (<|im_end|>
-        ...), added to the model's EOS ids (hold ``lock``)."""
+    def _encode_turn(self, prompt, settings, tools: list | None = None,
+                     reply_prefix: str = ""):
+        """(``encode``'s ids, ``settings``); a chat reply also ends at the template's end-of-turn
+        token (<|im_end|> ...), added to the settings' EOS ids (hold ``lock``)."""
         ids = self.encode(prompt, tools, reply_prefix)
         if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
-            self.model.addEosTokenIds(self.chat_template().endOfTurnIds(self.model.tokenizer))
-        return ids
+            end = self.chat_template().endOfTurnIds(self.model.tokenizer)
+            settings = replace(settings, eos_token_id=list(dict.fromkeys(
+                [*settings.eos_token_id, *map(int, end)])))
+        return ids, settings
 
     def complete(self, prompt, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
@@ -318,7 +318,7 @@ class LoadedModel:
                        top_k=top_k, seed=seed, stop=stop, greedy=greedy,
                        repetition_penalty=repetition_penalty)
         with self.lock:
-            max_new_tokens = self._set_options(options, "complete")
+            settings, max_new_tokens = self._settings(options, "complete")
             if should_stop is not None and should_stop():
                 raise Stopped()
             model = self.model
@@ -326,7 +326,7 @@ class LoadedModel:
                 self._scheduler.forget()  # this generation writes over slot 0's cache
             model.setImages(images or [])  # before encoding: placeholders expand to image tokens
             try:
-                ids = self._encode_turn(prompt, tools, reply_prefix)
+                ids, settings = self._encode_turn(prompt, settings, tools, reply_prefix)
 
                 def check(_row: int, _token: int) -> None:
                     if should_stop():
@@ -335,7 +335,8 @@ class LoadedModel:
                 result = model.generate_tokens(
                     [ids] * model.BATCH_SIZE, max_new_tokens,
                     on_token=check if should_stop is not None else None,
-                    stream=_Pieces(on_text) if on_text is not None else None)
+                    stream=_Pieces(on_text) if on_text is not None else None,
+                    settings=settings)
             finally:
                 model.setImages([])
         return Completion(text=result.texts[0], finish_reason=FINISH_REASONS[
@@ -383,17 +384,13 @@ class LoadedModel:
                        top_k=top_k, seed=seed, stop=stop, greedy=greedy,
                        repetition_penalty=repetition_penalty)
         with self.lock:
-            try:
-                max_new_tokens = self._set_options(options, "request")
-                ids = self._encode_turn(prompt, tools, reply_prefix)
-                model = self.model
-                settings = model.generationSettings()
-                if max_new_tokens is not None:  # the caller's number: max_length yields
-                    settings.max_length = None
-                n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
-            finally:
-                for key, value in self._defaults.items():
-                    setattr(self.model, key, value)
+            settings, max_new_tokens = self._settings(options, "request")
+            ids, settings = self._encode_turn(prompt, settings, tools, reply_prefix)
+            model = self.model
+            settings = model.generationSettings(settings)
+            if max_new_tokens is not None:  # the caller's number: max_length yields
+                settings = replace(settings, max_length=None)
+            n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
         return Request(ids, settings, n, model.tokenizer, on_text, logprobs=logprobs,
                        skip_special_tokens=skip_special_tokens)
 

@@ -191,7 +191,7 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
             raise BadRequest(f"'logit_bias' token ids must be in [0, "
                              f"{loaded.model.NUM_VOCAB})", "logit_bias")
         if banned:
-            options["bad_words_ids"] = list(loaded.model.BAD_WORDS_IDS) + banned
+            options["bad_words_ids"] = list(loaded.model.generation.bad_words_ids) + banned
     return options
 
 

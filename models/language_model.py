@@ -1,13 +1,15 @@
 """LanguageModel: a Transformer with an LM head that generates text; the base of CausalLM and
 EncoderDecoder.
 
-It holds what ``CausalLM::setupParameters`` reads for generation (generation_config.json's
-``eos_token_id``, ``bos_token_id``, ``do_sample``, ``top_k``, ``top_p``, ``temperature``,
-``repetition_penalty``; nntr_config's ``bad_word_ids`` and ``lmhead_dtype``) under the C++ names,
-the search and sampling keys transformers reads beyond those (``readSearchParameters``; a
+It reads what ``CausalLM::setupParameters`` reads for generation: the token ids under the C++
+names (``EOS_TOKEN_ID``, ``BOS_TOKEN_ID``, nntr_config's ``BAD_WORD_IDS``; ``LMHEAD_DTYPE``), and
+the sampling and search keys of generation_config.json, the C++'s and those transformers reads
+beyond them, into one frozen ``GenerationSettings``, ``generation`` (``readGenerationConfig``; a
 generation_config.json key that is neither applied nor metadata gets one warning line on stderr
-after the first generation), and the C++-named entry points, thin wrappers over the generator (causallm/generation/
-generator.py), which owns token selection, stop rules, streaming and metrics:
+after the first generation). A call's options make a copy (``withOptions``); the CLI's flags and
+load()'s options replace the model's own (``setGenerationOptions``). The C++-named entry points
+are thin wrappers over the generator (causallm/generation/generator.py), which owns token
+selection, stop rules, streaming and metrics:
 
 - ``run(prompt, do_sample, system_prompt, tail_prompt, log_output)``: encode the text, generate,
   stream row 0's text to stdout and print the metrics block;
@@ -21,6 +23,7 @@ for the system-prompt KV cache) and ``chatPrompt`` are the other hooks.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from causallm.errors import CausalLMError
 from causallm.generation.beam import BeamSearch
@@ -56,14 +59,9 @@ METADATA_GENERATION_KEYS = frozenset((
 """generation_config.json keys that do not change the tokens chosen: no warning."""
 
 
-OPTION_ATTRIBUTES = {
-    "temperature": "TEMPERATURE", "top_k": "TOP_K", "top_p": "TOP_P", "min_p": "MIN_P",
-    "typical_p": "TYPICAL_P", "repetition_penalty": "REPETITION_PENALTY",
-    "presence_penalty": "PRESENCE_PENALTY", "frequency_penalty": "FREQUENCY_PENALTY",
-    "no_repeat_ngram_size": "NO_REPEAT_NGRAM_SIZE", "min_new_tokens": "MIN_NEW_TOKENS",
-    "seed": "SEED", "stop": "STOP_STRINGS", "num_beams": "NUM_BEAMS",
-    "num_return_sequences": "NUM_RETURN_SEQUENCES", "bad_words_ids": "BAD_WORDS_IDS"}
-"""The attribute each generation option (causallm/generation/options.py) sets on the model."""
+OPTION_FIELDS = {"stop": "stop_strings"}
+"""The GenerationSettings field of a generation option (causallm/generation/options.py) whose
+name differs from it."""
 
 
 def unappliedKeyWarnings(generation_cfg: JsonConfig) -> list[str]:
@@ -90,83 +88,86 @@ class LanguageModel(Transformer):
         bos = (generation_cfg.get_int_list("bos_token_id", [])
                or cfg.get_int_list("bos_token_id", []))
         self.BOS_TOKEN_ID = bos[0] if bos else None
-        g = GENERATION_DEFAULTS
-        self.DO_SAMPLE = generation_cfg.get_bool("do_sample", g["do_sample"])
-        self.TOP_K = check_config(generation_cfg, "top_k", g["top_k"])
-        self.TOP_P = float(check_config(generation_cfg, "top_p", g["top_p"]))
-        self.TEMPERATURE = float(check_config(generation_cfg, "temperature", g["temperature"]))
-        self.REPETITION_PENALTY = float(check_config(generation_cfg, "repetition_penalty",
-                                                     g["repetition_penalty"]))
-        self.SEED = None
-        self.PRESENCE_PENALTY = 0.0   # OpenAI's / llama.cpp's, not generation_config keys
-        self.FREQUENCY_PENALTY = 0.0
-        self.RESPONSE_FORMAT = None   # a compiled response format (structured output), or None
-        self.readSearchParameters(cfg, generation_cfg)
-        # max_length (prompt and new tokens together; an encoder-decoder's decoder tokens, its
-        # start token included) caps the new tokens as in transformers, where it binds: when
-        # nothing sets their number (nntr_config num_to_generate, -n, generation_config's
-        # max_new_tokens, a call's max_new_tokens), which transformers' max_new_tokens overrides
-        self.MAX_LENGTH = None
-        if generation_cfg.get("max_length") is not None and not (
-                nntr_cfg.contains("num_to_generate") or generation_cfg.contains("max_new_tokens")):
-            self.MAX_LENGTH = generation_cfg.get_int("max_length", minimum=1)
+        self.generation = self.readGenerationConfig(cfg, generation_cfg, nntr_cfg)
+        self.NUM_BEAMS = self.generation.num_beams  # the beams the graph is built for
         self.config_warnings = unappliedKeyWarnings(generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()
         self.result = GenerationResult()
 
-    def readSearchParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig) -> None:
-        """The search keys transformers' generate() reads: from generation_config.json, or from
-        config.json when the folder has no generation_config.json (GenerationConfig's
-        from_model_config). Beyond the C++, which decodes one row greedily or by sampling."""
+    def readGenerationConfig(self, cfg: JsonConfig, generation_cfg: JsonConfig,
+                             nntr_cfg: JsonConfig) -> GenerationSettings:
+        """The settings of a generation that sets nothing: CausalLM::setupParameters' sampling
+        keys from generation_config.json (NNTrainer's defaults for the missing ones), and the
+        search keys transformers' generate() reads, from generation_config.json or from
+        config.json when the folder has none (GenerationConfig's from_model_config): beyond
+        the C++, which decodes one row greedily or by sampling. Each value is checked by its
+        option's rule (causallm/generation/options.py), a bad one naming the file and key."""
+        g = GENERATION_DEFAULTS
         src = generation_cfg if generation_cfg.exists else cfg
-        self.NUM_BEAMS = check_config(src, "num_beams", 1)
-        if self.NUM_BEAMS > self.NUM_VOCAB:
+        num_beams = check_config(src, "num_beams", 1)
+        if num_beams > self.NUM_VOCAB:
             raise src.error("num_beams", f"at most vocab_size ({self.NUM_VOCAB})")
-        self.NUM_RETURN_SEQUENCES = check_config(src, "num_return_sequences", 1)
-        self.LENGTH_PENALTY = src.get_float("length_penalty", 1.0)
         early = src.get("early_stopping", False)
         if early not in (True, False, "never"):
             raise src.error("early_stopping", "true, false or \"never\"")
-        self.EARLY_STOPPING = early
-        self.NO_REPEAT_NGRAM_SIZE = check_config(src, "no_repeat_ngram_size", 0)
-        self.MIN_LENGTH = src.get_int("min_length", 0, minimum=0)
-        self.MIN_NEW_TOKENS = check_config(src, "min_new_tokens", 0)
         forced_bos = src.get_int("forced_bos_token_id", -1, minimum=0) \
             if src.contains("forced_bos_token_id") else None
-        self.FORCED_BOS_TOKEN_ID = forced_bos
-        self.FORCED_EOS_TOKEN_ID = src.get_int_list("forced_eos_token_id", [])
+        forced_eos = src.get_int_list("forced_eos_token_id", [])
+        for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
+                           ("forced_eos_token_id", forced_eos)):
+            if any(t >= self.NUM_VOCAB for t in value):
+                raise src.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
         words = check_config(src, "bad_words_ids", [])
         if any(t >= self.NUM_VOCAB for w in words for t in w):
             raise src.error("bad_words_ids", f"a list of non-empty lists of token ids in "
                                              f"[0, {self.NUM_VOCAB})")
-        self.BAD_WORDS_IDS = words
-        self.RENORMALIZE_LOGITS = src.get_bool("renormalize_logits", False)
-        self.MIN_P = float(check_config(src, "min_p", 0.0))
-        self.TYPICAL_P = float(check_config(src, "typical_p", 1.0))
-        self.STOP_STRINGS = check_config(src, "stop", [])
-        for key, value in (("forced_bos_token_id", [forced_bos] if forced_bos is not None else []),
-                           ("forced_eos_token_id", self.FORCED_EOS_TOKEN_ID)):
-            if any(t >= self.NUM_VOCAB for t in value):
-                raise src.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
+        # max_length (prompt and new tokens together; an encoder-decoder's decoder tokens, its
+        # start token included) caps the new tokens as in transformers, where it binds: when
+        # nothing sets their number (nntr_config num_to_generate, -n, generation_config's
+        # max_new_tokens, a call's max_new_tokens), which transformers' max_new_tokens overrides
+        max_length = None
+        if generation_cfg.get("max_length") is not None and not (
+                nntr_cfg.contains("num_to_generate") or generation_cfg.contains("max_new_tokens")):
+            max_length = generation_cfg.get_int("max_length", minimum=1)
+        return GenerationSettings(
+            do_sample=generation_cfg.get_bool("do_sample", g["do_sample"]),
+            temperature=float(check_config(generation_cfg, "temperature", g["temperature"])),
+            top_k=check_config(generation_cfg, "top_k", g["top_k"]),
+            top_p=float(check_config(generation_cfg, "top_p", g["top_p"])),
+            min_p=float(check_config(src, "min_p", 0.0)),
+            typical_p=float(check_config(src, "typical_p", 1.0)),
+            repetition_penalty=float(check_config(generation_cfg, "repetition_penalty",
+                                                  g["repetition_penalty"])),
+            stop_strings=check_config(src, "stop", []), bad_words_ids=words,
+            no_repeat_ngram_size=check_config(src, "no_repeat_ngram_size", 0),
+            min_length=src.get_int("min_length", 0, minimum=0),
+            min_new_tokens=check_config(src, "min_new_tokens", 0),
+            forced_bos_token_id=forced_bos, forced_eos_token_id=forced_eos,
+            eos_token_id=list(self.EOS_TOKEN_ID), num_beams=num_beams,
+            length_penalty=src.get_float("length_penalty", 1.0), early_stopping=early,
+            num_return_sequences=check_config(src, "num_return_sequences", 1),
+            renormalize_logits=src.get_bool("renormalize_logits", False),
+            max_length=max_length)
 
     # -- token selection --------------------------------------------------------------------
-    def setGenerationOptions(self, **options) -> None:
-        """Generation options (causallm/generation/options.py: their names, checks and the
-        surfaces they come from) over the configs' values; None keeps the config's. A
-        temperature, top-k, top-p, min-p or typical-p switches sampling on; ``greedy`` means
-        one beam, argmax; temperature 0 is greedy (``samples``). ``bad_words_ids`` and ``stop``
-        replace the generation_config ones. ``response_format`` (OpenAI's: ``{"type":
+    def withOptions(self, settings: GenerationSettings, what: str = "setGenerationOptions",
+                    **options) -> GenerationSettings:
+        """``settings`` with generation options over them (causallm/generation/options.py:
+        their names, checks and the surfaces they come from; None keeps the value), a copy:
+        nothing of the model changes. A temperature, top-k, top-p, min-p or typical-p switches
+        sampling on; ``greedy`` means one beam, argmax; temperature 0 is greedy. ``bad_words_ids``
+        and ``stop`` replace the configs' ones. ``response_format`` (OpenAI's: ``{"type":
         "json_object"}``, ``{"type": "json_schema", "json_schema": {"name", "schema",
         "strict"}}`` or ``{"type": "text"}``) or ``json_schema`` (a JSON Schema object) holds
         the answer to JSON (causallm/generation/constraint.py), compiled here against the
-        tokenizer so a bad one fails before anything runs; one beam only. The beams size the
-        graph: set them before ``initialize()``. ``max_new_tokens`` is a generation's own
-        argument (``generate_tokens``; ``num_to_generate`` sizes the KV cache)."""
+        tokenizer so a bad one fails before anything runs; one beam only. ``max_new_tokens``
+        is a generation's own argument (``generate_tokens``). ``what`` names the caller in
+        errors."""
         if "max_new_tokens" in options:
-            raise CausalLMError("setGenerationOptions: max_new_tokens is generate_tokens' "
-                                "argument (nntr_config num_to_generate sizes the KV cache)")
-        options = check_options(options, what="setGenerationOptions")
+            raise CausalLMError(f"{what}: max_new_tokens is generate_tokens' argument "
+                                f"(nntr_config num_to_generate is the default)")
+        options = check_options(options, what=what)
         bad_words_ids = options.get("bad_words_ids")
         if bad_words_ids is not None and any(t >= self.NUM_VOCAB for w in bad_words_ids
                                              for t in w):
@@ -181,31 +182,38 @@ class LanguageModel(Transformer):
                                 f"({self.NUM_VOCAB}), got {num_beams}")
         if response_format is not None and json_schema is not None:
             raise CausalLMError("give response_format or json_schema, not both")
+        changes = {OPTION_FIELDS.get(name, name): value for name, value in options.items()}
         if response_format is not None:
-            self.RESPONSE_FORMAT = compile_response_format(self.tokenizer, response_format)
+            changes["response_format"] = compile_response_format(self.tokenizer,
+                                                                 response_format)
         elif json_schema is not None:
-            self.RESPONSE_FORMAT = compile_json_schema(self.tokenizer, json_schema)
-        for name, value in options.items():
-            setattr(self, OPTION_ATTRIBUTES[name], value)
+            changes["response_format"] = compile_json_schema(self.tokenizer, json_schema)
         if any(k in options for k in ("temperature", "top_k", "top_p", "min_p", "typical_p")):
-            self.DO_SAMPLE = True
+            changes["do_sample"] = True
         if greedy:
-            self.DO_SAMPLE = False
-            self.NUM_BEAMS = 1
-            if "num_return_sequences" not in options:
-                self.NUM_RETURN_SEQUENCES = 1
-        if self.is_initialized and self.NUM_BEAMS != self.beams_built:
+            changes.update(do_sample=False, num_beams=1)
+            changes.setdefault("num_return_sequences", 1)
+        s = replace(settings, **changes)
+        if self.is_initialized and s.num_beams != self.beams_built:
             raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
                                 f"num_beams before initialize()")
-        if self.RESPONSE_FORMAT is not None and self.NUM_BEAMS > 1:
+        if s.response_format is not None and s.num_beams > 1:
             raise CausalLMError(f"a response format (JSON schema or JSON object) holds one "
-                                f"sequence to its grammar: it does not go with {self.NUM_BEAMS} "
+                                f"sequence to its grammar: it does not go with {s.num_beams} "
                                 f"beams (use num_beams 1)")
-        if self.RESPONSE_FORMAT is not None and (self.FORCED_BOS_TOKEN_ID is not None
-                                                 or self.FORCED_EOS_TOKEN_ID):
+        if s.response_format is not None and (s.forced_bos_token_id is not None
+                                              or s.forced_eos_token_id):
             raise CausalLMError("a response format (JSON schema or JSON object) does not go with "
                                 "the generation config's forced_bos_token_id / "
                                 "forced_eos_token_id: the tokens they force are not JSON")
+        return s
+
+    def setGenerationOptions(self, **options) -> None:
+        """Generation options (``withOptions``) over the model's own settings, the default of
+        its every generation: what the CLI's flags and ``causallm.load``'s options do. The
+        beams size the graph: set them before ``initialize()``."""
+        self.generation = self.withOptions(self.generation, **options)
+        self.NUM_BEAMS = self.generation.num_beams
 
     def rowsPerPrompt(self) -> int:
         """Decoder rows per prompt: one per beam."""
@@ -215,54 +223,42 @@ class LanguageModel(Transformer):
         super().initialize()
         self.beams_built = self.NUM_BEAMS
 
-    def generationSettings(self, do_sample: bool | None = None) -> GenerationSettings:
-        """What ``generate_tokens`` asks the generator or the beam search for: the settings
-        above; sampling only when ``do_sample`` (default DO_SAMPLE) and the temperature is not 0."""
-        do_sample = self.samples(self.DO_SAMPLE if do_sample is None else do_sample)
-        if do_sample and self.NUM_BEAMS > 1:
-            raise CausalLMError(f"sampling with {self.NUM_BEAMS} beams (beam sampling) is not "
+    def generationSettings(self, settings: GenerationSettings | None = None,
+                           do_sample: bool | None = None) -> GenerationSettings:
+        """What a generation asks the generator or the beam search for: ``settings`` (default
+        the model's) with nntr_config's bad_word_ids among the bad words, sampling only when
+        ``do_sample`` (default the settings') and the temperature is not 0 (the limit of
+        softmax(x / T) as T -> 0, and what ``--temp 0`` means)."""
+        s = self.generation if settings is None else settings
+        do_sample = bool(s.do_sample if do_sample is None else do_sample) and s.temperature != 0
+        if do_sample and s.num_beams > 1:
+            raise CausalLMError(f"sampling with {s.num_beams} beams (beam sampling) is not "
                                 f"supported: sample with one beam (--num-beams 1) or search "
                                 f"the beams without sampling")
-        if self.NUM_RETURN_SEQUENCES > self.NUM_BEAMS:
-            raise CausalLMError(f"num_return_sequences {self.NUM_RETURN_SEQUENCES} exceeds "
-                                f"num_beams {self.NUM_BEAMS}")
-        return GenerationSettings(
-            do_sample=do_sample, temperature=self.TEMPERATURE, top_k=self.TOP_K,
-            top_p=self.TOP_P, min_p=self.MIN_P, typical_p=self.TYPICAL_P,
-            repetition_penalty=self.REPETITION_PENALTY,
-            presence_penalty=self.PRESENCE_PENALTY, frequency_penalty=self.FREQUENCY_PENALTY,
-            stop_strings=list(self.STOP_STRINGS),
-            bad_words_ids=[[t] for t in self.BAD_WORD_IDS] + list(self.BAD_WORDS_IDS),
-            no_repeat_ngram_size=self.NO_REPEAT_NGRAM_SIZE, min_length=self.MIN_LENGTH,
-            min_new_tokens=self.MIN_NEW_TOKENS, forced_bos_token_id=self.FORCED_BOS_TOKEN_ID,
-            forced_eos_token_id=list(self.FORCED_EOS_TOKEN_ID),
-            eos_token_id=list(self.EOS_TOKEN_ID), num_beams=self.NUM_BEAMS,
-            length_penalty=self.LENGTH_PENALTY, early_stopping=self.EARLY_STOPPING,
-            num_return_sequences=self.NUM_RETURN_SEQUENCES,
-            renormalize_logits=self.RENORMALIZE_LOGITS, seed=self.SEED,
-            max_length=self.MAX_LENGTH, response_format=self.RESPONSE_FORMAT)
-
-    def samples(self, do_sample: bool) -> bool:
-        """Whether ``do_sample`` really samples: temperature 0 is greedy decoding (the limit of
-        softmax(x / T) as T -> 0, and what ``--temp 0`` means), whatever ``do_sample`` says."""
-        return bool(do_sample) and self.TEMPERATURE != 0.0
+        if s.num_return_sequences > s.num_beams:
+            raise CausalLMError(f"num_return_sequences {s.num_return_sequences} exceeds "
+                                f"num_beams {s.num_beams}")
+        return replace(s, do_sample=do_sample, bad_words_ids=[[t] for t in self.BAD_WORD_IDS]
+                       + list(s.bad_words_ids))
 
     # -- generation -------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[list[int]], max_new_tokens: int | None = None,
                         do_sample: bool | None = None, start_pos: int = 0, on_token=None,
                         context_ids: list[int] = (), stream=None,
-                        images=None) -> GenerationResult:
+                        images=None, settings: GenerationSettings | None = None
+                        ) -> GenerationResult:
         """Generate from ``prompt_ids`` (one equal-length list per batch row): up to
         ``max_new_tokens`` (default ``NUM_TO_GENERATE``) new tokens per row, a row stopping at
         an EOS id. ``start_pos`` and ``context_ids`` place the prompt after tokens already in
         the cache (a loaded system prompt, which the repetition penalty counts too);
         ``on_token(b, token_id)`` sees every new token; row 0's text streams to ``stream``.
         ``images`` (a vision model's: paths, Pillow images or pixel values) stand for the
-        prompt's image tokens, for this generation only."""
+        prompt's image tokens, for this generation only. ``settings`` (``withOptions``) are
+        this generation's, default the model's own."""
         self.requireWeights("generate")
-        settings = self.generationSettings(do_sample)
+        settings = self.generationSettings(settings, do_sample)
         if max_new_tokens is not None:  # the caller's number of new tokens: max_length yields
-            settings.max_length = None
+            settings = replace(settings, max_length=None)
         search = BeamSearch if settings.num_beams > 1 else Generator
         if images is not None:
             self.setImages(images)
@@ -292,6 +288,7 @@ class LanguageModel(Transformer):
     def addEosTokenIds(self, ids) -> None:
         """Also stop a row at each of ``ids`` (a chat template's end-of-turn tokens)."""
         self.EOS_TOKEN_ID = list(dict.fromkeys([*self.EOS_TOKEN_ID, *map(int, ids)]))
+        self.generation = replace(self.generation, eos_token_id=list(self.EOS_TOKEN_ID))
 
     def run(self, prompt: str, do_sample: bool | None = None, system_prompt: str = "",
             tail_prompt: str = "", log_output: bool = True, out=None,

@@ -50,7 +50,7 @@ def test_greedy_tokens_with_forced_bos_and_eos(case):
     assert result.generated_ids[0] == ref["tokens"].tolist()
     assert result.generated_ids[0][-1] == 2  # forced EOS at the last step
     if name == "bart-forced":  # forced BOS: the raw argmax of step 0 is another token
-        assert model.FORCED_BOS_TOKEN_ID == 0 and result.generated_ids[0][0] == 0
+        assert model.generation.forced_bos_token_id == 0 and result.generated_ids[0][0] == 0
         assert int(np.argmax(ref["step_logits"][0])) != 0
 
 

@@ -2,6 +2,7 @@
 "Batch rows mixed up")."""
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def test_batch_rows_match_single_runs():
 def test_batch_rows_sample_independently_and_stop_on_their_own_eos():
     model = load(2)
     prompt = model.tokenizer.Encode("The for statement")
-    model.SEED, model.TEMPERATURE, model.TOP_K, model.TOP_P = 3, 1.5, 0, 1.0
+    model.setGenerationOptions(seed=3, temperature=1.5, top_k=0, top_p=1.0)
     result = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
     assert result.generated_ids[0] != result.generated_ids[1]
     # make the first token of row 0 that row 1 never draws an EOS: row 0 stops there, row 1
@@ -44,8 +45,8 @@ def test_batch_rows_sample_independently_and_stop_on_their_own_eos():
     rows = result.generated_ids
     k = next(i for i, t in enumerate(rows[0]) if t not in rows[1])
     assert k < 11  # row 0 stops before its end
-    model.EOS_TOKEN_ID = [rows[0][k]]
-    again = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True)
+    again = model.generate_tokens([prompt, prompt], max_new_tokens=12, do_sample=True,
+                                  settings=replace(model.generation, eos_token_id=[rows[0][k]]))
     assert again.generated_ids[0] == rows[0][:k + 1]
     assert again.finish_reasons[0] == "eos"
     assert again.generated_ids[1] == rows[1]

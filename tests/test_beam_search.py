@@ -9,6 +9,7 @@ hypotheses (new tokens, cut at each one's length) with their scores. Every case 
 its maker to give the same sequences in float64, so no near-tie decides it.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,23 +24,23 @@ for family in ("t5", "llama", "bart", "marian"):
         data = json.load(f)
     CASES += data["cases"] if isinstance(data, dict) else data
 
-SETTINGS = {"num_beams": "NUM_BEAMS", "length_penalty": "LENGTH_PENALTY",
-            "early_stopping": "EARLY_STOPPING", "no_repeat_ngram_size": "NO_REPEAT_NGRAM_SIZE",
-            "min_new_tokens": "MIN_NEW_TOKENS", "num_return_sequences": "NUM_RETURN_SEQUENCES"}
+OPTIONS = ("num_beams", "no_repeat_ngram_size", "min_new_tokens", "num_return_sequences")
+"""The cases' generate() keywords that are generation options (causallm/generation/options.py);
+length_penalty, early_stopping and eos_token_id are generation_config keys."""
 
 
 def search(case):
-    """Our beam search with the case's settings (set as the C++-named constants before the
-    graph is built, one row per beam); the hypotheses and scores returned."""
+    """Our beam search with the case's settings (set before the graph is built, one row per
+    beam); the hypotheses and scores returned."""
     kwargs = case["generate"]
     model = load_folder(case["folder"], num_to_generate=kwargs["max_new_tokens"],
                         init_seq_len=max(64, len(case["prompt_ids"])), initialize=False)
-    for key, attribute in SETTINGS.items():
-        if key in kwargs:
-            setattr(model, attribute, kwargs[key])
+    model.setGenerationOptions(**{k: kwargs[k] for k in OPTIONS if k in kwargs})
+    config = {k: kwargs[k] for k in ("length_penalty", "early_stopping") if k in kwargs}
     if "eos_token_id" in kwargs:
         eos = kwargs["eos_token_id"]
-        model.EOS_TOKEN_ID = eos if isinstance(eos, list) else [eos]
+        config["eos_token_id"] = eos if isinstance(eos, list) else [eos]
+    model.generation = dataclasses.replace(model.generation, **config)
     model.initialize()
     model.load_weight()
     result = model.generate_tokens([case["prompt_ids"]], max_new_tokens=kwargs["max_new_tokens"],

@@ -419,7 +419,7 @@ def test_options_that_cannot_go_with_a_format_are_one_line_errors(tiny):
         with pytest.raises(CausalLMError) as e:
             tiny.model.setGenerationOptions(**options)
         assert message in str(e.value) and "\n" not in str(e.value)
-        tiny.model.RESPONSE_FORMAT = None
+        assert tiny.model.generation.response_format is None  # a refused option changes nothing
     beams = causallm.load(TINY, num_beams=2)
     with pytest.raises(CausalLMError, match="does not go with 2 beams"):
         beams.complete("Answer:", json_schema=PERSON)
@@ -430,13 +430,11 @@ def test_options_that_cannot_go_with_a_format_are_one_line_errors(tiny):
 
 @needs_llguidance
 def test_generator_settings_carry_the_compiled_format(tiny):
-    tiny.model.setGenerationOptions(json_schema=PERSON)
-    try:
-        settings = tiny.model.generationSettings()
-        assert settings.response_format.kind == "json_schema"
-        assert GenerationSettings().response_format is None
-    finally:
-        tiny.model.RESPONSE_FORMAT = None
+    settings = tiny.model.generationSettings(
+        tiny.model.withOptions(tiny.model.generation, json_schema=PERSON))
+    assert settings.response_format.kind == "json_schema"
+    assert tiny.model.generation.response_format is None  # the model's own are not changed
+    assert GenerationSettings().response_format is None
 
 
 @needs_llguidance

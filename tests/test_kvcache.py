@@ -312,7 +312,7 @@ def test_repetition_penalty_counts_the_cached_system_prompt(folder, monkeypatch)
     monkeypatch.setattr(CausalLM, "generate_tokens", spy)
     for _ in range(2):  # computes and saves the cache, then loads it
         model = make(folder)
-        model.REPETITION_PENALTY = 1.5
+        model.setGenerationOptions(repetition_penalty=1.5)
         model.run(PROMPT, do_sample=False, system_prompt=SYSTEM, log_output=False)
     sys_ids = model.tokenizer.Encode(SYSTEM)
     assert seen == [sys_ids, sys_ids]
@@ -322,7 +322,7 @@ def test_repetition_penalty_counts_the_cached_system_prompt(folder, monkeypatch)
     model = make(folder)
     prompt = model.tokenizer.Encode(PROMPT)
     said = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False).generated_ids[0]
-    model.REPETITION_PENALTY = 5.0
+    model.setGenerationOptions(repetition_penalty=5.0)
     alone = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False)
     with_context = model.generate_tokens([prompt], max_new_tokens=N_NEW, do_sample=False,
                                          context_ids=said)

@@ -78,7 +78,7 @@ def test_every_sequence_gets_its_own_logits(folder):
 def test_greedy_tokens_batched_are_the_tokens_alone(folder):
     """The real sampler (greedy): transformers' tokens wherever its choice is decided."""
     model, scheduler = engine(folder, slots=4, rows=16)
-    settings = model.generationSettings(False)
+    settings = model.generationSettings(do_sample=False)
     requests = [Request(reference(folder, k)[0], settings, 12, model.tokenizer)
                 for k in range(N_PROMPTS)]
     scheduler.generate(requests)
@@ -120,7 +120,7 @@ def test_cancelled_requests_free_their_slot_and_the_queue_is_bounded():
     model = load_folder("llama-gqa3", init_seq_len=8, num_to_generate=40, max_seq_len=48,
                         slots=1)
     scheduler = Scheduler(model, max_queue=1)
-    settings = model.generationSettings(False)
+    settings = model.generationSettings(do_sample=False)
     prompt = reference("llama-gqa3", 0)[0]
     a, b = Request(prompt, settings, 30), Request(prompt, settings, 3)
     scheduler.submit(a)
@@ -170,7 +170,7 @@ def test_a_failing_step_ends_its_requests_with_the_error_and_the_engine_goes_on(
     """A step that raises (here: a token id outside the vocabulary, which the embedding
     refuses) ends the requests it carried with that error; the next request is served."""
     model, scheduler = engine("llama-gqa3", slots=2)
-    settings = model.generationSettings(False)
+    settings = model.generationSettings(do_sample=False)
     bad = Request([5, 6, 10 ** 6], settings, 4)
     with pytest.raises(CausalLMError, match="out of range"):
         scheduler.generate([bad])

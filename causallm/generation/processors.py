@@ -49,9 +49,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationSettings:
-    """What a generation is asked to do (generation_config.json's keys, transformers' meaning)."""
+    """What a generation is asked to do (generation_config.json's keys, transformers' meaning).
+    Frozen: a model's settings are built once from its configs (LanguageModel.setupParameters)
+    and a call's options make a changed copy (LanguageModel.withOptions); nothing changes them
+    in place."""
 
     do_sample: bool = False
     temperature: float = 1.0
