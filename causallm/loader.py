@@ -72,7 +72,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     from causallm.factory import Factory, loadPlugin
     from causallm.generation.options import OPTIONS, check_all, unknown
     from causallm.io.config import NNTR_KEYS
-    from causallm.models.transformer import set_threads
+    from causallm.kernels import set_num_threads
 
     bad = [k for k in options if k not in OPTIONS and k not in NNTR_KEYS]
     if bad:
@@ -100,7 +100,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     if threads is not None:
         if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
-        set_threads(threads)
+        set_num_threads(threads)
     for plugin in plugins:
         loadPlugin(plugin)
     model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 
-from causallm import kernels
 from causallm.api import createLayer, createModel, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
@@ -753,9 +752,3 @@ class Transformer:
         bare Transformer (no head) has nothing to run, as in C++, and says so."""
         raise CausalLMError(f"{type(self).__name__}.run: a bare Transformer has no head; use "
                             f"CausalLM or SentenceTransformer")
-
-
-def set_threads(n: int) -> None:
-    """``-t/--threads``: the threads the kernels and the prefill matrix products use together
-    (causallm/kernels/threads.py)."""
-    kernels.set_num_threads(n)

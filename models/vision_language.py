@@ -3,8 +3,9 @@ model, T5Gemma2), as a mixin before its text family in the class bases.
 
 The images of a generation run through the ``vision`` stage (models/siglip/siglip.py), one per
 step, into M = mm_tokens_per_image feature rows each; the prompt holds M image tokens
-(``image_token_index``) per image, in order, which the processor (models/gemma3/processor.py)
-wrote out; the feature rows take those tokens' places in the text embedding::
+(``image_token_index``) per image, in order, which the family's processor (``PROCESSOR``;
+models/gemma3/processor.py) wrote out; the feature rows take those tokens' places in the text
+embedding::
 
     pixels_k   = processor(image_k)                    (3, S, S)            images given
     features_k = vision(pixels_k)                      (M, D)               phase "vision"
@@ -32,7 +33,6 @@ from causallm.io.config import JsonConfig
 from causallm.layers.embedding_merge import EmbeddingMergeLayer
 from causallm.layers.layer_normalization import LayerNormalizationLayer
 from causallm.layers.positional_embedding import PositionalEmbeddingLayer
-from causallm.models.gemma3.processor import Gemma3Processor
 from causallm.models.siglip.siglip import (
     VISION,
     SiglipVisionConfig,
@@ -46,7 +46,10 @@ IMAGE_INPUT = "image_input0"
 
 
 class VisionLanguageModel:
-    """The mixin (module docstring)."""
+    """The mixin (module docstring). A family names its processor class (``PROCESSOR``: made
+    with the folder, the tokenizer, the boi / eoi / image token ids and the tokens per image)."""
+
+    PROCESSOR = None
 
     def setupVision(self, vision_cfg: JsonConfig, mm_cfg: JsonConfig, image_token_id: int,
                     text_hidden: int) -> None:
@@ -91,13 +94,13 @@ class VisionLanguageModel:
 
     # -- images -----------------------------------------------------------------------------
     @property
-    def processor(self) -> Gemma3Processor:
+    def processor(self):
         """The processor, made when the first image comes (it checks that the tokenizer has
         the config's image tokens)."""
         if self._processor is None:
-            self._processor = Gemma3Processor(self.cfg.directory, self.tokenizer,
-                                              self.BOI_TOKEN_ID, self.EOI_TOKEN_ID,
-                                              self.IMAGE_TOKEN_ID, self.MM_TOKENS_PER_IMAGE)
+            self._processor = self.PROCESSOR(self.cfg.directory, self.tokenizer,
+                                             self.BOI_TOKEN_ID, self.EOI_TOKEN_ID,
+                                             self.IMAGE_TOKEN_ID, self.MM_TOKENS_PER_IMAGE)
         return self._processor
 
     def setImages(self, images) -> None:

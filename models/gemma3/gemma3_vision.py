@@ -37,6 +37,7 @@ from causallm.io.safetensors import Checkpoint, RenamedCheckpoint
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.runtime.compiler import DEFAULT_STAGE
 from causallm.models.gemma3.gemma3_causallm import GEMMA3_WEIGHTS, Gemma3CausalLM
+from causallm.models.gemma3.processor import Gemma3Processor
 from causallm.models.language_model import GENERATION_KEYS
 from causallm.models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
 from causallm.models.transformer import SELF_ATTENTION
@@ -85,6 +86,7 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel, Gemma3CausalLM):
     """``Gemma3ForConditionalGeneration`` (module docstring)."""
 
     TEXT_STAGE = DEFAULT_STAGE
+    PROCESSOR = Gemma3Processor
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:

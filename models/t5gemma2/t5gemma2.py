@@ -73,6 +73,7 @@ from causallm.models.gemma3.gemma3_causallm import (
     SLIDING,
     Gemma3Transformer,
 )
+from causallm.models.gemma3.processor import Gemma3Processor
 from causallm.models.language_model import GENERATION_KEYS
 from causallm.models.siglip.siglip import SIGLIP_HEAD_IGNORED, siglipWeights
 from causallm.models.transformer import ENCODER_ATTENTION, SELF_ATTENTION
@@ -206,6 +207,8 @@ MODULE_NAMES = (("model.encoder.text_model.", "model.encoder."),
 
 class T5Gemma2ForConditionalGeneration(VisionLanguageModel, EncoderDecoder):
     """``T5Gemma2ForConditionalGeneration`` (module docstring)."""
+
+    PROCESSOR = Gemma3Processor  # the fork's T5Gemma2Processor is Gemma 3's
 
     def setupParameters(self, cfg: JsonConfig, generation_cfg: JsonConfig,
                         nntr_cfg: JsonConfig) -> None:
