@@ -488,19 +488,52 @@ class Transformer:
         when empty; an encoder-decoder passes ``encoder_layer{i}``, ``decoder_layer{i}`` or
         ``decoder_layer{i}_cross``). ``kind`` says which attention it is
         (attentionCoreProperties)."""
-        layers = []
+        return self.attentionLayers(layer_id, n_heads, head_dim, query_name, key_name,
+                                    value_name, prefix, kind)
+
+    def attentionLayers(self, layer_id: int, n_heads: int, head_dim: int, query_name: str,
+                        key_name: str, value_name: str, prefix: str = "",
+                        kind: str = SELF_ATTENTION, qkv_bias: bool | None = None,
+                        out_bias: bool | None = None, qk_norm: str | None = None) -> list:
+        """What every family's ``createAttention`` builds, in insertion (= .bin) order:
+
+            {prefix}_wq, _wk, _wv        fully connected: n_heads x head_dim, and n_heads /
+                                         GQA_SIZE x head_dim for k and v (bias ``qkv_bias``,
+                                         default ATTENTION_BIAS)
+            {prefix}_q_norm, _k_norm     with ``qk_norm``: reshaped_rms_norm of each head of q
+                                         and k (Qwen3, Gemma 3), inserted right after their
+                                         projection ("interleaved": q, q_norm, k, k_norm, v)
+                                         or after v ("after": q, k, v, q_norm, k_norm)
+            {prefix}_attention           mha_core over q (normed), k (normed), v
+            {prefix}_attention_out       fully connected back to DIM (bias ``out_bias``,
+                                         default ATTENTION_BIAS)"""
         prefix = prefix or f"layer{layer_id}"
         Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
         A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-        bias = self.ATTENTION_BIAS
+        qkv_bias = self.ATTENTION_BIAS if qkv_bias is None else qkv_bias
+        out_bias = self.ATTENTION_BIAS if out_bias is None else out_bias
         kv_unit = head_dim * n_heads // self.GQA_SIZE
+        q = self.createFullyConnected(Q, head_dim * n_heads, query_name, qkv_bias)
+        k = self.createFullyConnected(K, kv_unit, key_name, qkv_bias)
+        v = self.createFullyConnected(V, kv_unit, value_name, qkv_bias)
+        if qk_norm is None:
+            layers, inputs = [q, k, v], [Q, K, V]
+        else:
+            q_norm = self.createHeadNorm(f"{prefix}_q_norm", Q, head_dim)
+            k_norm = self.createHeadNorm(f"{prefix}_k_norm", K, head_dim)
+            layers = [q, q_norm, k, k_norm, v] if qk_norm == "interleaved" else \
+                [q, k, v, q_norm, k_norm]
+            inputs = [f"{prefix}_q_norm", f"{prefix}_k_norm", V]
+        return [*layers, self.createAttentionCore(A, layer_id, n_heads, inputs, kind),
+                self.createFullyConnected(O, self.DIM, A, out_bias)]
 
-        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias))
-        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias))
-        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias))
-        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
-        layers.append(self.createFullyConnected(O, self.DIM, A, bias))
-        return layers
+    def createHeadNorm(self, name: str, input_name: str, head_dim: int):
+        """``reshaped_rms_norm`` ``name``: the RMS norm of each head_dim-wide head of
+        ``input_name`` (q_norm(q_proj(x).view(..., heads, head_dim)))."""
+        return createLayer("reshaped_rms_norm", [
+            withKey("name", name), withKey("input_layers", input_name),
+            withKey("packed", "false"), withKey("epsilon", self.NORM_EPS),
+            withKey("feature_size", head_dim)])
 
     def createFullyConnected(self, name: str, unit: int, input_name: str, bias: bool = False,
                              shared_from: str | None = None):

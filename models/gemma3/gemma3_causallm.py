@@ -204,27 +204,9 @@ class Gemma3Transformer(Transformer):
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str, prefix: str = "",
                         kind: str = SELF_ATTENTION) -> list:
-        layers = []
-        prefix = prefix or f"layer{layer_id}"
-        Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
-        Q_norm, K_norm = f"{prefix}_q_norm", f"{prefix}_k_norm"
-        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-
-        for name, unit, source in ((Q, head_dim * n_heads, query_name),
-                                   (K, head_dim * n_heads // self.GQA_SIZE, key_name),
-                                   (V, head_dim * n_heads // self.GQA_SIZE, value_name)):
-            layers.append(self.createFullyConnected(name, unit, source, self.ATTENTION_BIAS))
-
-        for name, source in ((Q_norm, Q), (K_norm, K)):
-            layers.append(createLayer("reshaped_rms_norm", [
-                withKey("name", name), withKey("input_layers", source),
-                withKey("packed", "false"), withKey("epsilon", self.NORM_EPS),
-                withKey("feature_size", head_dim)]))
-
-        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
-
-        layers.append(self.createFullyConnected(O, self.DIM, A, self.ATTENTION_BIAS))
-        return layers
+        """Gemma 3's: q and k normed per head, the norms after the v projection."""
+        return self.attentionLayers(layer_id, n_heads, head_dim, query_name, key_name,
+                                    value_name, prefix, kind, qk_norm="after")
 
     def attentionCoreProperties(self, layer_id: int, n_heads: int,
                                 kind: str = SELF_ATTENTION) -> dict:

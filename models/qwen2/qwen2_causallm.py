@@ -84,18 +84,9 @@ class Qwen2Transformer(Transformer):
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str, prefix: str = "",
                         kind: str = SELF_ATTENTION) -> list:
-        layers = []
-        prefix = prefix or f"layer{layer_id}"
-        Q, K, V = f"{prefix}_wq", f"{prefix}_wk", f"{prefix}_wv"
-        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-
-        kv_unit = head_dim * n_heads // self.GQA_SIZE
-        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias=True))
-        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias=True))
-        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias=True))
-        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q, K, V], kind))
-        layers.append(self.createFullyConnected(O, self.DIM, A))
-        return layers
+        """Qwen2's: biases on q, k and v, none on the output projection."""
+        return self.attentionLayers(layer_id, n_heads, head_dim, query_name, key_name,
+                                    value_name, prefix, kind, qkv_bias=True, out_bias=False)
 
 
 class Qwen2CausalLM(CausalLM, Qwen2Transformer):

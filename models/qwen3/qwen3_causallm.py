@@ -21,7 +21,7 @@ reach mha_core, and the MLP has no bias whatever ``mlp_bias`` says.
 
 from __future__ import annotations
 
-from causallm.api import createLayer, registerFactory, withKey
+from causallm.api import registerFactory
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import Tensor, WeightTable
 from causallm.layers.reshaped_rms_norm import ReshapedRMSNormLayer
@@ -52,40 +52,9 @@ class Qwen3Transformer(Transformer):
     def createAttention(self, layer_id: int, seq_len: int, n_heads: int, head_dim: int,
                         query_name: str, key_name: str, value_name: str, prefix: str = "",
                         kind: str = SELF_ATTENTION) -> list:
-        layers = []
-        prefix = prefix or f"layer{layer_id}"
-        Q, Q_norm = f"{prefix}_wq", f"{prefix}_q_norm"
-        K, K_norm = f"{prefix}_wk", f"{prefix}_k_norm"
-        V = f"{prefix}_wv"
-        A, O = f"{prefix}_attention", f"{prefix}_attention_out"
-        bias = self.ATTENTION_BIAS
-        kv_unit = head_dim * n_heads // self.GQA_SIZE
-
-        # Q layer
-        layers.append(self.createFullyConnected(Q, head_dim * n_heads, query_name, bias))
-
-        # Q-reshaped-norm layer: q_norm(q_proj(x).view(..., n_heads, head_dim))
-        layers.append(createLayer("reshaped_rms_norm", [
-            withKey("name", Q_norm), withKey("input_layers", Q), withKey("packed", "false"),
-            withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
-
-        # K layer
-        layers.append(self.createFullyConnected(K, kv_unit, key_name, bias))
-
-        # K-reshaped-norm layer: k_norm(k_proj(x).view(..., n_kv_heads, head_dim))
-        layers.append(createLayer("reshaped_rms_norm", [
-            withKey("name", K_norm), withKey("input_layers", K), withKey("packed", "false"),
-            withKey("epsilon", self.NORM_EPS), withKey("feature_size", head_dim)]))
-
-        # V layer
-        layers.append(self.createFullyConnected(V, kv_unit, value_name, bias))
-
-        # Attention core layer
-        layers.append(self.createAttentionCore(A, layer_id, n_heads, [Q_norm, K_norm, V], kind))
-
-        # O layer
-        layers.append(self.createFullyConnected(O, self.DIM, A, bias))
-        return layers
+        """Qwen3's: q and k normed per head, each norm right after its projection."""
+        return self.attentionLayers(layer_id, n_heads, head_dim, query_name, key_name,
+                                    value_name, prefix, kind, qk_norm="interleaved")
 
     def registerCustomLayers(self) -> None:
         super().registerCustomLayers()
