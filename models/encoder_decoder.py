@@ -196,77 +196,73 @@ class EncoderDecoder(LanguageModel):
         """The position bias layer an attention of ``kind`` adds to its scores, or None."""
         return None
 
+    def createResidual(self, input_name: str, norm: str, add: str, sublayer,
+                       out: str | None = None) -> tuple[list, str]:
+        """One sublayer f with its residual and norm, named ``norm`` and ``add``: pre-norm
+        (NORMALIZE_BEFORE, the note's blocks) ``add = x + f(norm(x))``, post-norm (the paper's)
+        ``norm(add = x + f(x))``. ``sublayer(name)`` gives f's layers over ``name`` and the
+        name of f's output; ``out`` renames the last layer (a block's output). Returns the
+        layers and the name of the result."""
+        if self.NORMALIZE_BEFORE:
+            add = out or add
+            body, f = sublayer(norm)
+            return [self.createNorm(norm, input_name), *body,
+                    self.createAddition(add, input_name, f)], add
+        norm = out or norm
+        body, f = sublayer(input_name)
+        return [*body, self.createAddition(add, input_name, f),
+                self.createNorm(norm, add)], norm
+
     def createTransformerEncoderBlock(self, layer_id: int, input_name: str) -> list:
+        """Self-attention (bidirectional), then the MLP, each a residual sublayer
+        (``createResidual``); the block's output is ``encoder_layer{i}_encoder_output``."""
         p = f"encoder_layer{layer_id}"
         heads, head_dim = self.ENCODER_NUM_HEADS, self.ENCODER_HEAD_DIM
-        if self.NORMALIZE_BEFORE:  # x + f(norm(x)), the note's blocks
-            layers = [self.createNorm(f"{p}_attention_norm", input_name)]
-            layers += self.createAttention(layer_id, self.INIT_SEQ_LEN, heads, head_dim,
-                                           f"{p}_attention_norm", f"{p}_attention_norm",
-                                           f"{p}_attention_norm", prefix=p,
-                                           kind=ENCODER_ATTENTION)
-            layers.append(self.createAddition(f"{p}_encoder_add",
-                                              input_name, f"{p}_attention_out"))
-            layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_encoder_add"))
-            layers += self.createMlp(layer_id, self.DIM, self.ENCODER_INTERMEDIATE_SIZE,
-                                     f"{p}_ffn_norm", prefix=p)
-            layers.append(self.createAddition(f"{p}_encoder_output",
-                                              f"{p}_encoder_add", f"{p}_ffn_down"))
-            return layers
-        # norm(x + f(x)), the paper's blocks
-        layers = self.createAttention(layer_id, self.INIT_SEQ_LEN, heads, head_dim, input_name,
-                                      input_name, input_name, prefix=p, kind=ENCODER_ATTENTION)
-        layers.append(self.createAddition(f"{p}_encoder_add", input_name, f"{p}_attention_out"))
-        layers.append(self.createNorm(f"{p}_attention_norm", f"{p}_encoder_add"))
-        layers += self.createMlp(layer_id, self.DIM, self.ENCODER_INTERMEDIATE_SIZE,
-                                 f"{p}_attention_norm", prefix=p)
-        layers.append(self.createAddition(f"{p}_ffn_add", f"{p}_attention_norm",
-                                          f"{p}_ffn_down"))
-        layers.append(self.createNorm(f"{p}_encoder_output", f"{p}_ffn_add"))
-        return layers
+
+        def attention(h):
+            return self.createAttention(layer_id, self.INIT_SEQ_LEN, heads, head_dim, h, h, h,
+                                        prefix=p, kind=ENCODER_ATTENTION), f"{p}_attention_out"
+
+        def mlp(h):
+            return self.createMlp(layer_id, self.DIM, self.ENCODER_INTERMEDIATE_SIZE, h,
+                                  prefix=p), f"{p}_ffn_down"
+
+        layers, x = self.createResidual(input_name, f"{p}_attention_norm", f"{p}_encoder_add",
+                                        attention)
+        ffn, _ = self.createResidual(x, f"{p}_ffn_norm", f"{p}_ffn_add", mlp,
+                                     out=f"{p}_encoder_output")
+        return layers + ffn
 
     def createTransformerDecoderBlock(self, layer_id: int, input_name: str,
                                       encoder_output_name: str = "encoder_output_norm") -> list:
+        """Self-attention (causal), cross-attention (queries from the decoder, keys and values
+        from ``encoder_output_name``), then the MLP, each a residual sublayer
+        (``createResidual``); the block's output is ``decoder_layer{i}_decoder_output``."""
         p = f"decoder_layer{layer_id}"
         heads, head_dim = self.DECODER_NUM_HEADS, self.DECODER_HEAD_DIM
         T = self.DECODER_SEQ_LEN
-        if self.NORMALIZE_BEFORE:  # x + f(norm(x)), the note's blocks
-            layers = [self.createNorm(f"{p}_self_attn_norm", input_name)]
-            layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_self_attn_norm",
-                                           f"{p}_self_attn_norm", f"{p}_self_attn_norm",
-                                           prefix=p, kind=SELF_ATTENTION)
-            layers.append(self.createAddition(f"{p}_self_attn_add",
-                                              input_name, f"{p}_attention_out"))
-            # cross-attention: Q from the decoder, K and V from the encoder output
-            layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_self_attn_add"))
-            layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_cross_attn_norm",
-                                           encoder_output_name, encoder_output_name,
-                                           prefix=f"{p}_cross", kind=CROSS_ATTENTION)
-            layers.append(self.createAddition(f"{p}_cross_attn_add",
-                                              f"{p}_self_attn_add", f"{p}_cross_attention_out"))
-            layers.append(self.createNorm(f"{p}_ffn_norm", f"{p}_cross_attn_add"))
-            layers += self.createMlp(layer_id, self.DIM, self.DECODER_INTERMEDIATE_SIZE,
-                                     f"{p}_ffn_norm", prefix=p)
-            layers.append(self.createAddition(f"{p}_decoder_output",
-                                              f"{p}_cross_attn_add", f"{p}_ffn_down"))
-            return layers
-        # norm(x + f(x)), the paper's blocks
-        layers = self.createAttention(layer_id, T, heads, head_dim, input_name, input_name,
-                                      input_name, prefix=p, kind=SELF_ATTENTION)
-        layers.append(self.createAddition(f"{p}_self_attn_add", input_name, f"{p}_attention_out"))
-        layers.append(self.createNorm(f"{p}_self_attn_norm", f"{p}_self_attn_add"))
-        layers += self.createAttention(layer_id, T, heads, head_dim, f"{p}_self_attn_norm",
-                                       encoder_output_name, encoder_output_name,
-                                       prefix=f"{p}_cross", kind=CROSS_ATTENTION)
-        layers.append(self.createAddition(f"{p}_cross_attn_add", f"{p}_self_attn_norm",
-                                          f"{p}_cross_attention_out"))
-        layers.append(self.createNorm(f"{p}_cross_attn_norm", f"{p}_cross_attn_add"))
-        layers += self.createMlp(layer_id, self.DIM, self.DECODER_INTERMEDIATE_SIZE,
-                                 f"{p}_cross_attn_norm", prefix=p)
-        layers.append(self.createAddition(f"{p}_ffn_add", f"{p}_cross_attn_norm",
-                                          f"{p}_ffn_down"))
-        layers.append(self.createNorm(f"{p}_decoder_output", f"{p}_ffn_add"))
-        return layers
+        enc = encoder_output_name
+
+        def attention(h):
+            return self.createAttention(layer_id, T, heads, head_dim, h, h, h, prefix=p,
+                                        kind=SELF_ATTENTION), f"{p}_attention_out"
+
+        def cross_attention(h):
+            return self.createAttention(layer_id, T, heads, head_dim, h, enc, enc,
+                                        prefix=f"{p}_cross", kind=CROSS_ATTENTION), \
+                f"{p}_cross_attention_out"
+
+        def mlp(h):
+            return self.createMlp(layer_id, self.DIM, self.DECODER_INTERMEDIATE_SIZE, h,
+                                  prefix=p), f"{p}_ffn_down"
+
+        layers, x = self.createResidual(input_name, f"{p}_self_attn_norm", f"{p}_self_attn_add",
+                                        attention)
+        cross, x = self.createResidual(x, f"{p}_cross_attn_norm", f"{p}_cross_attn_add",
+                                       cross_attention)
+        ffn, _ = self.createResidual(x, f"{p}_ffn_norm", f"{p}_ffn_add", mlp,
+                                     out=f"{p}_decoder_output")
+        return layers + cross + ffn
 
     @staticmethod
     def createAddition(name: str, a: str, b: str):
