@@ -25,10 +25,10 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.generation.generator import PerformanceMetrics, Start
 from causallm.io.config import JsonConfig
-from causallm.io.files import atomic_write, write_json_atomic
 from causallm.layers.lm_head import LmHeadLayer
 from causallm.models.language_model import LanguageModel
 from causallm.models.transformer import ModelType
+from causallm.runtime.kv_cache import load_system_cache, read_system_cache, save_system_cache
 
 
 class CausalLM(LanguageModel):
@@ -200,31 +200,12 @@ class CausalLM(LanguageModel):
         family with more input layers adds theirs)."""
         return [ids]
 
-    # -- system prompt KV cache -------------------------------------------------------------
-    KVCACHE_FORMAT = "causallm system-prompt KV cache 1"
-
+    # -- system prompt KV cache (the file: causallm/runtime/kv_cache.py) -------------------
     def save_kvcache(self, path: str, to: int, token_ids: list[int] | None = None) -> None:
-        """Write positions [0, to) of every mha_core's K then V cache, in graph order, as FP16
-        rows (B, to, nKV * d) (the layout of CausalLM::save_kvcache: no header, so NNTrainer
-        reads the file). Written atomically. With ``token_ids``, the header ``<path>.header.json``
-        (also atomic) records what the file holds: its size and sha256, the token ids and
-        ``kvcacheIdentity()``; ``read_kvcache`` trusts the file only when all of them match."""
-        digest, size = hashlib.sha256(), 0
-
-        def write(f):
-            nonlocal size
-            for cache in self.model.getKVCaches("self"):
-                for rows in cache.rows(to):
-                    blob = (rows.view(np.float16) if rows.dtype == np.uint16
-                            else rows.astype(np.float16)).tobytes()
-                    digest.update(blob)
-                    size += len(blob)
-                    f.write(blob)
-        atomic_write(path, write)
-        if token_ids is not None:
-            write_json_atomic(f"{path}.header.json", {
-                "format": self.KVCACHE_FORMAT, "bytes": size, "sha256": digest.hexdigest(),
-                "token_ids": [int(t) for t in token_ids], "model": self.kvcacheIdentity()})
+        """CausalLM::save_kvcache: positions [0, to) of the self caches to ``path``
+        (``save_system_cache``; with ``token_ids`` and this model's identity in its header)."""
+        save_system_cache(path, self.model.getKVCaches("self"), to, token_ids,
+                          self.kvcacheIdentity() if token_ids is not None else None)
 
     def kvcacheIdentity(self) -> dict:
         """What the cached keys and values depend on besides the tokens: the class, a sha256 of
@@ -256,55 +237,9 @@ class CausalLM(LanguageModel):
             "cache_shapes": [[c.key.shape[0], c.key.shape[1], c.key.shape[3]] for c in caches]}
 
     def read_kvcache(self, path: str, token_ids: list[int]) -> tuple[bytes | None, str]:
-        """The bytes of the cache file at ``path`` when its header (``save_kvcache``) vouches
-        for them: its format, these ``token_ids``, this model's ``kvcacheIdentity()``, and the
-        file's size and sha256. Else None and why not ("" when there is no file)."""
-        if not os.path.exists(path):
-            return None, ""
-        header_path = f"{path}.header.json"
-        try:
-            with open(header_path, "rb") as f:
-                header = orjson.loads(f.read())
-        except FileNotFoundError:
-            return None, f"no header {header_path}"
-        except (OSError, ValueError) as e:
-            return None, f"unreadable header {header_path} ({type(e).__name__})"
-        if not isinstance(header, dict) or header.get("format") != self.KVCACHE_FORMAT:
-            return None, f"unreadable header {header_path} (not a {self.KVCACHE_FORMAT})"
-        if header.get("token_ids") != list(token_ids):
-            return None, "the system prompt changed"
-        identity, made_for = self.kvcacheIdentity(), header.get("model")
-        if made_for != identity:
-            differ = [k for k in identity
-                      if not isinstance(made_for, dict) or made_for.get(k) != identity[k]]
-            return None, f"made for another model ({', '.join(differ or ['identity'])} differ)"
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            return None, f"unreadable ({e.strerror or e})"
-        if len(data) != header.get("bytes") or \
-                hashlib.sha256(data).hexdigest() != header.get("sha256"):
-            return None, "its contents do not match its header's size and sha256"
-        return data, ""
+        """``read_system_cache`` for these ``token_ids`` and this model."""
+        return read_system_cache(path, token_ids, self.kvcacheIdentity)
 
     def load_kvcache(self, path: str, to: int, data: bytes) -> None:
-        """Put ``data``, the bytes of the cache file at ``path`` that ``read_kvcache`` vouched
-        for (``save_kvcache(path, to)`` wrote them), into rows [0, to) of the caches."""
-        caches = self.model.getKVCaches("self")
-        expected = sum(2 * c.key[:, :, :to].size for c in caches) * 2
-        if to > self.max_timestep or len(data) != expected:
-            raise CausalLMError(f"{path}: expected {expected} bytes for a {to}-token system "
-                                f"prompt cache in {self.max_timestep} rows, found {len(data)}")
-        data = np.frombuffer(data, dtype=np.float16)
-        if not np.isfinite(data).all():
-            raise CausalLMError(f"{path}: the system prompt cache holds non-finite values")
-        offset = 0
-        for cache in caches:
-            B, n_kv, _, d = cache.key.shape
-            n = B * to * n_kv * d
-            k, v = (data[o:o + n].reshape(B, to, n_kv * d) for o in (offset, offset + n))
-            if cache.key.dtype == np.uint16:
-                k, v = k.view(np.uint16), v.view(np.uint16)
-            cache.setRows(to, k, v)
-            offset += 2 * n
+        """CausalLM::load_kvcache: the vouched-for ``data`` into rows [0, to) of the caches."""
+        load_system_cache(path, self.model.getKVCaches("self"), to, data, self.max_timestep)
