@@ -195,8 +195,9 @@ class LanguageModel(Transformer):
             if "num_return_sequences" not in options:
                 self.NUM_RETURN_SEQUENCES = 1
         if self.is_initialized and self.NUM_BEAMS != self.beams_built:
-            raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
-                                f"num_beams before initialize()")
+            raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s), "
+                                f"not {self.NUM_BEAMS}: set num_beams before initialize() "
+                                f"(causallm.load(path, num_beams={self.NUM_BEAMS}))")
         if self.RESPONSE_FORMAT is not None and self.NUM_BEAMS > 1:
             raise CausalLMError(f"a response format (JSON schema or JSON object) holds one "
                                 f"sequence to its grammar: it does not go with {self.NUM_BEAMS} "
