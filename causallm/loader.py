@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from causallm.errors import CausalLMError
+from causallm.errors import CausalLMError, unicode
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cache_full": "length"}
 """The generator's finish reason -> OpenAI's: an EOS token or a stop string is "stop"; reaching
@@ -50,6 +50,33 @@ def model_path_error(path: str) -> str | None:
         return None
     what = "a file, neither a folder nor a .gguf" if os.path.exists(path) else "no such directory"
     return f"{path}: not a model folder ({what})"
+
+
+def model_path(path) -> str:
+    """``path`` (a str or an os.PathLike) as a str; anything else is a CausalLMError."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise CausalLMError(f"the model path must be a string or os.PathLike (a folder or a "
+                            f".gguf file), got {type(path).__name__}")
+    return path
+
+
+def check_messages(messages) -> None:
+    """Chat messages as the server takes them: each a {"role": str, "content": a string or a
+    list of parts}, the content null (or absent) only in an assistant message with
+    ``tool_calls``; else a CausalLMError naming the message's field."""
+    for k, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise CausalLMError(f"'messages[{k}].role' must be a string, got {m.get('role')!r}")
+        content = m.get("content")
+        if isinstance(content, str):
+            unicode(content, f"'messages[{k}].content'")
+        if not isinstance(content, (str, list)) and not (
+                content is None and m["role"] == "assistant" and m.get("tool_calls")):
+            raise CausalLMError(f"'messages[{k}].content' must be a string or a list of parts "
+                                f"(null only in an assistant message with tool_calls), got "
+                                f"{content!r}")
 
 
 def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
@@ -87,6 +114,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
                                 "are one setting)")
         nntr["num_to_generate"] = generation.pop("max_new_tokens")
         flags.setdefault("num_to_generate", "max_new_tokens")
+    path = model_path(path)
     error = model_path_error(path)
     if error:
         raise CausalLMError(error)
@@ -101,8 +129,10 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
             raise CausalLMError(f"threads must be an integer >= 1, got {threads!r}")
         set_num_threads(threads)
+    if isinstance(plugins, (str, os.PathLike)):  # one file
+        plugins = [plugins]
     for plugin in plugins:
-        loadPlugin(plugin)
+        loadPlugin(os.fspath(plugin))
     model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)
     model.setGenerationOptions(**generation)
     model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
@@ -116,7 +146,7 @@ def load(path: str, **options) -> "LoadedModel":
     model = create(path, **options)
     model.initialize()
     model.load_weight()
-    return LoadedModel(model, path)
+    return LoadedModel(model, model_path(path))
 
 
 def batches(model) -> bool:
@@ -186,6 +216,7 @@ class LoadedModel:
         self.lock = threading.Lock()
         self._template = None
         self._scheduler = None
+        self.no_template_hint = "pass a prompt string"  # what to do instead (the server's own)
 
     @property
     def context_length(self) -> int | None:
@@ -221,7 +252,7 @@ class LoadedModel:
                 where = ("no tokenizer.chat_template in the GGUF's metadata" if gguf else
                          "no chat_template.jinja, nor 'chat_template' in tokenizer_config.json")
                 raise CausalLMError(f"{self.path}: the model has no chat template ({where}); "
-                                    f"pass a prompt string")
+                                    f"{self.no_template_hint}")
         return self._template
 
     def encode(self, prompt, tools: list | None = None, reply_prefix: str = "",
@@ -249,6 +280,7 @@ class LoadedModel:
             return list(prompt)
         if isinstance(prompt, (list, tuple)) and prompt and all(
                 isinstance(m, dict) for m in prompt):
+            check_messages(prompt)
             text = self.chat_template().render(list(prompt), add_generation_prompt=True,
                                                tools=tools) + reply_prefix
             if images:  # a vision model's image placeholders, written out as its tokens
@@ -269,6 +301,8 @@ class LoadedModel:
             raise CausalLMError(f"{self.architecture} does not generate text (it is an "
                                 f"embedding model: use embed)")
         options = check_all(options, what=what)
+        for text in options.get("stop") or ():  # a lone surrogate could never match the text
+            unicode(text, "stop")
         max_new_tokens = options.pop("max_new_tokens", None)
         context = self.context_length
         if max_new_tokens is not None and context is not None and max_new_tokens > context:
@@ -407,6 +441,8 @@ class LoadedModel:
     def generate(self, prompt, stream: bool = False, **options):
         """The generated text of ``prompt`` (a string, chat messages or token ids; the options
         as ``complete``); with ``stream=True`` an iterator over its pieces (``stream``)."""
+        if not isinstance(stream, bool):
+            raise CausalLMError(f"stream must be true or false, got {stream!r}")
         if stream:
             return self.stream(prompt, **options)
         return self.complete(prompt, **options).text

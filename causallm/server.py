@@ -58,7 +58,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from causallm.errors import CausalLMError
+from causallm.errors import CausalLMError, utf8
 from causallm.generation.scheduler import QueueFull
 from causallm.loader import LoadedModel, Stopped, completion_of
 
@@ -667,6 +667,7 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
     if getattr(loaded.model, "VISION", None) is not None:
         max_images = (loaded.prompt_limit or 0) // loaded.model.MM_TOKENS_PER_IMAGE
     paths = private_paths(loaded.path)
+    loaded.no_template_hint = "send a prompt string to /v1/completions instead"
 
     def public(message: str) -> str:
         """``message`` with the server's model path written as the model's id."""
@@ -705,6 +706,10 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         try:
             body = orjson.loads(data)
         except orjson.JSONDecodeError as e:
+            try:
+                utf8(bytes(data), "the request body")
+            except CausalLMError as bad:  # named by its first bad byte, not orjson's words
+                raise BadRequest(str(bad)) from None
             raise BadRequest(f"the request body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")

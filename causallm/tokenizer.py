@@ -22,7 +22,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from causallm.errors import CausalLMError
+from causallm.errors import CausalLMError, unicode
 
 try:  # tokenizers >= 0.21
     from tokenizers.decoders import DecodeStream as _DecodeStream
@@ -91,6 +91,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise CausalLMError(f"{self.path}: Encode expects a str, got {type(text).__name__}")
+        unicode(text, "the text to encode")
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def Decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:

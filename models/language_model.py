@@ -195,8 +195,9 @@ class LanguageModel(Transformer):
             changes.setdefault("num_return_sequences", 1)
         s = replace(settings, **changes)
         if self.is_initialized and s.num_beams != self.beams_built:
-            raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s); set "
-                                f"num_beams before initialize()")
+            raise CausalLMError(f"the model was initialized for {self.beams_built} beam(s), "
+                                f"not {s.num_beams}: set num_beams before initialize() "
+                                f"(causallm.load(path, num_beams={s.num_beams}))")
         if s.response_format is not None and s.num_beams > 1:
             raise CausalLMError(f"a response format (JSON schema or JSON object) holds one "
                                 f"sequence to its grammar: it does not go with {s.num_beams} "

@@ -418,6 +418,9 @@ BAD_INPUTS = {
     "no config.json": (lambda d: os.remove(d / "config.json"), ["hi"], ["config.json"]),
     "invalid JSON": (lambda d: (d / "config.json").write_text("{bad"), ["hi"],
                      ["config.json", "invalid JSON"]),
+    "config not UTF-8": (lambda d: (d / "generation_config.json").write_bytes(b'{"a": "\xe9"}'),
+                         ["hi"], ["generation_config.json is not valid UTF-8: byte 0xe9 at "
+                                  "offset 7"]),
     "no architectures": (lambda d: _config(d, architectures=None), ["hi"],
                          ["config.json", "architectures"]),
     "unknown architecture": (lambda d: _config(d, architectures=["FooForCausalLM"]), ["hi"],

@@ -32,6 +32,19 @@ def test_load_image_errors_name_the_file(tmp_path):
         load_image(str(cut))
 
 
+def test_a_large_image_prints_no_pillow_warning(monkeypatch, recwarn):
+    """An image past Pillow's DecompressionBombWarning size (89 Mpx) is the user's own file:
+    it decodes without Pillow's file:line warning on stderr; twice that is still an error."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40 * 24 - 1)  # warns from 960 pixels on
+    assert load_image(os.path.join(IMAGES, "rgb-40x24.png")).size == (40, 24)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40 * 24 // 2 - 1)  # errors past twice that
+    with pytest.raises(CausalLMError, match="rgb-40x24.png: cannot read it"):
+        load_image(os.path.join(IMAGES, "rgb-40x24.png"))
+
+
 def test_transparency_is_composited_on_white():
     from PIL import Image
     image = Image.new("RGBA", (2, 1))

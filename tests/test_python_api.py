@@ -152,6 +152,42 @@ def test_bad_calls_are_one_line_errors(gqa3, tiny):
     assert tiny.generate("hi", max_new_tokens=2)  # still usable after its errors
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m.generate("caf\udce9", max_new_tokens=2),  # bytes read with surrogateescape
+     "the text to encode is not valid Unicode: a lone surrogate U+DCE9 at offset 3"),
+    (lambda m: m.generate([{"role": "user", "content": "caf\udce9"}], max_new_tokens=2),
+     "'messages[0].content' is not valid Unicode: a lone surrogate U+DCE9 at offset 3"),
+    (lambda m: m.generate("hi", stop="\udce9", max_new_tokens=2),  # could never match
+     "stop is not valid Unicode: a lone surrogate U+DCE9 at offset 0"),
+    (lambda m: m.generate([{"role": "user", "content": None}], max_new_tokens=2),
+     "'messages[0].content' must be a string or a list of parts (null only in an assistant "
+     "message with tool_calls), got None"),
+    (lambda m: m.generate([{"role": "user"}], max_new_tokens=2), "'messages[0].content' must be"),
+    (lambda m: m.generate([{"role": 1, "content": "hi"}], max_new_tokens=2),
+     "'messages[0].role' must be a string, got 1"),
+    (lambda m: m.generate("hi", stream=1), "stream must be true or false, got 1"),
+    (lambda m: m.generate("hi", num_beams=3),
+     "not 3: set num_beams before initialize() (causallm.load(path, num_beams=3))"),
+    (lambda m: causallm.load(5), "the model path must be a string or os.PathLike"),
+    (lambda m: causallm.load(TINY.encode()), "the model path must be a string or os.PathLike"),
+    (lambda m: causallm.load(TINY, plugins="no-such-plugin.py"),  # one file, not its letters
+     "--plugin no-such-plugin.py: no such file"),
+])
+def test_bad_values_in_calls_are_named(tiny, call, message):
+    """What the server refuses in a request (null content, text UTF-8 cannot hold) the Python
+    API refuses too, naming it, instead of a TypeError from the tokenizer or a silent run."""
+    with pytest.raises(CausalLMError) as e:
+        call(tiny)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert tiny.generate("hi", max_new_tokens=2)
+
+
+def test_a_path_object_loads():
+    import pathlib
+
+    assert causallm.load(pathlib.Path(TINY)).generate("hi", max_new_tokens=2)
+
+
 def test_load_options_are_the_defaults_of_every_call(gqa3):
     """load() takes a call's generation options, under the same names, as the defaults of every
     call (max_new_tokens as nntr_config num_to_generate, the CLI's -n); a call's own options

@@ -861,12 +861,22 @@ def test_a_prompt_too_long_is_refused_before_it_waits_its_turn(t5_server):
     assert events == ["400", "long stream done"]
 
 
+def test_a_body_that_is_not_utf8_names_its_byte(server):
+    body = b'{"messages": [{"role": "user", "content": "caf\xe9"}]}'
+    r = httpx.post(server + "/v1/chat/completions", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == \
+        f"the request body is not valid UTF-8: byte 0xe9 at offset {body.index(0xe9)}"
+
+
 def test_errors_name_the_model_not_the_servers_paths(t5_server):
     url, _ = t5_server
     r = httpx.post(url + "/v1/chat/completions", json={"messages": QUESTION})
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert message.startswith("t5-flan-short: the model has no chat template")
+    assert message.endswith("send a prompt string to /v1/completions instead")  # a client's way
     assert ROOT not in message and os.path.basename(ROOT) not in message
 
 

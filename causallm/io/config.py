@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from causallm.errors import CausalLMError
+from causallm.errors import CausalLMError, utf8
 
 _MISSING = object()
 
@@ -174,8 +174,10 @@ def load_json(path: str, required: bool = True) -> JsonConfig:
         return JsonConfig({}, path, exists=False)
     try:
         with open(path, "rb") as f:
-            data = orjson.loads(f.read())
+            raw = f.read()
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        utf8(raw, path)  # a file that is not UTF-8 named by its first bad byte
         raise CausalLMError(f"{path}: invalid JSON ({e})") from None
     except OSError as e:
         raise CausalLMError(f"{path}: cannot read ({e.strerror})") from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 
 import numpy as np
 
@@ -59,7 +60,12 @@ def decode_image(source, name: str, max_pixels: int | None = None):
     if isinstance(source, (bytes, bytearray)):
         source = io.BytesIO(source)
     try:
-        with Image.open(source) as image:
+        with warnings.catch_warnings():
+            # Pillow's DecompressionBombWarning (a file:line of its own on stderr) for an
+            # image over 89 Mpx: the caller's limit, or Pillow's error at twice that, decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(source)
+        with image:
             w, h = image.size
             if max_pixels is not None and w * h > max_pixels:
                 raise CausalLMError(f"{name}: the image is {w}x{h}, over {max_pixels} pixels")
