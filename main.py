@@ -201,10 +201,9 @@ def _check_model_options(args: argparse.Namespace) -> None:
     from causallm.generation.options import check
 
     check("max_new_tokens", args.max_new_tokens, "flag")
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise CausalLMError("-c must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise CausalLMError("-t must be at least 1")
+    for flag, value in (("-c", args.ctx_size), ("-t", args.threads)):  # as load() words them
+        if value is not None and value < 1:
+            raise CausalLMError(f"{flag} must be an integer >= 1, got {value}")
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -166,8 +166,8 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
     limit = loaded.context_length
     for field, value in zip(("max_completion_tokens", "max_tokens"), max_tokens):
         if value is not None and limit is not None and value > limit:
-            raise BadRequest(f"'{field}' must be at most {limit} (the context length), got "
-                             f"{value}", field)
+            raise BadRequest(f"'{field}' {value} is more than the context: {limit} "
+                             f"positions, shared by the prompt and the new tokens", field)
     response_format = body.get("response_format")
     if response_format is not None:
         from causallm.generation.constraint import compile_response_format

@@ -338,7 +338,7 @@ def test_threads_above_what_numba_runs_are_one_warning(capsys, tmp_path):
     (["--port", "70000"], "--port must be in [0, 65535]"),
     (["-np", "0"], "--parallel must be at least 1"),
     (["--queue", "-1"], "--queue must be at least 0"),
-    (["-t", "0"], "-t must be at least 1"),
+    (["-t", "0"], "-t must be an integer >= 1, got 0"),
     (["-n", "0"], "-n must be an integer >= 1, got 0"),
     (["--dtype", "Q9"], "argument --dtype: invalid choice: 'Q9'"),
 ])
@@ -476,7 +476,7 @@ BAD_INPUTS = {
                                "max_position_embeddings in config.json", "-c"]),
     "-n beyond -c": (None, ["hi", "-n", "5000000000", "-c", "64"],
                      ["-n 5000000000", "64 positions (-c)"]),
-    "-c 0": (None, ["hi", "-c", "0"], ["-c must be at least 1"]),
+    "-c 0": (None, ["hi", "-c", "0"], ["-c must be an integer >= 1, got 0"]),
     "-c beyond what the cache can index": (None, ["hi", "-c", "5000000000"],
                                            ["-c (max_seq_len)", "5000000000"]),
     "-c beyond the memory": (None, ["hi", "-c", str(2**31)],

@@ -94,3 +94,20 @@ def test_the_commands_declare_their_shared_options_once():
     with pytest.raises(SystemExit) as e:
         warmup(["--dtype", "Q9"])
     assert e.value.code == 2
+
+
+def test_the_same_mistake_reads_the_same_from_the_cli_and_the_api(capsys):
+    """Beyond the generation options: a context or thread count below 1, and new tokens beyond
+    the context, are worded alike under the flag and the keyword (the server's max_tokens:
+    tests/test_server.py)."""
+    cases = [(["-c", "0"], dict(ctx_size=0), "must be an integer >= 1, got 0"),
+             (["-t", "0"], dict(threads=0), "must be an integer >= 1, got 0"),
+             (["-n", "100000"], dict(max_new_tokens=100000),
+              "100000 is more than the context: ")]
+    for argv, options, said in cases:
+        assert main.main([TINY, "hi", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {argv[0]} ") and said in err, err
+        with pytest.raises(CausalLMError) as e:
+            create(TINY, **options)
+        assert str(e.value).startswith(f"{next(iter(options))} ") and said in str(e.value)

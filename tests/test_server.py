@@ -441,6 +441,8 @@ def test_bad_requests_are_400_with_an_error_body(server, case):
     assert error["param"] == param
     if "longer than the cache" in case:
         assert error["code"] == "context_length_exceeded"
+    if case == "max_tokens beyond the cache":  # worded as the CLI's -n and the API's
+        assert "is more than the context: " in error["message"]
 
 
 SERVER_BAD = {"max_new_tokens": 0, "temperature": -1, "top_k": -1, "top_p": 2, "min_p": 1.5,
@@ -491,7 +493,7 @@ def test_serve_without_the_extra_names_it(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (("-n", "20000000"), "error: -n 20000000 is more than the context: 512 positions (max_seq_len "
                          "in "),
-    (("-c", "0"), "error: -c must be at least 1"),
+    (("-c", "0"), "error: -c must be an integer >= 1, got 0"),
     (("-c", "64", "-n", "65"), "error: -n 65 is more than the context: 64 positions (-c)"),
     (("--parallel", "100000", "-c", "100000"),
      "error: not enough memory for a context of 100000 positions (-c; 100000 slots (--parallel, "
