@@ -72,7 +72,10 @@ def _read_text(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:  # the reason alone, as every file the loader reads says it
+        raise CausalLMError(f"{path}: cannot read the chat template "
+                            f"({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:
         raise CausalLMError(f"{path}: cannot read the chat template ({_one_line(e)})") from None
 
 

@@ -112,7 +112,8 @@ def test_chat_template_file_gives_a_gguf_without_one_its_template(tmp_path, caps
             (["--chat-template-file", str(template)], "error: --chat-template-file is the "
                                                       "template of --chat or --interactive"),
             (["--chat", "--chat-template-file", str(tmp_path / "none.jinja")],
-             f"error: {tmp_path / 'none.jinja'}: cannot read the chat template"),
+             f"error: {tmp_path / 'none.jinja'}: cannot read the chat template (No such file "
+             f"or directory)\n"),
             (["--chat", "--chat-template-file", str(tmp_path)],
              f"error: {tmp_path}: a folder, not a chat template file")):
         rc = main.main([path, "hi", *args])
