@@ -13,10 +13,9 @@ or transformers.
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
+from cli import run_cli
 
 from causallm.io.config import load_model_configs
 
@@ -254,31 +253,20 @@ def check_one_shot(model, ref, rtol=RTOL):
     return logits
 
 
-def cli_record(name, n, capsys=None):
-    """``main.py tests/fixtures/<name> PROMPT --greedy -n n --json`` (in a subprocess, or in
-    this process when given pytest's capsys): the JSON record of its last stdout line."""
-    args = [os.path.join("tests", "fixtures", name), str(expected(name)["prompt"]), "--greedy",
-            "-n", str(n), "--json"]
-    if capsys is None:
-        p = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
-                           text=True, encoding="utf-8", timeout=300)
-        assert p.returncode == 0, p.stderr
-        out = p.stdout
-    else:
-        from causallm import main
-        capsys.readouterr()
-        args[0] = os.path.join(ROOT, args[0])
-        rc = main.main(args)
-        out, err = capsys.readouterr()
-        assert rc == 0, err
-    return json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+def cli_record(name, n):
+    """``main.py tests/fixtures/<name> PROMPT --greedy -n n --json`` (tests/cli.py, in this
+    process): the JSON record of its last stdout line."""
+    p = run_cli(os.path.join(FIXTURES, name), str(expected(name)["prompt"]), "--greedy", "-n",
+                n, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
 
 
-def check_cli(name, architecture, n, capsys=None):
+def check_cli(name, architecture, n):
     """The greedy CLI run (cli_record) names the architecture and gives transformers' prompt ids
     and first n tokens. Returns the record."""
     ref = expected(name)
-    record = cli_record(name, n, capsys)
+    record = cli_record(name, n)
     assert record["architecture"] == architecture
     assert record["prompt_ids"] == ref["prompt_ids"].tolist()
     assert record["generated_ids"] == ref["tokens"][:n].tolist()

@@ -20,6 +20,7 @@ def test_the_example_names_a_folder():
     assert '"path/to/model"' in EXAMPLE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FOLDERS)
 def test_readme_example_runs_on_every_fixture(name, capsys):
     scope = {}

@@ -11,14 +11,12 @@ greedy tokens (forced ones included), the stacks' shapes, the CLI and bad config
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from parity import (
     FIXTURES,
-    ROOT,
     load_folder,
 )
 
@@ -70,9 +68,8 @@ def test_stacks_have_their_own_heads_and_widths():
 def test_cli_greedy_json():
     name = "bart-forced"
     ref = expected(name)
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", name),
-                        str(ref["prompt"]), "--greedy", "-n", "32", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
+    p = run_cli(os.path.join("tests", "fixtures", name), str(ref["prompt"]), "--greedy", "-n",
+                "32", "--json")
     assert p.returncode == 0, p.stderr
     record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
     assert record["architecture"] == "BartForConditionalGeneration"

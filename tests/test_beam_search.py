@@ -12,11 +12,10 @@ its maker to give the same sequences in float64, so no near-tie decides it.
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from parity import FIXTURES, ROOT, load_folder
+from cli import run_cli
+from parity import FIXTURES, load_folder
 
 CASES = []
 for family in ("t5", "llama", "bart", "marian"):
@@ -48,6 +47,7 @@ def search(case):
     return result.sequences[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_beam_search_gives_transformers_hypotheses(case):
     hyps = search(case)
@@ -64,6 +64,7 @@ def test_some_cases_end_beams_early():
     assert {c["folder"].split("-")[0] for c in CASES} == {"t5", "llama", "bart", "marian"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["v11-plain", "forced-plain"])
 def test_cli_beams_give_transformers_hypotheses(name):
     """``main.py <folder> PROMPT --num-beams 4 --num-return-sequences 4 -n 24 --json`` (T5, and
@@ -73,11 +74,8 @@ def test_cli_beams_give_transformers_hypotheses(name):
     import numpy as np
     case = next(c for c in CASES if c["name"] == name)
     prompt = str(np.load(os.path.join(FIXTURES, case["folder"], "expected.npz"))["prompt"])
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures",
-                                                                case["folder"]),
-                        prompt, "--num-beams", "4", "--num-return-sequences", "4", "-n", "24",
-                        "--json"],
-                       cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=300)
+    p = run_cli(os.path.join("tests", "fixtures", case["folder"]), prompt, "--num-beams", "4",
+                "--num-return-sequences", "4", "-n", "24", "--json")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.rstrip("\n").split("\n")
     record = json.loads(lines[-1])

@@ -79,6 +79,7 @@ def no_temp_files(folder):
 
 # ----------------------------------------------------------------------------------- hf -> bin
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_FIXTURES)
 def test_hf_to_bin_gives_transformers_logits_and_tokens(name, tmp_path):
     folder = os.path.join(FIXTURES, name)
@@ -100,6 +101,7 @@ def test_hf_to_bin_gives_transformers_logits_and_tokens(name, tmp_path):
     assert greedy(load(name, out), ref) == ref["tokens"].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fc_dtype", ["FP32", "FP16"])
 def test_independent_converter_layout_loads_to_transformers_logits(fc_dtype, tmp_path):
     """llama-gqa3 written by the numpy converter (C++ order) loads to transformers' logits, and
@@ -123,6 +125,7 @@ def test_independent_converter_layout_loads_to_transformers_logits(fc_dtype, tmp
         assert int(np.argmax(logits)) == ref["tokens"][0]
 
 
+@pytest.mark.slow
 def test_fp16_bin_layout_is_fc_fp16_rest_fp32(tmp_path):
     """FP16-FP32: only the FC weights are 2 bytes an element; norms, biases, the embedding and
     the LM head stay FP32 (llama-f16-yarn-bias has q/k/v/o and MLP biases)."""
@@ -149,6 +152,7 @@ def test_fp16_bin_layout_is_fc_fp16_rest_fp32(tmp_path):
     assert greedy(load(name, r.path, model_tensor_type="FP16-FP32"), ref) == ref["tokens"].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fc,embd,head", [("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "FP32"),
                                           ("Q4_0", "FP16", "FP16")])
 def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head, tmp_path):
@@ -201,6 +205,7 @@ def test_quantized_bin_holds_the_blocks_quantizing_at_load_gives(fc, embd, head,
     assert generate[0] == generate[1]
 
 
+@pytest.mark.slow
 def test_q6_k_tied_embedding_bin_runs_the_default_model(tmp_path):
     """The embedded model (hidden 256) with its tied embedding in Q6_K, as nntr_quantize
     --embd_dtype Q6_K and NNTrainer's tied embedding write it: 210 bytes per 256 values of
@@ -249,6 +254,7 @@ def test_save_load_round_trip_is_byte_identical(fc_dtype, tmp_path):
     assert no_temp_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_fp16_reload_is_within_fp16_rounding(tmp_path):
     name = "llama-gqa3"
     folder = os.path.join(FIXTURES, name)
@@ -288,6 +294,7 @@ def test_size_errors_are_one_line_and_name_the_bytes(delta, tmp_path):
     assert f"expected {size} bytes" in message and f"found {size + delta}" in message
 
 
+@pytest.mark.slow
 def test_bad_dtypes_are_one_line_errors(tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(os.path.join(FIXTURES, "llama-gqa3"), folder)
@@ -318,6 +325,7 @@ def test_bad_dtypes_are_one_line_errors(tmp_path):
 
 # ------------------------------------------------------------------------ config and the CLI
 
+@pytest.mark.slow
 def test_output_in_a_missing_folder_is_one_line_before_converting(tmp_path):
     """-o must name a file in an existing folder (a mistyped path creates nothing)."""
     def run(out):
@@ -374,6 +382,7 @@ def test_model_file_name_outside_the_folder_is_absolute(tmp_path):
 
 # ----------------------------------------------------------------------------------- bin -> hf
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,dtype", [("llama-gqa3", "F32"), ("llama-hd80-bf16-sharded", "BF16"),
                                         ("llama-f16-yarn-bias", "F16")])
 def test_bin_to_hf_round_trip(name, dtype, tmp_path):
@@ -403,6 +412,7 @@ def test_bin_to_hf_round_trip(name, dtype, tmp_path):
     assert_logits_close(logits, ref["prefill_logits"], "prefill", 2e-4)
 
 
+@pytest.mark.slow
 def test_bin_to_hf_fp16_bin_and_errors(tmp_path):
     name = "llama-gqa3"
     folder = os.path.join(FIXTURES, name)
@@ -422,6 +432,7 @@ def test_bin_to_hf_fp16_bin_and_errors(tmp_path):
         bin_to_hf.export(folder, str(tmp_path / "missing.bin"), str(tmp_path / "x"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt-oss-tiny", "qwen3moe-e8k3-fused", "gpt2-tied",
                                   "gemma3-softcap"])
 def test_bin_to_hf_rebuilds_fused_split_and_offset_tensors(name, tmp_path):

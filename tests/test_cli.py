@@ -3,10 +3,11 @@
 Generated ids are checked against the greedy tokens transformers produced for each committed
 fixture (expected.npz); everything else checks the CLI's contract: streamed text equals the
 JSON "text", the metrics block goes to stderr, sampling flags behave, and every bad input is
-one ``error: ...`` line on stderr with exit status 2. A few runs go through a subprocess
-(``python main.py ...``, cwd = the repository root); the rest call ``main.main(argv)`` in this
-process, which is much faster once the numba kernels are loaded. Folders are edited only as
-copies under ``tmp_path``.
+one ``error: ...`` line on stderr with exit status 2. Runs go through tests/cli.py's
+``run_cli``: ``main.main(argv)`` in this process (much faster once the numba kernels are
+loaded), a child ``python main.py ...`` only where the process is under test (signals, a
+closed stdout, limits, NUMBA_CACHE_DIR, an install). Folders are edited only as copies under
+``tmp_path``.
 """
 
 import json
@@ -15,10 +16,10 @@ import re
 import shutil
 import subprocess
 import sys
-from unittest import mock
 
 import numpy as np
 import pytest
+from cli import run_cli
 
 from causallm import main
 from causallm.io.config import load_model_configs
@@ -41,22 +42,11 @@ def expected(name="llama-gqa3"):
     return str(ref["prompt"]), ref["prompt_ids"].tolist(), ref["tokens"].tolist()
 
 
-def run_cli(*args, input=None, timeout=300):
-    """``python main.py *args`` from the repository root -> CompletedProcess (text mode); stdin
-    is ``input`` through a pipe, else /dev/null (neither a terminal nor a pipe, as under cron)."""
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT, input=input,
-                          stdin=subprocess.DEVNULL if input is None else None,
-                          capture_output=True, text=True, encoding="utf-8", timeout=timeout)
-
-
 def run_main(capsys, *args):
-    """``main.main(args)`` in this process -> (exit status, stdout, stderr); stdin is /dev/null
-    (whatever pytest's is, a run without PROMPT takes the folder's sample_input)."""
-    capsys.readouterr()
-    with open(os.devnull) as devnull, mock.patch.object(sys, "stdin", devnull):
-        rc = main.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
+    """``main.main(args)`` in this process and its working directory (tests/cli.py) -> (exit
+    status, stdout, stderr)."""
+    p = run_cli(*args, cwd=None)
+    return p.returncode, p.stdout, p.stderr
 
 
 def split_json(out):
@@ -96,14 +86,14 @@ def greedy(capsys, folder, prompt, *args):
     return split_json(out)[1]
 
 
-# ------------------------------------------------------------------ parity, through a subprocess
+# ----------------------------------------------------------------------------------- parity
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_FIXTURES)
 def test_greedy_cli_gives_transformers_tokens(name):
     prompt, prompt_ids, tokens = expected(name)
     extra = ["-t", "1"] if name == "llama-hd80-bf16-sharded" else []
-    p = run_cli(os.path.join("tests", "fixtures", name), prompt, "--greedy", "-n", 32, "--json",
-                *extra)
+    p = run_cli(os.path.join(FIXTURES, name), prompt, "--greedy", "-n", 32, "--json", *extra)
     assert p.returncode == 0, p.stderr
     text, record = split_json(p.stdout)
     assert record["architecture"] == "LlamaForCausalLM"
@@ -121,6 +111,7 @@ def test_greedy_cli_gives_transformers_tokens(name):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_no_arguments_runs_the_embedded_model():
     """``python main.py``: res/tiny-llama on its sample_input, greedy with its repetition
     penalty, prints what transformers generates (tools/fixtures_default_model.py)."""
@@ -132,13 +123,12 @@ def test_no_arguments_runs_the_embedded_model():
     assert_metrics(p.stderr)
 
 
+@pytest.mark.slow
 def test_a_first_compile_is_announced_and_a_cached_run_is_quiet(tmp_path):
     """An empty numba cache (a fresh machine): stderr says kernels are being compiled, where
     they are kept, then how many and how long; the next run loads them and says nothing."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    runs = [subprocess.run([sys.executable, "main.py", GQA3, "hi", "-n", "2"], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=300)
-            for _ in range(2)]
+    runs = [run_cli(GQA3, "hi", "-n", "2", env=env, process=True) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
     first = runs[0].stderr.splitlines()
     assert first[0].startswith("[numba] compiling kernels for this CPU (once: they are cached "
@@ -167,6 +157,7 @@ def test_n_limits_new_tokens(capsys):
     assert record["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 def test_sampling_seed_temp0_and_top_k1(capsys):
     prompt, _, tokens = expected()
 
@@ -247,6 +238,7 @@ def test_nntrainer_bin_weights_from_model_file_name(capsys, tmp_path):
     assert greedy(capsys, folder, prompt, "-n", 8)["generated_ids"] == tokens[:8]
 
 
+@pytest.mark.slow
 def test_cache_full_is_said_on_stderr_with_the_setting_to_raise(capsys, tmp_path):
     prompt, prompt_ids, _ = expected()
     folder = copy_fixture(tmp_path)
@@ -287,6 +279,7 @@ def test_system_prompt_is_prepended(capsys):
     assert record["prompt_ids"] == tokenizer.Encode(system.strip() + "\n" + prompt)
 
 
+@pytest.mark.slow
 def test_the_prompt_taken_from_the_folder_is_shown(capsys):
     """No PROMPT: the text the output continues (nntr_config's sample_input) is one stderr line
     before it; stdout stays the generated text alone. A given prompt is not repeated."""
@@ -317,6 +310,7 @@ def test_version_and_help_mention_what_there_is(capsys):
             assert "causallm serve MODEL_DIR" in out and "--version" in out
 
 
+@pytest.mark.slow
 def test_threads_above_what_numba_runs_are_one_warning(capsys, tmp_path):
     """-t above NUMBA_NUM_THREADS runs with that many and says so, in main.py and serve."""
     import numba
@@ -353,6 +347,7 @@ def test_serve_refuses_a_bad_option_in_one_line(capsys, tmp_path, argv, message)
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
 
+@pytest.mark.slow
 def test_max_length_of_generation_config_caps_the_new_tokens_as_transformers(capsys, tmp_path):
     """generation_config.json's max_length (prompt and new tokens together) binds when nothing
     sets the new tokens' number, as in transformers: the Marian folder's beam search with
@@ -544,6 +539,7 @@ NO_DAC = ("setpriv", "--inh-caps=-dac_override,-dac_read_search",
 so a file or folder without read (or write) permission is refused to it as to any user."""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv (the permission checks of an ordinary user)")
 def test_unreadable_files_and_folders_are_named_errors(tmp_path):
@@ -589,17 +585,19 @@ def test_graph_onto_a_folder_names_the_path_given(capsys, tmp_path):
     assert os.listdir(tmp_path) == ["g.dot"] and os.listdir(tmp_path / "g.dot") == []
 
 
+@pytest.mark.slow
 def test_error_through_subprocess_and_debug_traceback(tmp_path):
     folder = tmp_path / "empty"
     folder.mkdir()
-    p = run_cli(folder, "hi")
+    p = run_cli(folder, "hi", process=True)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == f"error: {folder / 'config.json'}: file not found\n"
-    p = run_cli(folder, "hi", "--debug")
+    p = run_cli(folder, "hi", "--debug", process=True)
     assert p.returncode != 0
     assert "Traceback (most recent call last)" in p.stderr and "config.json" in p.stderr
 
 
+@pytest.mark.slow
 def test_out_of_memory_names_the_flag_that_set_the_context(capsys, monkeypatch):
     from causallm.runtime.graph import Model
 
@@ -635,6 +633,7 @@ def _limited_run(*args, limit=3 << 30):
     return p, rss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["-n", "-c"])
 def test_huge_n_or_context_is_refused_before_anything_is_allocated(flag):
     """-n 20000000 used to size the KV caches and RoPE tables (12.6 GB before an error): the
@@ -659,6 +658,7 @@ def test_options_may_come_before_between_and_after_the_arguments():
     assert split_json(p.stdout)[1]["generated_ids"] == tokens[:6]
 
 
+@pytest.mark.slow
 def test_prompt_from_stdin():
     """'-' as PROMPT reads stdin, as does no PROMPT when stdin is a pipe; trailing newlines go,
     as in the shell's $(...). A stdin that is not a pipe or a file (here /dev/null) leaves the
@@ -682,8 +682,7 @@ def test_prompt_from_stdin():
 
 def test_prompt_that_is_not_utf8_is_one_line_naming_the_byte():
     def run(args, stdin_bytes=None):
-        return subprocess.run([sys.executable, "main.py", GQA3, *args], cwd=ROOT,
-                              input=stdin_bytes, capture_output=True, timeout=300)
+        return run_cli(GQA3, *args, input=stdin_bytes, text=False)
     p = run([b"caf\xe9 au lait", "-n", "1"])  # Latin-1 bytes in argv
     assert (p.returncode, p.stdout) == (2, b"")
     assert p.stderr == b"error: PROMPT is not valid UTF-8: byte 0xe9 at offset 3\n"
@@ -696,6 +695,7 @@ def test_prompt_that_is_not_utf8_is_one_line_naming_the_byte():
                         b"offset 7\n")
 
 
+@pytest.mark.slow
 def test_closed_stdout_exits_141_quietly():
     prompt = expected()[0]
     argv = [sys.executable, "main.py", GQA3, prompt, "-n", 32]
@@ -724,6 +724,7 @@ runpy.run_path("main.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["causallm", "numba", "tokenizers", "causallm.io.safetensors"])
 def test_interrupt_during_start_up_exits_130_quietly(module):
     p = subprocess.run([sys.executable, "-c", INTERRUPT_AT, module, "main.py", GQA3, "hi"],
@@ -739,6 +740,7 @@ def test_prompt_without_folder_points_to_the_default_model(capsys):
     assert err.startswith("error: Tell me a story: not a model folder") and "tiny-llama" in err
 
 
+@pytest.mark.slow
 def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
     """A regular (non-editable) install: the wheel holds one top-level package, ``causallm``,
     with the application's modules and the embedded model inside it; its console script's

@@ -115,6 +115,7 @@ def test_sentencepiece_gguf_token_bytes_spell_transformers_ids():
     assert tokenizer.special_ids() == [1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_real_gguf_token_bytes_spell_llama_cpp_ids(name, request):
     """gguf-tokenizer-ids.json: the ids llama.cpp gave 10 texts on the real files (the chat
@@ -130,6 +131,7 @@ def test_real_gguf_token_bytes_spell_llama_cpp_ids(name, request):
 
 
 # ----------------------------------------------------------------------- compiling
+@pytest.mark.slow
 @needs_llguidance
 def test_response_formats_compile_or_fail_in_one_line_naming_the_field():
     tokenizer = Tokenizer.FromFile(os.path.join(TINY, "tokenizer.json"))
@@ -238,6 +240,7 @@ TEXTS = ['{"name": "Ada", "age": 36, "ok": true, "tags": ["a", "c"]}',
          '{ "name" : "é\\"\\n\\u001f", "age" : 120 , "ok" : true , "tags" : [ "b" ] }']
 
 
+@pytest.mark.slow
 @needs_llguidance
 @pytest.mark.parametrize("source", ["tokenizer.json", "gguf-byte-level", "gguf-sentencepiece"])
 def test_json_texts_walk_through_the_mask(source):
@@ -265,6 +268,7 @@ def test_json_texts_walk_through_the_mask(source):
     assert row[ids_of(tokenizer, '"')[0]] == 0.0
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_gguf_vocabulary_masks_equal_those_of_its_tokenizer_json():
     """gguf-qwen3-q4_0 holds tiny-llama's vocabulary: the masks llguidance computes from our GGUF
@@ -354,6 +358,7 @@ def spm():
     return causallm.load(SPM)
 
 
+@pytest.mark.slow
 @needs_llguidance
 @pytest.mark.parametrize("model", ["tiny", "gqa3", "spm"])
 def test_generated_text_parses_and_validates(model, request):
@@ -371,6 +376,7 @@ def test_generated_text_parses_and_validates(model, request):
                                          skip_special_tokens=True) == done.text
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_batch_rows_keep_their_own_grammar():
     """Two sampled rows of one batch: each is its own JSON value and stops when it is complete,
@@ -398,6 +404,7 @@ def test_json_object_gives_a_json_object(model, request):
     assert "".join(pieces) == streamed.text == done.text
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_a_call_without_a_format_is_free_again(tiny):
     constrained = tiny.complete("The for statement", max_new_tokens=12, greedy=True,
@@ -408,6 +415,7 @@ def test_a_call_without_a_format_is_free_again(tiny):
                                                      greedy=True).text
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_options_that_cannot_go_with_a_format_are_one_line_errors(tiny):
     cases = [
@@ -437,6 +445,7 @@ def test_generator_settings_carry_the_compiled_format(tiny):
     assert GenerationSettings().response_format is None
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_smollm2_answers_in_the_schema(smollm2_gguf):
     """The real SmolLM2 file through its chat template: its reply parses and validates."""
@@ -453,6 +462,7 @@ def test_smollm2_answers_in_the_schema(smollm2_gguf):
     assert done.finish_reason == "stop"
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_gemma3_vocabulary_walks_a_json_text(gemma3_gguf):
     """Gemma 3's 262,144-token SentencePiece vocabulary: a pretty-printed value is allowed
@@ -463,6 +473,7 @@ def test_gemma3_vocabulary_walks_a_json_text(gemma3_gguf):
 
 
 # ----------------------------------------------------------------------- the CLI
+@pytest.mark.slow
 @needs_llguidance
 def test_cli_json_schema_file_and_text(tmp_path, capsys):
     path = tmp_path / "person.json"
@@ -480,6 +491,7 @@ def test_cli_json_schema_file_and_text(tmp_path, capsys):
     assert isinstance(json.loads(capsys.readouterr().out), dict)
 
 
+@pytest.mark.slow
 @needs_llguidance
 def test_cli_errors_name_the_flag_and_the_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"

@@ -8,11 +8,10 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 
 from causallm.generation.generator import Generator, Start, StopText
 from causallm.generation.processors import GenerationSettings, build_processors
@@ -55,6 +54,7 @@ def test_each_fixture_case_changes_the_scores(name):
     assert not np.array_equal(REF[f"expected_{name}"], REF["logits"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["min_p_03", "typical_05", "typical_02_temperature",
                                   "chain_sample", "penalties_sample"])
 def test_sampling_never_draws_a_token_transformers_removes(name):
@@ -183,11 +183,7 @@ def test_stop_text_earliest_occurrence_and_overlaps():
     assert stop.release() == ""
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, encoding="utf-8", timeout=300)
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(os.path.join(TINY, "model.safetensors")),
                     reason="res/tiny-llama/model.safetensors is not there")
 def test_cli_stop_ends_before_the_stop_string():
@@ -206,6 +202,7 @@ def test_cli_stop_ends_before_the_stop_string():
     assert stop not in p.stdout.replace(line, "")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(os.path.join(TINY, "model.safetensors")),
                     reason="res/tiny-llama/model.safetensors is not there")
 def test_beam_search_cuts_each_hypothesis_at_the_stop_string(capsys):
@@ -233,6 +230,7 @@ def test_beam_search_cuts_each_hypothesis_at_the_stop_string(capsys):
 
 # ---------------------------------------------------------------- generation_config warnings
 
+@pytest.mark.slow
 def test_unapplied_generation_config_keys_warn_once_each(tmp_path, capsys):
     from causallm import main
     folder = tmp_path / "tiny"
@@ -262,6 +260,7 @@ def test_generation_config_controls_are_read(tmp_path):
     assert (settings.min_p, settings.typical_p, settings.stop_strings) == (0.05, 0.9, ["###"])
 
 
+@pytest.mark.slow
 def test_max_new_tokens_is_the_default_length(tmp_path, capsys):
     """generation_config's max_new_tokens gives the number of new tokens when nntr_config sets
     no num_to_generate (transformers' default for the folder); -n still wins."""

@@ -9,6 +9,8 @@ cited heading or anchor exists."""
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "nntrainer.md")
 SKIP_DIRS = {"__pycache__", "fixtures", "build"}
@@ -56,6 +58,7 @@ def unwrapped(text):
     return re.sub(r"\s*\n\s*(?:#\s*)?", " ", text)
 
 
+@pytest.mark.slow
 def test_no_citation_of_a_document_outside_the_repository():
     found = [f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}"
              for path in source_files()

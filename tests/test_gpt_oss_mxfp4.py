@@ -12,13 +12,12 @@ the folder gets them bit for bit). Nothing here imports torch or transformers.
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import orjson
 import parity
 import pytest
+from cli import run_cli
 from parity import FLOAT32_CACHE, assert_logits_close, prefill
 
 from causallm.errors import CausalLMError
@@ -202,6 +201,7 @@ VARIANTS = {"resident": (GptOssForCausalLM, {"moe_expert_cache": 0}),
             "cached_slim_lru1": (GptOssCachedSlimCausalLM, {"moe_expert_cache": 1})}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_prefill_and_cached_decode_match_transformers(variant):
     cls, nntr = VARIANTS[variant]
@@ -212,6 +212,7 @@ def test_prefill_and_cached_decode_match_transformers(variant):
         assert int(np.argmax(ours)) == REF["tokens"][k], f"{variant}: greedy token {k}"
 
 
+@pytest.mark.slow
 def test_one_shot_forward_matches_no_cache_reference():
     seq = np.concatenate([REF["prompt_ids"], REF["tokens"][:-1]])
     model = load(moe_expert_cache=0, init_seq_len=len(seq), num_to_generate=8)
@@ -222,6 +223,7 @@ def capacities(model):
     return [layer.cache_capacity for _, layer in model.moeLayers()]
 
 
+@pytest.mark.slow
 def test_mxfp4_turns_the_expert_cache_on_by_default(capsys):
     """GptOssForCausalLM keeps num_experts_per_tok experts per layer and says so on stderr;
     nntr_config moe_expert_cache wins; the cached slim model keeps its own default (16 -> E)."""
@@ -244,6 +246,7 @@ def test_other_quantization_is_a_one_line_error():
     assert "\n" not in message and "config.json" in message and "bitsandbytes" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, capacity", [(GptOssForCausalLM, 1), (GptOssForCausalLM, 3),
                                            (GptOssCachedSlimCausalLM, None)])
 def test_expert_cache_gives_identical_logits(cls, capacity, monkeypatch):
@@ -269,6 +272,7 @@ def test_expert_cache_gives_identical_logits(cls, capacity, monkeypatch):
                             weight("layer2_ffn_down:expert_up_3"))
 
 
+@pytest.mark.slow
 def test_greedy_generation_gives_transformers_tokens():
     model = load()
     n = len(REF["tokens"])
@@ -276,6 +280,7 @@ def test_greedy_generation_gives_transformers_tokens():
     assert result.generated_ids[0] == REF["tokens"].tolist()
 
 
+@pytest.mark.slow
 def test_saved_bin_holds_the_dequantized_experts(tmp_path):
     """An MXFP4 model saved as an NNTrainer .bin (experts copied from the file one at a time)
     is the .bin of the resident model, and that .bin runs to transformers' logits."""
@@ -291,10 +296,10 @@ def test_saved_bin_holds_the_dequantized_experts(tmp_path):
     assert_logits_close(prefill(model, REF["prompt_ids"]), REF["prefill_logits"], ".bin prefill")
 
 
+@pytest.mark.slow
 def test_cli_gives_transformers_tokens():
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", NAME),
-                        str(REF["prompt"]), "--greedy", "-n", "24", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
+    p = run_cli(os.path.join("tests", "fixtures", NAME), str(REF["prompt"]), "--greedy", "-n",
+                "24", "--json")
     assert p.returncode == 0, p.stderr
     assert "MXFP4 experts are read from the file" in p.stderr
     record = json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[1])

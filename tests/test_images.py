@@ -16,6 +16,7 @@ from causallm.io.images import ImageProcessor, convert_rgb, load_image
 IMAGES = os.path.join(FIXTURES, "images")
 
 
+@pytest.mark.slow
 def test_load_image_errors_name_the_file(tmp_path):
     with pytest.raises(CausalLMError, match="nope.png: image file not found"):
         load_image(str(tmp_path / "nope.png"))

@@ -504,6 +504,7 @@ def test_set_num_threads_clamps():
         K.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_serial_and_parallel_kernels_agree_exactly():
     """The one-thread variants run the same per-task code as the parallel ones (the dispatchers
     pick one by the size of the work), so the results are bit-identical."""

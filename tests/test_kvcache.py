@@ -84,6 +84,7 @@ def assert_close(ours, ref, rtol, what):
     return err
 
 
+@pytest.mark.slow
 def test_saved_then_loaded_cache_continues_like_one_plain_run(folder):
     cache = folder / "sys.cache"
     first, tokens1 = run(folder)
@@ -121,6 +122,7 @@ def test_saved_then_loaded_cache_continues_like_one_plain_run(folder):
     assert_close(logits(rounded, n), logits(second, n), 1e-6, "FP16-rounded cache vs run 2")
 
 
+@pytest.mark.slow
 def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
     first, _ = run(folder)
     n = first.SYS_PROMP_LEN
@@ -162,6 +164,7 @@ def test_cache_file_layout_and_atomic_write(folder, monkeypatch):
         "nntr_config.json", "sys.cache", "sys.cache.header.json"])
 
 
+@pytest.mark.slow
 def test_an_fp16_cache_is_saved_and_loaded_bit_for_bit(folder):
     """With FP16 caches (kv_cache_dtype) the file holds the cache's own bits: a run from the
     file is the run that wrote it, logits and all."""
@@ -230,6 +233,7 @@ def damage(folder, how):
             }.get(how, "its contents do not match its header's size and sha256")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["zeros", "shorter", "longer", "empty", "no header",
                                  "header cut short", "header not ours", "token ids", "weights",
                                  "config", "kv dtype"])
@@ -249,6 +253,7 @@ def test_a_cache_its_header_does_not_vouch_for_is_recomputed(folder, how, capsys
     assert third.calls[0][0] == n and again == tokens and capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["missing folder", "read-only folder"])
 def test_a_cache_that_cannot_be_saved_costs_the_cache_not_the_run(folder, where, capsys):
     target = folder / "cache"
@@ -269,6 +274,7 @@ def test_a_cache_that_cannot_be_saved_costs_the_cache_not_the_run(folder, where,
     assert not os.path.exists(target) or os.listdir(target) == []
 
 
+@pytest.mark.slow
 def test_cli_uses_head_prompt_and_the_cache(folder, capsys):
     from causallm import main
     outputs = []
@@ -286,6 +292,7 @@ def test_cli_uses_head_prompt_and_the_cache(folder, capsys):
     assert first["prompt_ids"] == second["prompt_ids"] == prompt_ids  # the prompt alone, no BOS
 
 
+@pytest.mark.slow
 def test_changed_system_prompt_recomputes_the_cache(folder):
     run(folder)
     other = "System: you answer in one short sentence.\n"
@@ -299,6 +306,7 @@ def test_changed_system_prompt_recomputes_the_cache(folder):
     assert os.path.getsize(folder / "sys.cache") == LAYERS * 2 * len(saved) * KV_WIDTH * 2
 
 
+@pytest.mark.slow
 def test_repetition_penalty_counts_the_cached_system_prompt(folder, monkeypatch):
     """The penalty sees every token of the context, the cached system prompt included (HF
     penalises all input ids): run() hands the cached ids to generate_tokens as context, and
@@ -334,11 +342,13 @@ HALF_FIXTURES = ["llama-hd80-bf16-sharded", "llama-f16-yarn-bias", "qwen2-gqa4",
                  "gemma3-softcap", "gpt2-untied-scaled", "qwen3moe-e8k2-dense", "gpt-oss-tiny"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HALF_FIXTURES)
 def test_a_half_checkpoint_gets_an_fp16_cache_within_its_rounding(name):
     parity.check_fp16_cache(parity.from_folder(name), parity.expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,nntr,want", [
     ("llama-gqa3", {}, np.float32),                              # float32 weights: exact
     ("llama-hd80-bf16-sharded", {}, np.uint16),                  # BF16 kept: FP16 cache
@@ -351,6 +361,7 @@ def test_cache_precision_follows_the_weights_unless_set(name, nntr, want):
     assert {c.key.dtype for c in model.model.getKVCaches("self")} == {np.dtype(want)}
 
 
+@pytest.mark.slow
 def test_weight_format_and_kv_dtype_calls_choose_the_cache():
     from causallm.factory import Factory
     for fmt, kv, want in (("Q8_0", None, np.uint16), ("FP32", None, np.float32),

@@ -5,6 +5,9 @@ second copy of the module beside the first (two registries, two classes of one n
 
 import ast
 import os
+import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOP_LEVEL = {"main", "factory", "models", "layers"}
@@ -19,6 +22,7 @@ def python_files():
                 yield os.path.join(d, f)
 
 
+@pytest.mark.slow
 def test_no_import_by_a_top_level_application_name():
     offending = []
     for path in python_files():
@@ -32,3 +36,15 @@ def test_no_import_by_a_top_level_application_name():
                           if n.split(".")[0] in TOP_LEVEL]
     assert offending == []
     assert len(list(python_files())) > 100  # the walk saw the tree
+
+
+def test_this_process_holds_one_copy_of_each_application_module():
+    """What the walk above guards, seen in a running process: ``causallm.main`` and
+    ``causallm.factory`` are the root's files, and no module is loaded under a top-level
+    application name."""
+    import causallm.factory
+    import causallm.main
+
+    assert causallm.main.__file__ == os.path.join(ROOT, "main.py")
+    assert causallm.factory.__file__ == os.path.join(ROOT, "factory.py")
+    assert sorted(TOP_LEVEL & set(sys.modules)) == []

@@ -24,11 +24,13 @@ def test_prompt_ids_match_tokenizer_json(name):
     parity.check_prompt_ids(load(name), parity.expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     parity.check_prefill_and_cached_decode(load(name), parity.expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
     parity.check_greedy(load(name), parity.expected(name))

@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from parity import FIXTURES, ROOT, load_folder
 
 from causallm.errors import CausalLMError
@@ -78,6 +79,7 @@ def test_a_wrong_position_table_in_the_file_is_an_error(tmp_path):
         model.load_weight()
 
 
+@pytest.mark.slow
 def test_a_folder_without_tokenizer_json_names_the_converter_and_it_works(tmp_path):
     name = "marian-no-positions"
     folder = tmp_path / "opus-mt"
@@ -85,8 +87,7 @@ def test_a_folder_without_tokenizer_json_names_the_converter_and_it_works(tmp_pa
     os.remove(folder / "tokenizer.json")
     with pytest.raises(CausalLMError, match="tokenizer file not found.*tools/marian_tokenizer.py"):
         Factory.Instance().createFromFolder(str(folder))
-    p = subprocess.run([sys.executable, "main.py", str(folder), "Hello"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli(folder, "Hello")
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
     assert p.stderr.startswith("error: ") and "tools/marian_tokenizer.py" in p.stderr
     p = subprocess.run([sys.executable, os.path.join("tools", "marian_tokenizer.py"),
@@ -110,34 +111,34 @@ def test_separate_vocabularies_are_a_one_line_error(tmp_path):
         Factory.Instance().createFromFolder(str(folder))
 
 
-def run_cli(name, *options):
-    ref = expected(name)
-    p = subprocess.run([sys.executable, "main.py", os.path.join("tests", "fixtures", name),
-                        str(ref["prompt"]), *options, "--json"], cwd=ROOT,
-                       capture_output=True, text=True, encoding="utf-8", timeout=300)
+def cli_record(name, *options):
+    """``main.py tests/fixtures/<name> PROMPT *options --json``: the record of its last line."""
+    p = run_cli(os.path.join(FIXTURES, name), str(expected(name)["prompt"]), *options, "--json")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
 
 
 def test_cli_greedy():
-    record = run_cli("marian-no-positions", "--greedy", "-n", "32")
+    record = cli_record("marian-no-positions", "--greedy", "-n", "32")
     assert record["architecture"] == "MarianMTModel"
     assert record["generated_ids"] == expected("marian-no-positions")["tokens"].tolist()
     assert record["finish_reason"] == "eos"
 
 
+@pytest.mark.slow
 def test_cli_searches_the_beams_generation_config_asks_for():
     with open(os.path.join(FIXTURES, "beams-marian.json")) as f:
         cases = json.load(f)
     cases = cases["cases"] if isinstance(cases, dict) else cases
     beam = next(c for c in cases if c["name"] == "beam4-defaults")
     assert beam["generate"]["num_beams"] == 4 and beam["generate"]["max_new_tokens"] == 24
-    record = run_cli(beam["folder"], "-n", "24")
+    record = cli_record(beam["folder"], "-n", "24")
     assert record["num_beams"] == 4
     assert record["generated_ids"] == beam["sequences"][0]
     assert abs(record["score"] - beam["scores"][0]) <= 1e-4 * abs(beam["scores"][0])
 
 
+@pytest.mark.slow
 def test_weights_bin_round_trip_and_export(tmp_path):
     """.bin and back: the tensors under their names (position tables left out, as transformers
     saves), the tokenizer files beside them, the same greedy tokens."""

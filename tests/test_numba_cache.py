@@ -87,6 +87,7 @@ def first_run(tree):
     return record, stderr, cache_folder(stderr)
 
 
+@pytest.mark.slow
 def test_read_only_install_without_home_generates(tree, first_run):
     record, stderr, folder = first_run
     assert len(record["generated_ids"]) == 4 and record["text"].strip(), record
@@ -100,6 +101,7 @@ def test_read_only_install_without_home_generates(tree, first_run):
         assert f"kernels are cached in {temp} (NUMBA_CACHE_DIR moves them)" in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to run as an unprivileged user")
 def test_read_only_install_as_an_unprivileged_user(tree, first_run):
@@ -119,6 +121,7 @@ def test_read_only_install_as_an_unprivileged_user(tree, first_run):
     assert st.st_uid == NOBODY and stat.S_IMODE(st.st_mode) == 0o700
 
 
+@pytest.mark.slow
 def test_a_truncated_cache_file_is_compiled_again(tree, first_run):
     record, _, folder = first_run
     # a data file, the last entry of its kernel (a second signature if there is one), and the
@@ -178,6 +181,7 @@ def test_the_first_writable_folder_is_chosen(tmp_path, monkeypatch):
         f"NUMBA_CACHE_DIR to a writable folder)")
 
 
+@pytest.mark.slow
 def test_without_a_cache_folder_kernels_compile_uncached(monkeypatch):
     from numba import njit
     from numba.core.caching import NullCache
@@ -243,6 +247,7 @@ def generate_recorded(cache, model=os.path.join(ROOT, "res", "tiny-llama"), n=8)
     return json.loads(p.stdout.splitlines()[-1]), p.stderr
 
 
+@pytest.mark.slow
 def test_compiled_and_cached_kernels_compute_the_same_logits(tmp_path):
     """The first process compiles every kernel (numba links a copy of each kernel a kernel calls
     into the caller); the second reads them all from the cache. Their logits are equal to the
@@ -274,6 +279,7 @@ print(hashed(1234) == hash(str(1234) + "x"))
 numba gives LLVM only when numba.cpython.hashing loads."""
 
 
+@pytest.mark.slow
 def test_a_cached_kernel_naming_a_registry_symbol_loads(tmp_path):
     """A cache hit binds the kernel without loading numba's registries (jit_cache): a kernel
     whose code names a symbol one of them defines still loads and runs in a second process
@@ -288,6 +294,7 @@ def test_a_cached_kernel_naming_a_registry_symbol_loads(tmp_path):
     assert "[numba] compiling" in runs[0].stderr and "[numba]" not in runs[1].stderr
 
 
+@pytest.mark.slow
 def test_warmup_compiles_what_the_first_run_needs(tmp_path):
     """``python -m causallm.warmup`` on an empty cache compiles the embedded model's kernels
     (and says so); the run after it, the default model and prompt, compiles nothing."""

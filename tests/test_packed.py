@@ -30,6 +30,7 @@ def test_bf16_and_f16_keep_their_bits():
     np.testing.assert_array_equal(f16.rowsFloat(), rows.astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nrows", [1, 3, 17])      # 17 rows: BF16 / F16 widen then BLAS
 @pytest.mark.parametrize("N", [37, 2100])          # one task / the parallel kernel
 @pytest.mark.parametrize("fmt", ["BF16", "F16", *QUANTIZABLE])

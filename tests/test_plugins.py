@@ -14,10 +14,12 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
+from cli import run_cli
 
-from causallm import main
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+EXAMPLE = os.path.join(ROOT, "examples", "plugin_nntr_qwen3.py")
 
 MY_LLAMA = """\
 from causallm.factory import Factory
@@ -47,47 +49,44 @@ def transformers_tokens(fixture):
     return str(ref["prompt"]), ref["tokens"].tolist()
 
 
-def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, encoding="utf-8", timeout=300)
-
-
 def greedy_ids(p):
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_plugin_file_runs_its_architecture(tmp_path):
     folder = renamed_copy(tmp_path, "llama-gqa3", "MyLlamaForCausalLM")
     plugin = tmp_path / "my_llama.py"
     plugin.write_text(MY_LLAMA)
     prompt, tokens = transformers_tokens("llama-gqa3")
 
-    without = run_cli(folder, prompt, "-n", 2)
+    without = run_cli(folder, prompt, "-n", 2, process=True)
     assert without.returncode == 2
     assert "unknown architecture 'MyLlamaForCausalLM'" in without.stderr
 
     record = greedy_ids(run_cli(folder, prompt, "--greedy", "-n", len(tokens), "--json",
-                                "--plugin", plugin))
+                                "--plugin", plugin, process=True))
     assert record["architecture"] == "MyLlamaForCausalLM"
     assert record["generated_ids"] == tokens
 
 
+@pytest.mark.slow
 def test_the_porting_example_gives_transformers_qwen3_tokens(tmp_path):
     """examples/plugin_nntr_qwen3.py (docs/porting.md) on a Qwen3 checkpoint."""
     folder = renamed_copy(tmp_path, "qwen3-hd80", "NNTRQwen3ForCausalLM")
     prompt, tokens = transformers_tokens("qwen3-hd80")
     record = greedy_ids(run_cli(folder, prompt, "--greedy", "-n", len(tokens), "--json",
-                                "--plugin", os.path.join("examples", "plugin_nntr_qwen3.py")))
+                                "--plugin", EXAMPLE, process=True))
     assert record["architecture"] == "NNTRQwen3ForCausalLM"
     assert record["generated_ids"] == tokens
 
 
+@pytest.mark.slow
 def test_the_porting_example_graph_has_the_fused_layer(tmp_path):
     folder = renamed_copy(tmp_path, "qwen3-hd80", "NNTRQwen3ForCausalLM")
     dot = tmp_path / "g.dot"
-    p = run_cli(folder, "--graph", dot, "--plugin", os.path.join("examples",
-                                                                 "plugin_nntr_qwen3.py"))
+    p = run_cli(folder, "--graph", dot, "--plugin", EXAMPLE, process=True)
     assert p.returncode == 0, p.stderr
     text = dot.read_text()
     assert '"layer0_qkv" -> "layer0_q_norm";' in text  # output 0
@@ -95,31 +94,25 @@ def test_the_porting_example_graph_has_the_fused_layer(tmp_path):
     assert '"layer0_qkv" -> "layer0_attention" [label="(2)"];' in text
 
 
-def run_main(capsys, *args):
-    capsys.readouterr()
-    rc = main.main([str(a) for a in args])
-    return rc, capsys.readouterr().err
+def test_a_missing_plugin_is_a_one_line_error(tmp_path):
+    p = run_cli("--plugin", tmp_path / "nope.py")
+    assert p.returncode == 2
+    assert p.stderr == f"error: --plugin {tmp_path / 'nope.py'}: no such file\n"
 
 
-def test_a_missing_plugin_is_a_one_line_error(capsys, tmp_path):
-    rc, err = run_main(capsys, "--plugin", tmp_path / "nope.py")
-    assert rc == 2
-    assert err == f"error: --plugin {tmp_path / 'nope.py'}: no such file\n"
-
-
-def test_a_plugin_that_raises_is_a_one_line_error(capsys, tmp_path):
+def test_a_plugin_that_raises_is_a_one_line_error(tmp_path):
     plugin = tmp_path / "broken.py"
     plugin.write_text("import math\nraise RuntimeError('no model here\\nsecond line')\n")
-    rc, err = run_main(capsys, "--plugin", plugin)
-    assert rc == 2
-    assert err == f"error: --plugin {plugin}: import failed: RuntimeError: no model here\n"
+    p = run_cli("--plugin", plugin)
+    assert p.returncode == 2
+    assert p.stderr == f"error: --plugin {plugin}: import failed: RuntimeError: no model here\n"
     assert "causallm_plugin_broken" not in sys.modules
 
     plugin.write_text("def register(:\n")
-    rc, err = run_main(capsys, "--plugin", plugin)
-    assert rc == 2
-    assert err.startswith(f"error: --plugin {plugin}: import failed: SyntaxError: ")
-    assert err.count("\n") == 1
+    p = run_cli("--plugin", plugin)
+    assert p.returncode == 2
+    assert p.stderr.startswith(f"error: --plugin {plugin}: import failed: SyntaxError: ")
+    assert p.stderr.count("\n") == 1
 
 
 def installed_plugins(site):
@@ -151,6 +144,7 @@ def installed_plugins(site):
     (site / "causallm_broken_models.py").write_text("import no_such_module_here\n")
 
 
+@pytest.mark.slow
 def test_entry_points_of_installed_packages_register_models(tmp_path):
     site = tmp_path / "site"
     installed_plugins(site)
@@ -169,6 +163,6 @@ def test_entry_points_of_installed_packages_register_models(tmp_path):
 
     folder = renamed_copy(tmp_path, "llama-gqa3", "MyLlamaForCausalLM")
     prompt, tokens = transformers_tokens("llama-gqa3")
-    p = run_cli(folder, prompt, "--greedy", "-n", len(tokens), "--json", env=env)
+    p = run_cli(folder, prompt, "--greedy", "-n", len(tokens), "--json", env=env, process=True)
     assert greedy_ids(p)["generated_ids"] == tokens
     assert p.stderr.startswith("warning: entry point 'broken = ")

@@ -16,6 +16,7 @@ import gguf
 import numpy as np
 import parity
 import pytest
+from cli import run_cli
 
 import causallm
 from causallm.errors import CausalLMError
@@ -49,6 +50,7 @@ def quantized(rows, fmt):
     return gguf.quants.quantize(np.ascontiguousarray(rows), gguf.GGMLQuantizationType[fmt])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-gqa3-fc-q8_0", "qwen3-swa6-fc-q8_0"])
 def test_fc_layer_dtype_holds_every_projection_and_stays_close_to_transformers(name):
     """fc_layer_dtype Q8_0 on a Llama and a Qwen3 folder: every projection is ggml's Q8_0 of
@@ -67,6 +69,7 @@ def test_fc_layer_dtype_holds_every_projection_and_stays_close_to_transformers(n
     parity.check_quantized(model, parity.expected(BASE[name]), "Q8_0", f"{name}")
 
 
+@pytest.mark.slow
 def test_embedding_dtype_holds_the_embedding_and_the_head_it_defaults():
     """embedding_dtype Q4_0: the embedding table and the untied head (lmhead_dtype follows the
     embedding's) are ggml's Q4_0 of their tensors; the projections stay float32."""
@@ -91,6 +94,7 @@ FAMILIES = ["llama-gqa3", "qwen2-gqa4", "qwen3-hd80", "qwen3moe-e8k2-dense", "ge
 exists)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_dtype_keys_reach_every_familys_layers(name):
     """fc_layer_dtype is the dtype of every fully_connected weight (attention, MLP, a
@@ -116,6 +120,7 @@ def test_dtype_keys_reach_every_familys_layers(name):
 
 
 # ------------------------------------------------------------------------------ precedence
+@pytest.mark.slow
 def test_dtype_comes_before_the_nntr_config_keys_and_they_before_the_file():
     """causallm.load: the folder's fc_layer_dtype Q8_0 over its F32 file; dtype= FP32 over
     the key (every weight the checkpoint's float32, transformers' logits to float32
@@ -141,28 +146,26 @@ def test_dtype_comes_before_the_nntr_config_keys_and_they_before_the_file():
     assert q4.weightTypes() == {"Q4_0": 15}
 
 
-def run_cli(capsys, name, *flags):
+def cli_record(name, *flags):
     """main.py on fixture ``name`` with its base's prompt, 8 greedy tokens, --json: the
     record."""
-    from causallm import main
-    capsys.readouterr()
     prompt = str(parity.expected(BASE[name])["prompt"])
-    rc = main.main([os.path.join(parity.FIXTURES, name), prompt, "--greedy", "-n", "8", "--json",
-                    *flags])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    return json.loads(out.rstrip("\n").rsplit("\n", 1)[-1])
+    p = run_cli(os.path.join(parity.FIXTURES, name), prompt, "--greedy", "-n", "8", "--json",
+                *flags)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.rstrip("\n").rsplit("\n", 1)[-1])
 
 
-def test_cli_dtype_overrides_the_folders_fc_layer_dtype(capsys):
+@pytest.mark.slow
+def test_cli_dtype_overrides_the_folders_fc_layer_dtype():
     """The --json record's weight_types: the folder's Q8_0 projections, all float32 with
     --dtype FP32 (then transformers' tokens), all Q4_0 with --dtype q4_0."""
     ref = parity.expected("llama-gqa3")
-    assert run_cli(capsys, "llama-gqa3-fc-q8_0")["weight_types"] == {"F32": 2, "Q8_0": 21}
-    record = run_cli(capsys, "llama-gqa3-fc-q8_0", "--dtype", "FP32")
+    assert cli_record("llama-gqa3-fc-q8_0")["weight_types"] == {"F32": 2, "Q8_0": 21}
+    record = cli_record("llama-gqa3-fc-q8_0", "--dtype", "FP32")
     assert record["weight_types"] == {"F32": 23}
     assert record["generated_ids"] == ref["tokens"][:8].tolist()
-    assert run_cli(capsys, "llama-gqa3-fc-q8_0", "--dtype", "q4_0")["weight_types"] == \
+    assert cli_record("llama-gqa3-fc-q8_0", "--dtype", "q4_0")["weight_types"] == \
         {"Q4_0": 23}
 
 

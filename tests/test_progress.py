@@ -16,6 +16,7 @@ import sys
 import termios
 
 import numpy as np
+import pytest
 
 from causallm.io import nntr_bin
 
@@ -45,6 +46,7 @@ def run_on_terminal(args, env):
     return p.returncode, out.decode(), b"".join(err).decode()
 
 
+@pytest.mark.slow
 def test_a_terminal_sees_the_load_and_the_first_compile(tmp_path):
     env = {**os.environ, "CAUSALLM_PROGRESS_MIN_BYTES": "0",
            "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
@@ -64,12 +66,14 @@ def test_a_terminal_sees_the_load_and_the_first_compile(tmp_path):
     assert "prefill:" in err
 
 
+@pytest.mark.slow
 def test_a_small_load_on_a_terminal_draws_nothing(tmp_path):
     rc, _, err = run_on_terminal([GQA3, "hi", "-n", "2"], dict(os.environ))
     assert rc == 0, err
     assert "loading weights" not in err and "\r" not in err.replace("\r\n", "")
 
 
+@pytest.mark.slow
 def test_a_pipe_gets_no_bars():
     env = {**os.environ, "CAUSALLM_PROGRESS_MIN_BYTES": "0"}
     p = subprocess.run([sys.executable, "main.py", GQA3, "hi", "-n", "2", "--dtype", "Q8_0"],

@@ -43,6 +43,7 @@ def tiny():
     return causallm.load(TINY, num_to_generate=24)
 
 
+@pytest.mark.slow
 def test_greedy_generate_gives_transformers_tokens(gqa3):
     prompt, prompt_ids, tokens = expected()
     done = gqa3.complete(prompt, max_new_tokens=32, greedy=True)
@@ -63,6 +64,7 @@ def test_stream_yields_the_text_in_pieces(gqa3):
     assert list(gqa3.generate(prompt, stream=True, max_new_tokens=32, greedy=True)) == pieces
 
 
+@pytest.mark.slow
 def test_one_model_serves_many_calls(gqa3):
     """A longer prompt, then sampling, then the fixture's prompt without options: the KV cache
     and the sampling settings of earlier calls leave nothing behind."""
@@ -73,6 +75,7 @@ def test_one_model_serves_many_calls(gqa3):
     assert done.result.generated_ids[0] == tokens[:32]
 
 
+@pytest.mark.slow
 def test_sampling_with_a_seed_repeats(gqa3):
     prompt, _, tokens = expected()
     a = gqa3.complete(prompt, max_new_tokens=24, temperature=1.5, top_k=0, seed=7)
@@ -95,6 +98,7 @@ def test_should_stop_ends_the_generation_between_tokens(gqa3):
         tokens[:32]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", ["Set", ["keys", "fin"]])
 def test_stop_strings_cut_the_transformers_text(gqa3, stop):
     prompt, _, tokens = expected()
@@ -116,6 +120,7 @@ def test_further_options_reach_the_generator(gqa3):
         gqa3.generate(prompt, bogus=1)
 
 
+@pytest.mark.slow
 def test_chat_messages_go_through_the_folder_template(tiny):
     messages = [{"role": "user", "content": "What is a list?"}]
     done = tiny.complete(messages, greedy=True)
@@ -188,6 +193,7 @@ def test_a_path_object_loads():
     assert causallm.load(pathlib.Path(TINY)).generate("hi", max_new_tokens=2)
 
 
+@pytest.mark.slow
 def test_load_options_are_the_defaults_of_every_call(gqa3):
     """load() takes a call's generation options, under the same names, as the defaults of every
     call (max_new_tokens as nntr_config num_to_generate, the CLI's -n); a call's own options
@@ -224,6 +230,7 @@ def test_load_refuses_what_it_would_not_apply(options, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_model_computes_only_after_load_weight():
     """Factory -> initialize -> no load_weight: every entry that computes (run, generate_tokens,
     the graph's incremental_inference, an embedding) is a one-line error naming load_weight(),
@@ -274,6 +281,7 @@ def test_a_keyword_option_is_named_in_its_error():
     assert str(e.value) == "-n (num_to_generate) must be an integer >= 1, got 0"
 
 
+@pytest.mark.slow
 def test_ctx_size_sizes_the_context_and_what_exceeds_it_is_refused_before_allocating():
     """ctx_size is the context (the KV cache rows), over nntr_config's max_seq_len; new tokens
     beyond it and a context beyond the memory are refused by load(), naming the keyword, before
@@ -325,6 +333,7 @@ def test_embed_gives_sentence_transformers_embeddings():
         causallm.load(BERT, temperature=0.5)
 
 
+@pytest.mark.slow
 def test_readme_example_runs(monkeypatch, capsys):
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     example = re.search(r"## Python API\n+```python\n(.*?)```", readme, re.S).group(1)
@@ -335,6 +344,7 @@ def test_readme_example_runs(monkeypatch, capsys):
     assert capsys.readouterr().out  # the streamed pieces
 
 
+@pytest.mark.slow
 def test_images_go_with_the_prompt():
     """Gemma 3's image-text fixture: the prompt with two images, transformers' greedy tokens;
     the images are for that call only."""

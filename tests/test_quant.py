@@ -95,6 +95,7 @@ def _round_to_halves(x, out):
         out[i] = simd.round_f16(x[i])
 
 
+@pytest.mark.slow
 def test_half_conversions_are_exact():
     """Every half widens to its float32 value; float32 values (normal, subnormal, ties,
     overflowing, infinite, NaN) round to the nearest half as numpy rounds them."""
@@ -137,6 +138,7 @@ PATH_TYPES = ("Q4_1", "IQ4_NL", "Q6_K")
 dot_signed (IQ4_NL), maddubs and madd (Q6_K)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS)
 def test_each_vector_path_the_cpu_can_run(path, tmp_path):
     """numba told to compile for a CPU with (or without) AVX2 / AVX-512 VNNI lowers the vector

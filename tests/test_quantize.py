@@ -47,6 +47,7 @@ def test_table_and_sizes():
         assert row_bytes(fmt, 4 * qk) == 4 * size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scalar", [False, True], ids=["vector", "scalar"])
 @pytest.mark.parametrize("fmt", TYPES)
 def test_bytes_equal_ggml(fmt, scalar, ggml, inputs):

@@ -56,6 +56,7 @@ def sliding_windows(model):
 
 # ----------------------------------------------------------------------- parity with transformers
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
@@ -65,11 +66,13 @@ def test_prefill_and_cached_decode_match_transformers(name):
     parity.check_prefill_and_cached_decode(model, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
     parity.check_greedy(load(name), expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QWEN_FIXTURES)
 def test_one_shot_forward_matches_no_cache_reference(name):
     """Prefill of prompt + tokens[:-1] in one step (longer than every window) equals
@@ -78,6 +81,7 @@ def test_one_shot_forward_matches_no_cache_reference(name):
     parity.check_one_shot(load(name, init_seq_len=len(full_sequence(ref)), num_to_generate=8), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SLIDING))
 @pytest.mark.parametrize("chunk", [3, 7])
 def test_chunked_prefill_across_the_window(name, chunk):
@@ -86,6 +90,7 @@ def test_chunked_prefill_across_the_window(name, chunk):
     parity.check_chunked_prefill(load(name, init_seq_len=chunk), expected(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2-swa8", "qwen3-hd80"])  # one per architecture
 def test_greedy_cli_gives_transformers_tokens(name):
     arch = "Qwen2ForCausalLM" if name.startswith("qwen2") else "Qwen3ForCausalLM"
@@ -270,6 +275,7 @@ def converter_bin(path, folder, qwen3, tied):
             save("lm_head.weight", True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2-gqa4", "qwen3-swa6-bias"])
 def test_bin_is_the_converter_layout_and_loads_to_transformers_logits(name, tmp_path):
     folder = os.path.join(FIXTURES, name)

@@ -234,6 +234,7 @@ def moe_caches(model):
     return [layer.expert_cache for _, layer in model.moeLayers()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MOE_FIXTURES)
 def test_prefill_and_cached_decode_match_transformers(name):
     ref = expected(name)
@@ -247,6 +248,7 @@ def test_prefill_and_cached_decode_match_transformers(name):
             assert cache is not None and 0 < len(cache) <= capacity and cache.misses > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MOE_FIXTURES)
 def test_greedy_generation_gives_transformers_tokens(name):
     ref = expected(name)
@@ -261,6 +263,7 @@ def test_one_shot_forward_matches_no_cache_reference(name):
     parity.check_one_shot(model, ref)
 
 
+@pytest.mark.slow
 def test_graph_follows_mlp_only_layers_and_decoder_sparse_step():
     def types(model):
         return {n: t for n, t in ((ctx.getName(), layer.type) for layer, ctx in model.model._run)
@@ -294,6 +297,7 @@ def test_missing_moe_keys_is_one_line_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------ .bin
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["FP32", "FP16"])
 def test_bin_with_expert_cache_gives_resident_logits(tmp_path, dtype):
     name = "qwen3moe-e8k3-fused"
@@ -316,6 +320,7 @@ def test_bin_with_expert_cache_gives_resident_logits(tmp_path, dtype):
         assert a.read() == b.read()
 
 
+@pytest.mark.slow
 def test_save_weight_from_cached_hf_model_equals_resident(tmp_path):
     name = "qwen3moe-e8k2-dense"
     a, b = str(tmp_path / "a.bin"), str(tmp_path / "b.bin")
@@ -383,6 +388,7 @@ def write_big_expert_model(folder, E=32, I=512, H=256, L=2):
     return L * E * 3 * H * I * 4
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 def test_expert_cache_keeps_peak_rss_low_with_identical_logits(tmp_path):
     """The child reports its peak RSS as VmHWM, the high-water mark of its own address space.
@@ -403,5 +409,6 @@ def test_expert_cache_keeps_peak_rss_low_with_identical_logits(tmp_path):
 
 
 # ------------------------------------------------------------------------------ CLI
+@pytest.mark.slow
 def test_greedy_cli_gives_transformers_tokens():
     parity.check_cli("qwen3moe-e8k2-dense", "Qwen3MoeForCausalLM", 24)

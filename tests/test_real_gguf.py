@@ -39,6 +39,15 @@ def load(path, dtype=None):
     return model
 
 
+def test_the_files_own_tokenizer_gives_transformers_prompt_ids(smollm2_gguf):
+    """SmolLM2's vocabulary metadata (tokenizer.ggml.*) encodes the reference prompt to the ids
+    transformers gave; the one check here that loads no weights."""
+    ref = parity.expected(REFERENCES["smollm2_gguf"])
+    encoding = GGUFFile(smollm2_gguf).tokenizer().encode(str(ref["prompt"]))
+    assert encoding.ids == ref["prompt_ids"].tolist()
+
+
+@pytest.mark.slow
 def test_every_weight_is_held_as_the_file_stores_it(real):
     path, _ = real
     file = GGUFFile(path)
@@ -56,6 +65,7 @@ def test_every_weight_is_held_as_the_file_stores_it(real):
             assert not w.data.flags.owndata, spec.full_name  # the file's bytes, mapped
 
 
+@pytest.mark.slow
 def test_exact_weights_match_transformers(real):
     """--dtype FP32: the file's weights dequantized exactly, an FP32 cache."""
     path, ref = real
@@ -74,6 +84,7 @@ kernels (int8 activations, FP16 cache): seen 0.014 (SmolLM2; mean 0.005) and 0.0
 mean 0.004), over 16 steps; unrelated distributions of the same logits are above 1."""
 
 
+@pytest.mark.slow
 def test_own_kernels_follow_transformers(real):
     path, ref = real
     model = load(path)

@@ -50,6 +50,7 @@ def forced_request(model, folder, k):
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_every_sequence_gets_its_own_logits(folder):
     """Four prompts (3 to 17 tokens) on 3 slots, 8 rows a step: the 17-token prompt is
@@ -74,6 +75,7 @@ def test_every_sequence_gets_its_own_logits(folder):
             assert_logits_close(row, logits[step], f"{folder} prompt {k} step {step}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["llama-gqa3", "gemma3-swa-tied"])
 def test_greedy_tokens_batched_are_the_tokens_alone(folder):
     """The real sampler (greedy): transformers' tokens wherever its choice is decided."""
@@ -139,6 +141,7 @@ def test_cancelled_requests_free_their_slot_and_the_queue_is_bounded():
         scheduler.submit(Request(list(range(4, 52)), settings, 1))
 
 
+@pytest.mark.slow
 def test_the_head_projects_only_rows_asked_for():
     """A step whose rows are all prompt chunks still runs (no logits wanted)."""
     model, scheduler = engine("llama-gqa3", slots=2, rows=4)

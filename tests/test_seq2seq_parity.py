@@ -34,10 +34,12 @@ def test_every_encoder_decoder_fixture_is_here():
     assert found == set(NAMES) | WITH_IMAGES
 
 
+@pytest.mark.slow
 def test_encoder_output(case):
     check_encoder_output(*case)
 
 
+@pytest.mark.slow
 def test_decoder_logits_at_every_cached_step(case):
     check_decoder_steps(*case)
 

@@ -32,6 +32,7 @@ pytest.importorskip("uvicorn")
 
 import causallm  # noqa: E402
 from causallm import main  # noqa: E402
+from cli import run_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "res", "tiny-llama")
@@ -108,10 +109,10 @@ def local():
 
 
 def cli_text(capsys, prompt, n, *extra):
-    """``python main.py res/tiny-llama PROMPT --greedy -n N --json``'s text."""
-    capsys.readouterr()
-    assert main.main([TINY, prompt, "--greedy", "-n", str(n), "--json", *extra]) == 0
-    return json.loads(capsys.readouterr().out.splitlines()[-1])["text"]
+    """``python main.py res/tiny-llama PROMPT --greedy -n N --json``'s text (tests/cli.py)."""
+    p = run_cli(TINY, prompt, "--greedy", "-n", n, "--json", *extra)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.splitlines()[-1])["text"]
 
 
 def complete(url, **body):
@@ -121,6 +122,7 @@ def complete(url, **body):
 
 
 # ------------------------------------------------------------------------------ answers
+@pytest.mark.slow
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == ["tiny-llama"]
     assert client.models.retrieve("tiny-llama").id == "tiny-llama"
@@ -128,6 +130,7 @@ def test_models_and_health(client, server):
     assert health["status"] == "ok" and health["model"] == "tiny-llama"
 
 
+@pytest.mark.slow
 def test_completion_equals_the_cli(client, capsys):
     want = cli_text(capsys, PROMPTS[0], 40)
     got = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=40,
@@ -138,6 +141,7 @@ def test_completion_equals_the_cli(client, capsys):
     assert got.usage.total_tokens == 47 and got.model == "tiny-llama"
 
 
+@pytest.mark.slow
 def test_streamed_completion_equals_the_cli(client, capsys):
     want = cli_text(capsys, PROMPTS[1], 30)
     chunks = list(client.completions.create(model="any-name", prompt=PROMPTS[1], max_tokens=30,
@@ -149,6 +153,7 @@ def test_streamed_completion_equals_the_cli(client, capsys):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
 
 
+@pytest.mark.slow
 def test_chat_completion_equals_the_python_api_and_the_cli(client, local, capsys):
     done = local.complete(QUESTION, greedy=True, max_new_tokens=48)
     assert done.text == cli_text(capsys, QUESTION[0]["content"], 48, "--chat")
@@ -161,6 +166,7 @@ def test_chat_completion_equals_the_python_api_and_the_cli(client, local, capsys
     assert got.usage.completion_tokens == done.completion_tokens
 
 
+@pytest.mark.slow
 def test_streamed_chat_completion_equals_the_python_api(client, local):
     want = local.generate(QUESTION, greedy=True, max_new_tokens=48)
     stream = client.chat.completions.create(model="tiny-llama", messages=QUESTION,
@@ -173,6 +179,7 @@ def test_streamed_chat_completion_equals_the_python_api(client, local):
     assert all(c.usage is None for c in chunks)  # no include_usage
 
 
+@pytest.mark.slow
 def test_text_parts_and_a_system_message(client, local):
     messages = [{"role": "system", "content": "Answer briefly."},
                 {"role": "user", "content": [{"type": "text", "text": "What is "},
@@ -184,6 +191,7 @@ def test_text_parts_and_a_system_message(client, local):
     assert got.choices[0].message.content == want
 
 
+@pytest.mark.slow
 def test_a_developer_message_is_a_system_message(client, local):
     """OpenAI's newer name for the system role reaches the template as "system"."""
     want = local.generate([{"role": "system", "content": "Answer briefly."}, QUESTION[0]],
@@ -194,6 +202,7 @@ def test_a_developer_message_is_a_system_message(client, local):
     assert got.choices[0].message.content == want
 
 
+@pytest.mark.slow
 def test_stop_penalties_and_logit_bias_equal_the_python_api(client, local, capsys):
     full = local.generate(PROMPTS[1], greedy=True, max_new_tokens=30)
     stop = full.split()[3]
@@ -221,6 +230,7 @@ def test_stop_penalties_and_logit_bias_equal_the_python_api(client, local, capsy
         logit_bias={str(first): -100}).choices[0].text == banned
 
 
+@pytest.mark.slow
 def test_sampling_with_a_seed_repeats(client):
     def sample():
         return client.completions.create(model="x", prompt=PROMPTS[2], max_tokens=24,
@@ -234,6 +244,7 @@ def test_sampling_with_a_seed_repeats(client):
     assert streamed == first
 
 
+@pytest.mark.slow
 def test_concurrent_requests_each_get_their_own_answer(server):
     alone = [complete(server, prompt=p, max_tokens=32, temperature=0)["choices"][0]["text"]
              for p in PROMPTS]
@@ -257,6 +268,7 @@ def wait_for_stopped(server, count):
     assert httpx.get(server + "/health").json()["generations_stopped"] == count
 
 
+@pytest.mark.slow
 def test_a_dropped_stream_stops_its_generation(server, local):
     before = httpx.get(server + "/health").json()["generations_stopped"]
     with httpx.Client(timeout=300) as c:
@@ -270,6 +282,7 @@ def test_a_dropped_stream_stops_its_generation(server, local):
                     temperature=0)["choices"][0]["text"] == want
 
 
+@pytest.mark.slow
 def test_a_dropped_request_stops_its_generation(server, local):
     """A non-streamed request whose connection closes while its answer is being generated."""
     before = httpx.get(server + "/health").json()["generations_stopped"]
@@ -285,6 +298,7 @@ def test_a_dropped_request_stops_its_generation(server, local):
 
 
 # ------------------------------------------------------------------------------ embeddings
+@pytest.mark.slow
 def test_embeddings_equal_sentence_transformers(embedding_server):
     ref = np.load(os.path.join(BERT, "expected.npz"))
     sentences = [str(s) for s in ref["sentences"]]
@@ -315,6 +329,7 @@ BAD_EMBEDDINGS = {  # name -> (body, the param named)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_EMBEDDINGS))
 def test_bad_embedding_requests_are_400_naming_the_field(embedding_server, case):
     body, param = BAD_EMBEDDINGS[case]
@@ -324,6 +339,7 @@ def test_bad_embedding_requests_are_400_naming_the_field(embedding_server, case)
     assert len(r.json()["error"]["message"].splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_language_model_does_not_embed(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model="tiny-llama", input="hi")
@@ -428,6 +444,7 @@ BAD = {  # name -> (path, raw body or JSON object, the param named)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_requests_are_400_with_an_error_body(server, case):
     path, body, param = BAD[case]
@@ -451,6 +468,7 @@ SERVER_BAD = {"max_new_tokens": 0, "temperature": -1, "top_k": -1, "top_p": 2, "
 """A bad value of each generation option the server takes as a field of the same rule."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SERVER_BAD))
 def test_a_bad_option_is_refused_by_the_rule_the_cli_and_the_api_use(server, name):
     """The server's fields follow causallm/generation/options.py, as the CLI's flags and the
@@ -464,6 +482,7 @@ def test_a_bad_option_is_refused_by_the_rule_the_cli_and_the_api_use(server, nam
         f"'{field}' must be {OPTIONS[name].expected}, got ")
 
 
+@pytest.mark.slow
 def test_errors_through_the_client_and_the_server_keeps_serving(client, server, local):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="x", messages=QUESTION, max_tokens=0)
@@ -477,14 +496,14 @@ def test_errors_through_the_client_and_the_server_keeps_serving(client, server, 
                     temperature=0)["choices"][0]["text"] == want
 
 
+@pytest.mark.slow
 def test_serve_without_the_extra_names_it(tmp_path):
     """With starlette unimportable the command is one error line naming the extra."""
     blocker = tmp_path / "starlette"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('blocked', name='starlette')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    p = subprocess.run([sys.executable, "main.py", "serve", TINY], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = run_cli("serve", TINY, env=env, process=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.startswith("error: causallm serve needs Starlette and uvicorn")
     assert "causallm[serve]" in p.stderr and len(p.stderr.splitlines()) == 1
@@ -524,6 +543,7 @@ def metrics(url) -> dict:
     return values
 
 
+@pytest.mark.slow
 def test_metrics_count_requests_tokens_and_slots(server):
     before = metrics(server)
     assert before["causallm_slots"] == 4  # the default --parallel
@@ -536,6 +556,7 @@ def test_metrics_count_requests_tokens_and_slots(server):
     assert after["causallm_slots_busy"] == 0 and after["causallm_queue_depth"] == 0
 
 
+@pytest.mark.slow
 def test_a_resent_conversation_prefills_only_its_new_turn(client, local):
     """Each turn resends the whole conversation: the earlier turns are found in a slot (the
     cached tokens OpenAI's usage reports) and the answers are still the Python API's."""
@@ -557,6 +578,7 @@ def test_a_resent_conversation_prefills_only_its_new_turn(client, local):
     assert cached > total / 2
 
 
+@pytest.mark.slow
 def test_a_full_queue_is_503_and_the_server_keeps_serving(tmp_path, local):
     """One slot and no queue: a request that comes while a generation holds the slot is
     refused at once (503, Retry-After), and served once the slot is free."""
@@ -586,6 +608,7 @@ def test_a_full_queue_is_503_and_the_server_keeps_serving(tmp_path, local):
         stop_server(proc)
 
 
+@pytest.mark.slow
 def test_logprobs_of_chat_and_completions_streamed_and_not(client, local):
     """Each new token's log-probability and its alternatives (the model's distribution, before
     the configs' repetition penalty picks among them): the Python API's values (the same model
@@ -622,6 +645,7 @@ def server_url(client) -> str:
     return str(client.base_url).rstrip("/").removesuffix("/v1")
 
 
+@pytest.mark.slow
 def test_n_choices_are_sequences_of_their_own(client):
     """n choices decode side by side; with a seed each draws its own tokens, the same on
     every request; streamed, each index's pieces make its whole answer."""
@@ -653,6 +677,7 @@ def qwen_template(tmp_path_factory):
     stop_server(proc)
 
 
+@pytest.mark.slow
 def test_tools_render_through_the_template_and_the_answer_is_read(qwen_template):
     """The tools are in the prompt the template renders (the Python API's prompt), and the
     answer, which this random model never makes a call of, comes back as content, the same
@@ -677,6 +702,7 @@ def test_tools_render_through_the_template_and_the_answer_is_read(qwen_template)
     assert streamed == message.content
 
 
+@pytest.mark.slow
 def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path):
     """Gemma 3 vision (a fixture, with Gemma 3's chat template): image_url parts as data URLs
     in a chat message are the images of the generation, at the template's placeholders; the
@@ -733,6 +759,7 @@ def test_image_parts_reach_a_vision_model_as_the_python_api_gives_them(tmp_path)
         stop_server(proc)
 
 
+@pytest.mark.slow
 def test_a_text_model_refuses_images(server):
     data = base64.b64encode(open(os.path.join(ROOT, "tests", "fixtures", "images",
                                               "rgb-40x24.png"), "rb").read()).decode()
@@ -741,6 +768,7 @@ def test_a_text_model_refuses_images(server):
     assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_an_assistant_call_with_null_content_is_accepted(qwen_template):
     """content null is OpenAI's form of an assistant message that only calls tools."""
     _, url = qwen_template
@@ -752,6 +780,7 @@ def test_an_assistant_call_with_null_content_is_accepted(qwen_template):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_required_tool_call_is_forced_and_read_back(qwen_template):
     """tool_choice naming a function: the reply starts with the template's call marker and is
     held to the call's JSON (the function's parameters' schema), so even this random model
@@ -780,6 +809,7 @@ def test_a_required_tool_call_is_forced_and_read_back(qwen_template):
     assert e.value.body["param"] == "tool_choice.function.name"
 
 
+@pytest.mark.slow
 def test_response_format_holds_the_answer_to_the_schema(client, local):
     """json_schema: the answer parses and validates (a random model's, so only the constraint
     makes it JSON), as the Python API's does, streamed too; a schema that is not one is a 400."""
@@ -814,6 +844,7 @@ def t5_server(tmp_path_factory):
     stop_server(proc)
 
 
+@pytest.mark.slow
 def test_a_client_hanging_up_mid_request_is_one_log_line(t5_server):
     """Headers and part of a body, then the connection closes: one info line each, no
     traceback, and the server goes on."""
@@ -835,6 +866,7 @@ def test_a_client_hanging_up_mid_request_is_one_log_line(t5_server):
     assert "Traceback" not in log and "ERROR" not in log
 
 
+@pytest.mark.slow
 def test_a_prompt_too_long_is_refused_before_it_waits_its_turn(t5_server):
     """The one worker generates one request at a time; a prompt longer than the model takes
     is a 400 at once, while the generation ahead of it still runs (its [DONE] comes later)."""
@@ -863,6 +895,7 @@ def test_a_prompt_too_long_is_refused_before_it_waits_its_turn(t5_server):
     assert events == ["400", "long stream done"]
 
 
+@pytest.mark.slow
 def test_a_body_that_is_not_utf8_names_its_byte(server):
     body = b'{"messages": [{"role": "user", "content": "caf\xe9"}]}'
     r = httpx.post(server + "/v1/chat/completions", content=body,
@@ -872,6 +905,7 @@ def test_a_body_that_is_not_utf8_names_its_byte(server):
         f"the request body is not valid UTF-8: byte 0xe9 at offset {body.index(0xe9)}"
 
 
+@pytest.mark.slow
 def test_errors_name_the_model_not_the_servers_paths(t5_server):
     url, _ = t5_server
     r = httpx.post(url + "/v1/chat/completions", json={"messages": QUESTION})
@@ -882,6 +916,7 @@ def test_errors_name_the_model_not_the_servers_paths(t5_server):
     assert ROOT not in message and os.path.basename(ROOT) not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_dir,signals", [(TINY, 1), (T5, 1), (TINY, 2)],
                          ids=["scheduler", "one worker", "twice"])
 def test_ctrl_c_stops_the_streams_in_flight_and_exits(tmp_path, model_dir, signals):
@@ -911,14 +946,14 @@ def test_ctrl_c_stops_the_streams_in_flight_and_exits(tmp_path, model_dir, signa
         assert sum(line.startswith("data: {") for line in rest) < 1000  # cut short
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_found_before_the_model_loads(tmp_path):
     """The folder is not even read (an empty one here) when the port is taken."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        p = subprocess.run([sys.executable, "main.py", "serve", str(tmp_path), "--port",
-                            str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        p = run_cli("serve", tmp_path, "--port", port, process=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr == (f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
                         f"(another server?); choose another --port\n")

@@ -11,11 +11,11 @@ stages and caches, .bin round trips, the CLI and bad configs.
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from parity import (
     FIXTURES,
     ROOT,
@@ -43,6 +43,7 @@ def case(request):
     return request.param, load(request.param), expected(request.param)
 
 
+@pytest.mark.slow
 def test_prompt_ids_are_the_tokenizers_with_its_eos(case):
     name, model, ref = case
     ids = model.tokenizer.Encode(str(ref["prompt"]))
@@ -82,6 +83,7 @@ def test_fixtures_reach_past_max_distance():
 
 
 # ---------------------------------------------------------------------------------- the graph
+@pytest.mark.slow
 def test_stages_names_and_caches():
     model = load("t5-relu-tied")
     graph = model.model
@@ -102,6 +104,7 @@ def test_stages_names_and_caches():
     assert all(c.length == len(ref["prompt_ids"]) for c in cross)
 
 
+@pytest.mark.slow
 def test_weights_bin_round_trip_and_export(tmp_path):
     """save_weight writes a .bin in graph order (the shared embedding once); loading it gives
     the same logits; bin_to_hf writes back the checkpoint's tensors under their names."""
@@ -130,6 +133,7 @@ def test_weights_bin_round_trip_and_export(tmp_path):
         np.testing.assert_array_equal(written.get(key), original.get(key), err_msg=key)
 
 
+@pytest.mark.slow
 def test_tied_checkpoint_has_no_head_and_untied_one_reads_its_own():
     tied, untied = load("t5-relu-tied"), load("t5-flan-short")
     assert "lm_head.weight" not in tied.getHFWeightMap() and tied.LM_HEAD_SCALE == 64 ** -0.5
@@ -138,11 +142,6 @@ def test_tied_checkpoint_has_no_head_and_untied_one_reads_its_own():
 
 
 # ---------------------------------------------------------------------------------- the CLI
-def run_cli(*args):
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, encoding="utf-8", timeout=300)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_cli_greedy_json(name):
     """``main.py <T5 folder> PROMPT --greedy -n 24 --json`` gives transformers' tokens; the

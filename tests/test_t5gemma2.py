@@ -12,11 +12,10 @@ in tests/test_seq2seq_parity.py.
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import run_cli
 from parity import (
     FIXTURES,
     ROOT,
@@ -50,6 +49,7 @@ def image_model():
     return model, ref
 
 
+@pytest.mark.slow
 def test_prompt_with_the_image_placeholder_is_the_processors(image_model):
     model, ref = image_model
     ids, start, _ = model.tokenize(str(ref["prompt"]))
@@ -72,11 +72,13 @@ def test_encoder_output_with_the_image(image_model):
     check_encoder_output(*image_model)
 
 
+@pytest.mark.slow
 def test_decoder_logits_with_the_image(image_model):
     check_decoder_steps(*image_model)
     check_decoder_no_cache(*image_model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [TEXT, IMAGE])
 def test_greedy_generation(name):
     ref = expected(name)
@@ -108,11 +110,6 @@ def test_graph_shares_the_decoder_projections_with_the_cross_keys():
     props = {k: v for k, v in model.attentionCoreProperties(0, 4, "encoder").items()
              if k.startswith("sliding")}
     assert props == {"sliding_window": 4, "sliding_window_right": 5}  # window 8, two-sided
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "main.py", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, encoding="utf-8", timeout=300)
 
 
 def test_cli_image_greedy_json():

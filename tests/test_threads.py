@@ -44,6 +44,7 @@ def test_blas_runs_one_thread_per_call(restore_threads):
         assert numba.get_num_threads() == n
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MANY, reason="needs NUMBA_NUM_THREADS >= 2")
 def test_load_threads_reaches_the_thread_that_runs_the_model(restore_threads):
     """numba keeps its count per Python thread: a server's worker thread must run with the
@@ -98,6 +99,7 @@ def test_split_product_layouts_and_output_views(restore_threads):
         assert np.isnan(big[:, :100]).all() and np.isnan(big[:, 1100:]).all()
 
 
+@pytest.mark.slow
 def test_without_threads_blas_is_held_at_one_thread_by_the_first_prefill():
     """No ``threads`` given (the CLI without -t): a prefill of BLAS_MIN_ROWS rows or more runs
     BLAS on one thread all the same, whatever OPENBLAS_NUM_THREADS asked at its start."""

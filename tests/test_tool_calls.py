@@ -172,6 +172,7 @@ def test_prepare_messages_leaves_its_input_alone():
     assert out[2]["tool_call_id"] == out[1]["tool_calls"][0]["id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,i", CASES, ids=[f"{n}-{TEMPLATES[n]['cases'][i]['title']}"
                                                for n, i in CASES])
 def test_openai_messages_render_as_transformers_renders_its_form(name, i):
@@ -185,6 +186,7 @@ def test_openai_messages_render_as_transformers_renders_its_form(name, i):
         assert chat.render(messages, case["add_generation_prompt"], TOOLS) == case["expected"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mistral-nemo", "mistral-small-3.2"])
 def test_mistral_templates_get_the_nine_character_ids_they_demand(name):
     """OpenAI-style ids (which these templates refuse) become 9 letters and digits, the same for
@@ -228,6 +230,7 @@ def reply_of(name, case):
     return reply[:-len(end)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,i", REPLIES, ids=[f"{n}-{TEMPLATES[n]['cases'][i]['title']}"
                                                  for n, i in REPLIES])
 def test_the_calls_a_template_writes_are_read_back(name, i):
@@ -309,6 +312,7 @@ FORMATS = [  # (family, model output, content, calls); from llama.cpp's tests/te
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,text,content,calls", FORMATS)
 def test_exact_outputs_of_each_format(family, text, content, calls):
     got_content, got_calls = assert_streams_agree(text, family)

@@ -98,6 +98,7 @@ def load_error(folder):
     return str(e.value)
 
 
+@pytest.mark.slow
 def test_the_bins_load_and_generate(bins):
     for folder in bins.values():
         model = model_of(folder)
@@ -107,6 +108,7 @@ def test_the_bins_load_and_generate(bins):
         assert len(result.generated_ids[0]) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["FP32", "FP16"])
 def test_a_zero_filled_bin_names_its_first_matrix(copy, kind):
     folder = copy(kind)
@@ -117,6 +119,7 @@ def test_a_zero_filled_bin_names_its_first_matrix(copy, kind):
         f"zero-filled or was not written to the end)")
 
 
+@pytest.mark.slow
 def test_a_bin_whose_end_was_not_written_names_the_first_zero_matrix(copy):
     folder = copy("FP32")
     path = folder / "model.bin"
@@ -128,6 +131,7 @@ def test_a_bin_whose_end_was_not_written_names_the_first_zero_matrix(copy):
         f"zero-filled or was not written to the end)")
 
 
+@pytest.mark.slow
 def test_a_norm_of_zeros_is_not_an_error(copy):
     folder = copy("FP32")
     offset, nb, _ = layout(folder)["layer2_ffn_norm:gamma"]
@@ -137,6 +141,7 @@ def test_a_norm_of_zeros_is_not_an_error(copy):
     assert not model.model.getWeight("layer2_ffn_norm:gamma").any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,weight,dtype,at,bits", [
     ("FP32", "layer3_wv:weight", "FP32", 4 * 37, struct.pack("<f", float("nan"))),
     ("FP32", "layer0_attention_norm:gamma", "FP32", 4 * 5, struct.pack("<f", float("-inf"))),
@@ -154,6 +159,7 @@ def test_a_non_finite_value_names_its_weight(copy, kind, weight, dtype, at, bits
         f"values (the file is damaged or was converted wrongly)")
 
 
+@pytest.mark.slow
 def test_the_cli_says_it_in_one_line(copy, capsys):
     folder = copy("FP32")
     path = folder / "model.bin"
@@ -180,6 +186,7 @@ def test_a_nan_in_a_safetensors_checkpoint_names_the_tensor(tmp_path):
         f"file is damaged or was converted wrongly)")
 
 
+@pytest.mark.slow
 def test_an_infinite_scale_in_a_gguf_names_the_tensor(tmp_path):
     path = tmp_path / "model.gguf"
     shutil.copy(GGUF_Q8, path)
@@ -199,6 +206,7 @@ def safetensors_data_start(path):
     return 8 + int.from_bytes(open(path, "rb").read(8), "little")
 
 
+@pytest.mark.slow
 def test_a_zero_filled_safetensors_names_its_first_matrix(tmp_path, capsys):
     """A safetensors file whose data is zeros loads as a .bin of zeros does: an error naming
     the first fully connected, embedding or head tensor, in the Python API and the CLI (rc 2),
@@ -219,6 +227,7 @@ def test_a_zero_filled_safetensors_names_its_first_matrix(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {want}"
 
 
+@pytest.mark.slow
 def test_a_safetensors_norm_of_zeros_is_not_an_error(tmp_path):
     folder = tmp_path / "tiny-llama"
     shutil.copytree(TINY, folder)
@@ -243,6 +252,7 @@ def test_a_zero_filled_shard_names_a_matrix_of_it(tmp_path):
                         rf"the end\)", load_error(folder))
 
 
+@pytest.mark.slow
 def test_a_zero_filled_gguf_names_its_first_matrix(tmp_path):
     path = tmp_path / "model.gguf"
     shutil.copy(GGUF_Q8, path)

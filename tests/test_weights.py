@@ -384,6 +384,7 @@ def _resident_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 def test_release_pages_gives_back_a_read_mapping_and_keeps_its_values(tmp_path):
     """A converted weight's source pages leave the process (RSS drops by the mapping) and read
