@@ -30,7 +30,7 @@ from causallm.generation.beam import BeamSearch
 from causallm.generation.constraint import compile_json_schema, compile_response_format
 from causallm.generation.generator import GenerationResult, Generator, PerformanceMetrics
 from causallm.generation.options import check_all as check_options
-from causallm.generation.options import check_config
+from causallm.generation.options import CONFIG_KEYS, check_config
 from causallm.generation.processors import GenerationSettings
 from causallm.io.config import GENERATION_DEFAULTS, JsonConfig
 from causallm.io.weights import HEAD
@@ -57,11 +57,6 @@ METADATA_GENERATION_KEYS = frozenset((
     "cache_implementation", "return_dict_in_generate", "output_scores", "output_logits",
     "output_attentions", "output_hidden_states"))
 """generation_config.json keys that do not change the tokens chosen: no warning."""
-
-
-OPTION_FIELDS = {"stop": "stop_strings"}
-"""The GenerationSettings field of a generation option (causallm/generation/options.py) whose
-name differs from it."""
 
 
 def unappliedKeyWarnings(generation_cfg: JsonConfig) -> list[str]:
@@ -182,7 +177,7 @@ class LanguageModel(Transformer):
                                 f"({self.NUM_VOCAB}), got {num_beams}")
         if response_format is not None and json_schema is not None:
             raise CausalLMError("give response_format or json_schema, not both")
-        changes = {OPTION_FIELDS.get(name, name): value for name, value in options.items()}
+        changes = {CONFIG_KEYS.get(name, name): value for name, value in options.items()}
         if response_format is not None:
             changes["response_format"] = compile_response_format(self.tokenizer,
                                                                  response_format)

@@ -98,7 +98,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("stop", "--stop", "stop", "a non-empty string or a list of them", _stop),
     Option("greedy", "--greedy", None, "true or false", lambda v: isinstance(v, bool)),
     Option("num_beams", "--num-beams", None, "an integer >= 1", lambda v: _int(v) and v >= 1),
-    Option("num_return_sequences", "--num-return-sequences", "n", "an integer >= 1",
+    Option("num_return_sequences", "--num-return-sequences", None, "an integer >= 1",
            lambda v: _int(v) and v >= 1),
     Option("bad_words_ids", None, None, "a list of non-empty lists of token ids",
            _token_lists),
@@ -112,7 +112,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
 and a schema's are the constraint compiler's (causallm/generation/constraint.py)."""
 
 CONFIG_KEYS = {"stop": "stop_strings"}
-"""generation_config.json spells these options otherwise (transformers' names)."""
+"""generation_config.json spells these options otherwise (transformers' names, which the
+GenerationSettings fields follow too)."""
 
 
 def check(name: str, value, source: str = "keyword", label: str | None = None):
