@@ -222,8 +222,7 @@ class LoadedModel:
     def context_length(self) -> int | None:
         """Positions of the KV cache a generation can use (prompt and new tokens together) for
         a decoder-only model; the decoder's positions for an encoder-decoder."""
-        return getattr(self.model, "max_timestep", None) or getattr(self.model,
-                                                                    "DECODER_SEQ_LEN", None)
+        return self.model.MAX_SEQ_LEN if self.generates else None
 
     @property
     def prompt_limit(self) -> int | None:

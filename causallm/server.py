@@ -1143,9 +1143,9 @@ available."""
 
 def default_parallel(model) -> int:
     """PARALLEL, or as many slots as a quarter of the available memory holds (at least one)."""
-    from causallm.models.transformer import available_memory
+    from causallm.runtime.context import available_memory
 
-    per_slot = getattr(model, "kvCacheBytes", lambda: 0)()
+    per_slot = model.kvBytesPerPosition() * model.MAX_SEQ_LEN  # one sequence's KV caches
     available = available_memory()
     if available is None or per_slot <= 0:
         return PARALLEL

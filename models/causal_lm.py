@@ -43,6 +43,8 @@ class CausalLM(LanguageModel):
         self.USE_KVCACHE = False
         self.PRE_COMPUTED_CACHE_PATH = ""
         self.SYS_PROMP_LEN = 0
+        self.sys_prompt_cfg = None  # nntr_config's system_prompt.kvcache, when it has one
+        self.position = 0  # positions the KV caches hold (start, step)
         if nntr_cfg.contains("system_prompt"):
             system = nntr_cfg.get_dict("system_prompt")
             if system.contains("kvcache"):
@@ -58,10 +60,10 @@ class CausalLM(LanguageModel):
 
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
         super().setupContext(nntr_cfg)
-        if self.SYS_PROMP_LEN > self.max_timestep:
+        if self.SYS_PROMP_LEN > self.MAX_SEQ_LEN:
             raise self.sys_prompt_cfg.error(
-                "sys_prompt_token_size", f"at most the KV cache's {self.max_timestep} positions "
-                f"({self.cacheSize()})")
+                "sys_prompt_token_size", f"at most the KV cache's {self.MAX_SEQ_LEN} positions "
+                f"({self.context.cacheSize()})")
 
     def constructModel(self) -> None:
         super().constructModel()
@@ -77,28 +79,13 @@ class CausalLM(LanguageModel):
         super().registerCustomLayers()
         registerFactory(LmHeadLayer)
 
-    @property
-    def max_timestep(self) -> int:
-        """Rows of every KV cache: the positions a run can use, the context MAX_SEQ_LEN
-        (Transformer.setupContext)."""
-        return self.MAX_SEQ_LEN
-
-    def kvCacheBytes(self) -> int:
-        """Bytes of the KV caches of one sequence (a slot): every layer's keys and values at
-        max_timestep positions (this sizes a server's default slots)."""
-        return self.kvBytesPerPosition() * self.max_timestep
-
-    def cacheSize(self) -> str:
-        """What sets max_timestep, for messages: the context and where it was set."""
-        return f"the context, from {self.contextSource()}"
-
     def cacheLimit(self) -> str:
         """Why a generation ended with its KV cache full (finish reason ``cache_full``), and the
         setting that raises the limit: the prompt and the new tokens share the context's
-        max_timestep positions, so fewer than num_to_generate fit after a long prompt."""
-        return (f"the KV cache is full at {self.max_timestep} positions ({self.cacheSize()}), "
-                f"shared by the prompt and the new tokens; a longer context: -c (ctx_size, "
-                f"max_seq_len)")
+        MAX_SEQ_LEN positions, so fewer than num_to_generate fit after a long prompt."""
+        return (f"the KV cache is full at {self.MAX_SEQ_LEN} positions "
+                f"({self.context.cacheSize()}), shared by the prompt and the new tokens; a "
+                f"longer context: -c (ctx_size, max_seq_len)")
 
     # -- what the generator drives ----------------------------------------------------------
     def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],
@@ -107,11 +94,11 @@ class CausalLM(LanguageModel):
         prompt in its rowsPerPrompt() rows (one per beam, as transformers expands them)."""
         prompt_ids = np.repeat(prompt_ids, self.rowsPerPrompt(), axis=0)
         P = prompt_ids.shape[1]
-        T = self.max_timestep
+        T = self.MAX_SEQ_LEN
         if start_pos + P > T:
             raise CausalLMError(
                 f"prompt has {start_pos + P} tokens but the KV cache holds {T} "
-                f"({self.cacheSize()}); a longer context: -c (ctx_size, max_seq_len)")
+                f"({self.context.cacheSize()}); a longer context: -c (ctx_size, max_seq_len)")
         self.position = start_pos  # what the cache holds until the prefill completes
         with metrics.phase("prefill", P):
             logits = self.prefill(prompt_ids, start_pos)
@@ -170,10 +157,10 @@ class CausalLM(LanguageModel):
     def prefill_only(self, ids: list[int]) -> int:
         """Fill the KV cache with ``ids`` at positions [0, len) without generating."""
         B = self.BATCH_SIZE
-        if len(ids) > self.max_timestep:
+        if len(ids) > self.MAX_SEQ_LEN:
             raise CausalLMError(f"system prompt has {len(ids)} tokens but the KV cache holds "
-                                f"{self.max_timestep} ({self.cacheSize()}); a longer context: "
-                                f"-c (ctx_size, max_seq_len)")
+                                f"{self.MAX_SEQ_LEN} ({self.context.cacheSize()}); a longer "
+                                f"context: -c (ctx_size, max_seq_len)")
         self.prefill(np.asarray([ids] * B, dtype=np.float32), 0)
         return len(ids)
 
@@ -242,4 +229,4 @@ class CausalLM(LanguageModel):
 
     def load_kvcache(self, path: str, to: int, data: bytes) -> None:
         """CausalLM::load_kvcache: the vouched-for ``data`` into rows [0, to) of the caches."""
-        load_system_cache(path, self.model.getKVCaches("self"), to, data, self.max_timestep)
+        load_system_cache(path, self.model.getKVCaches("self"), to, data, self.MAX_SEQ_LEN)

@@ -31,6 +31,7 @@ from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.io.weights import (EMBEDDING, FULLY_CONNECTED, WeightLoader, WeightPrecision,
                                  checkpoint_folder, held_types, stored_precision)
+from causallm.runtime.context import Context
 from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
@@ -43,42 +44,6 @@ from causallm.layers.tie_word_embeddings import TieWordEmbedding
 SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 """The attention kinds createAttention builds: a decoder's (causal) self-attention, an encoder's
 (bidirectional) self-attention, and a decoder's cross-attention over the encoder output."""
-
-
-CONTEXT_CAP = 4096
-"""The longest context a model gets by default (llama.cpp's default n_ctx): a model trained
-for more positions gets this many unless ``-c`` / ``ctx_size`` / nntr_config ``max_seq_len``
-ask for more (SmolLM2-135M's FP16 KV caches take 23 KiB a position, 90 MiB for 4096;
-Qwen3-0.6B's 112 KiB, 448 MiB)."""
-
-
-def available_memory() -> int | None:
-    """Bytes a new allocation may take: /proc/meminfo's MemAvailable, or less when a limit on
-    the address space (``ulimit -v``, RLIMIT_AS) leaves less room; None where neither is
-    known."""
-    room = None
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f if ":" in line)
-        room = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if limit != resource.RLIM_INFINITY:
-            with open("/proc/self/statm") as f:
-                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-            room = max(0, limit - used) if room is None else min(room, max(0, limit - used))
-    except (ImportError, OSError, ValueError):
-        pass
-    return room
-
-
-def _gb(n: int) -> str:
-    """Bytes as GiB (or MiB below one GiB), for messages."""
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 class ModelType:
@@ -295,59 +260,20 @@ class Transformer:
         return None
 
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
-        """The context ``MAX_SEQ_LEN``: the positions one sequence holds, the prompt and the new
-        tokens together, and so the rows of every self-attention KV cache and RoPE table
-        (readContext). The step buffer's INIT_SEQ_LEN rows and the new tokens fit in it
-        (fitNewTokens). Runs after setupParameters, so a family's own values count."""
-        self.MAX_SEQ_LEN = self.readContext(nntr_cfg)
+        """The context ``MAX_SEQ_LEN`` (causallm/runtime/context.py): the positions one sequence
+        holds, the prompt and the new tokens together, and so the rows of every self-attention
+        KV cache and RoPE table. The step buffer's INIT_SEQ_LEN rows and the new tokens fit in
+        it. Runs after setupParameters, so a family's own values count."""
+        self.context = self.readContext(nntr_cfg)
+        self.MAX_SEQ_LEN = self.context.length
         self.INIT_SEQ_LEN = min(self.INIT_SEQ_LEN, self.MAX_SEQ_LEN)
-        self.NUM_TO_GENERATE = self.fitNewTokens(nntr_cfg)
+        self.NUM_TO_GENERATE = self.context.fitNewTokens(self.NUM_TO_GENERATE)
 
-    def readContext(self, nntr_cfg: JsonConfig) -> int:
-        """nntr_config ``max_seq_len`` (the C++'s MAX_SEQ_LEN, which ``-c`` / ``ctx_size``
-        replace), else the model's own context (contextLength) capped at CONTEXT_CAP; at most
-        positionLimit(), and never sized by the new tokens."""
-        own, _ = self.contextLength()
-        limit = self.positionLimit()
-        default = min(own, CONTEXT_CAP, limit or UINT_MAX)
-        context = nntr_cfg.get_int("max_seq_len", default, minimum=1)
-        if limit is not None and context > limit:
-            raise nntr_cfg.error("max_seq_len", f"at most {limit}: the model has {limit} "
-                                 f"learned positions ({self.cfg.path})")
-        if context > UINT_MAX:  # mha_core's max_timestep
-            raise nntr_cfg.error("max_seq_len", f"at most {UINT_MAX}")
-        return context
-
-    def contextSource(self) -> str:
-        """Where the context's length comes from, for messages."""
-        nntr_cfg = self.nntr_cfg
-        if "max_seq_len" in nntr_cfg.flags:
-            return nntr_cfg.flags["max_seq_len"]
-        if nntr_cfg.contains("max_seq_len"):
-            return f"max_seq_len in {nntr_cfg.path}"
-        own, where = self.contextLength()
-        capped = f", capped at {self.MAX_SEQ_LEN}" if own > self.MAX_SEQ_LEN else ""
-        return f"the model's {own}, {where}{capped}"
-
-    def fitNewTokens(self, nntr_cfg: JsonConfig) -> int:
-        """NUM_TO_GENERATE within the context: more new tokens than the context holds is an
-        error when the caller asked for them (``-n``, ``num_to_generate=``), and cut to the
-        context when they are the configs' default (nntr_config.json, generation_config.json):
-        a run stops at the context's end either way (finish reason ``length``)."""
-        n, context = self.NUM_TO_GENERATE, self.MAX_SEQ_LEN
-        if n <= context:
-            return n
-        if "num_to_generate" in nntr_cfg.flags:
-            raise CausalLMError(
-                f"{nntr_cfg.flags['num_to_generate']} {n} is more than the context: "
-                f"{context} positions ({self.contextSource()}), shared by the prompt and the "
-                f"new tokens; ask for fewer new tokens or a longer context (-c, ctx_size)")
-        return context
-
-    def cacheRows(self) -> int:
-        """Sequences every self-attention KV cache holds: its slots, else a row per prompt and
-        beam."""
-        return self.SLOTS or self.BATCH_SIZE * self.rowsPerPrompt()
+    def readContext(self, nntr_cfg: JsonConfig, default: int | None = None) -> Context:
+        """The context of this model's numbers: nntr_config ``max_seq_len``, else ``default``,
+        else its own context (contextLength) at most CONTEXT_CAP; at most positionLimit()."""
+        return Context(nntr_cfg, *self.contextLength(), self.positionLimit(), self.cfg.path,
+                       default)
 
     def kvBytesPerPosition(self) -> int:
         """Bytes one position of one sequence takes in the self-attention KV caches: every
@@ -356,38 +282,10 @@ class Transformer:
         per = 2 if self.kvCacheDtype() == "FP16" else 4
         return 2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM * per
 
-    def checkMemory(self, available: int | None = None) -> None:
-        """Refuse, before anything is allocated, a context whose KV caches (cacheRows() x
-        MAX_SEQ_LEN positions x kvBytesPerPosition()) and RoPE tables (cos and sin, and the
-        float64 values they are rounded from: about 16 x HEAD_DIM bytes a position) need more
-        than the memory available (``available`` bytes; available_memory() when None; no check
-        where that is unknown). The weights and step buffers are not counted: the caches are
-        what a user's -c, --parallel, beams or batch multiply."""
-        if available is None:
-            available = available_memory()
-            if available is None:
-                return
-        rows, context = self.cacheRows(), self.MAX_SEQ_LEN
-        per = self.kvBytesPerPosition()
-        need = rows * context * per + context * self.HEAD_DIM * 16
-        if need <= available:
-            return
-        sources = [self.contextSource()]
-        if self.SLOTS > 1:
-            sources.append(f"{self.SLOTS} slots (--parallel, slots)")
-        if self.rowsPerPrompt() > 1:
-            sources.append(f"{self.rowsPerPrompt()} beams (--num-beams)")
-        if self.BATCH_SIZE > 1:
-            sources.append(f"batch_size {self.BATCH_SIZE}")
-        raise CausalLMError(
-            f"not enough memory for a context of {context} positions ({'; '.join(sources)}): "
-            f"the KV caches of {rows} sequence(s) x {context} positions x {per} bytes and the "
-            f"RoPE tables need {_gb(need)}, {_gb(available)} is available; ask for a shorter "
-            f"context (-c, ctx_size) or fewer sequences")
-
     # -- graph ------------------------------------------------------------------------------
     def initialize(self) -> None:
-        self.checkMemory()
+        self.context.checkMemory(self.kvBytesPerPosition(), self.HEAD_DIM, self.BATCH_SIZE,
+                                 self.rowsPerPrompt(), self.SLOTS)
         self.registerCustomLayers()
         self.constructModel()
         model_props = [withKey("batch_size", self.BATCH_SIZE * self.rowsPerPrompt()),
@@ -402,11 +300,8 @@ class Transformer:
             self.model.compile(ExecutionMode.INFERENCE)
             self.model.initialize(ExecutionMode.INFERENCE)
         except MemoryError as e:
-            raise CausalLMError(
-                f"not enough memory for the KV caches and buffers of {self.cacheRows()} "
-                f"sequence(s), a context of {self.MAX_SEQ_LEN} positions "
-                f"({self.contextSource()}) and a step of init_seq_len {self.INIT_SEQ_LEN} rows "
-                f"({e})") from None
+            raise self.context.outOfMemory(e, self.INIT_SEQ_LEN, self.BATCH_SIZE,
+                                           self.rowsPerPrompt(), self.SLOTS) from None
         self.loader = WeightLoader(self.model, self.precision, type(self).__name__)
         self.is_initialized = True
 
@@ -566,7 +461,7 @@ class Transformer:
         values it computes differently (its windows, RoPE, scale, sinks) and keeps the rest:
 
             num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
-            max_timestep               kvCacheRows(): MAX_SEQ_LEN, the context (setupContext)
+            max_timestep               MAX_SEQ_LEN, the context (setupContext)
             cache_dtype                kvCacheDtype()
             sliding_window             layerSlidingWindow(layer_id)
             rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
@@ -576,7 +471,7 @@ class Transformer:
         ``kind`` is "self" in a decoder-only model; an encoder-decoder also asks for "encoder"
         (bidirectional self-attention) and "cross" attention."""
         return {"num_heads": n_heads, "num_heads_kv": n_heads // self.GQA_SIZE,
-                "max_timestep": self.kvCacheRows(),
+                "max_timestep": self.MAX_SEQ_LEN,
                 "sliding_window": self.layerSlidingWindow(layer_id),
                 "rope_theta": self.ROPE_THETA,
                 "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
@@ -584,10 +479,6 @@ class Transformer:
                 "is_causal": self.IS_CAUSAL,
                 "cache_dtype": self.kvCacheDtype(),
                 **self.ropeProperties()}
-
-    def kvCacheRows(self) -> int:
-        """mha_core ``max_timestep`` of a self-attention: the context, MAX_SEQ_LEN."""
-        return self.MAX_SEQ_LEN
 
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:
