@@ -93,19 +93,7 @@ class Transformer:
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
         self.setupContext(nntr_cfg)
-        gguf = getattr(cfg, "gguf", None)
-        if gguf is not None and not nntr_cfg.contains("tokenizer_file"):
-            self.tokenizer = Tokenizer(gguf.tokenizer(), gguf.path)  # the file's vocabulary
-            return
-        given = nntr_cfg.contains("tokenizer_file")  # in the file, or as a keyword argument
-        tokenizer_file = nntr_cfg.resolve_path(
-            nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
-            if nntr_cfg.exists or given else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
-        if not os.path.exists(tokenizer_file):
-            where = f"{nntr_cfg.where('tokenizer_file')}: " if given else ""
-            raise CausalLMError(f"{where}{tokenizer_file}: tokenizer file not found"
-                                f"{self.tokenizerHint()}")
-        self.tokenizer = Tokenizer.FromFile(tokenizer_file)
+        self.tokenizer = Tokenizer.forModel(cfg, nntr_cfg, self.tokenizerHint())
 
     def tokenizerHint(self) -> str:
         """What to add to the "tokenizer file not found" error (a family whose folders ship
@@ -245,7 +233,7 @@ class Transformer:
         """The model's own context (the positions it was trained for) and what says so, for
         messages: config.json's ``max_position_embeddings`` (a family reading another key
         overrides this)."""
-        key, gguf = "max_position_embeddings", getattr(self.cfg, "gguf", None)
+        key, gguf = "max_position_embeddings", self.cfg.gguf
         if gguf is not None:  # config.json made from the file's metadata
             where = f"{gguf.architecture}.context_length in {os.path.basename(gguf.path)}"
         elif self.cfg.contains(key):
@@ -525,7 +513,7 @@ class Transformer:
                 raise CausalLMError(f"{self.nntr_cfg.where('model_file_name')}: {path} does "
                                     f"not exist")
             return path
-        gguf = getattr(self.cfg, "gguf", None)
+        gguf = self.cfg.gguf
         return gguf.path if gguf is not None else self.cfg.directory
 
     def load_weight(self, weight_path: str | None = None) -> None:
@@ -575,7 +563,7 @@ class Transformer:
         (causallm/io/gguf_file.py)."""
         weight_map = self.getHFWeightMap()
         names = [*weight_map, *self.getHFWeightTable().aliasMap(weight_map)]
-        ckpt = self.loader.openGGUF(path, getattr(self.cfg, "gguf", None), names)
+        ckpt = self.loader.openGGUF(path, self.cfg.gguf, names)
         self.loadCheckpoint(ckpt)
         self.loader.reportRequantized(ckpt)
 
@@ -624,7 +612,7 @@ class Transformer:
                 except CausalLMError:  # load_weight says so
                     path = None
                 self._stored_precision = ("FP32" if path is None else
-                                          stored_precision(path, getattr(self.cfg, "gguf", None)))
+                                          stored_precision(path, self.cfg.gguf))
             return self._stored_precision
         return self.precision.fullyConnected(stored)
 
