@@ -135,8 +135,8 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         loadPlugin(os.fspath(plugin))
     model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)
     model.setGenerationOptions(**generation)
-    model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
-    model.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
+    model.precision.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
+    model.precision.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
     return model
 
 

@@ -197,8 +197,8 @@ class CausalLM(LanguageModel):
     def kvcacheIdentity(self) -> dict:
         """What the cached keys and values depend on besides the tokens: the class, a sha256 of
         config.json's values (sorted keys), the weight files read (name, size, mtime), the
-        formats the weights are held in (``weightFormat``; "as stored" keeps the file's), and the
-        self caches' dtype and (batch, kv heads, head_dim)."""
+        formats the weights are held in (``precision.heldFormat``; "as stored" keeps the file's),
+        and the self caches' dtype and (batch, kv heads, head_dim)."""
         files = []
         if self.weight_path:
             if os.path.isdir(self.weight_path):
@@ -217,7 +217,7 @@ class CausalLM(LanguageModel):
             "config_sha256": hashlib.sha256(orjson.dumps(
                 self.cfg, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest(),
             "weights": files,
-            "weight_formats": sorted({self.weightFormat(s) or "as stored" for s in
+            "weight_formats": sorted({self.precision.heldFormat(s) or "as stored" for s in
                                       self.model.getWeightSpecs() if s.packable}),
             "cache_dtype": sorted({"FP16" if c.key.dtype == np.uint16 else "FP32"
                                    for c in caches}),

@@ -105,7 +105,7 @@ class EncoderDecoder(LanguageModel):
 
     def kvBytesPerPosition(self) -> int:
         """The decoder's self-attention caches, one position of one sequence."""
-        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        per = 2 if self.precision.kvCacheDtype() == "FP16" else 4
         return (2 * self.NUM_DECODER_LAYERS * self.DECODER_NUM_HEADS * self.DECODER_HEAD_DIM
                 // self.GQA_SIZE * per)
 

@@ -30,13 +30,13 @@ from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.io.weights import (EMBEDDING, FULLY_CONNECTED, WeightLoader, WeightPrecision,
-                                 checkpoint_folder, held_types, stored_precision)
+                                 checkpoint_folder)
 from causallm.runtime.context import Context
 from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from causallm.layers.embedding_layer import EmbeddingLayer
-from causallm.layers.mha_core import CACHE_DTYPES, ROPE_TYPES, MHACoreLayer
+from causallm.layers.mha_core import ROPE_TYPES, MHACoreLayer
 from causallm.layers.rms_norm import RMSNormLayer
 from causallm.layers.swiglu import SwiGLULayer
 from causallm.layers.tie_word_embeddings import TieWordEmbedding
@@ -87,9 +87,11 @@ class Transformer:
 
     def __init__(self, cfg: JsonConfig, generation_cfg: JsonConfig, nntr_cfg: JsonConfig) -> None:
         self.cfg, self.generation_cfg, self.nntr_cfg = cfg, generation_cfg, nntr_cfg
+        self.architecture = type(self).__name__  # the Factory's key when it made the model
         self.is_initialized = False
         self.model = None
-        self.weight_path: str | None = None
+        self.loader: WeightLoader | None = None  # the compiled graph's (initialize)
+        self.weight_path: str | None = None  # what load_weight read
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
         self.setupContext(nntr_cfg)
@@ -129,14 +131,10 @@ class Transformer:
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
         self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
         # the weights' precision (causallm/io/weights.py): nntr_config's dtype of each kind
-        self.precision = WeightPrecision(nntr_cfg)
+        # and the KV caches' (kv_cache_dtype)
+        self.precision = WeightPrecision(cfg, nntr_cfg)
         self.EMBEDDING_DTYPE = self.precision.dtype(EMBEDDING)
         self.FC_LAYER_DTYPE = self.precision.dtype(FULLY_CONNECTED)
-        self.KV_CACHE_DTYPE = None  # kvCacheDtype() decides
-        if nntr_cfg.contains("kv_cache_dtype"):
-            self.KV_CACHE_DTYPE = nntr_cfg.get_str("kv_cache_dtype").upper()
-            if self.KV_CACHE_DTYPE not in CACHE_DTYPES:
-                raise nntr_cfg.error("kv_cache_dtype", f"one of {', '.join(CACHE_DTYPES)}")
 
         self.IS_CAUSAL = True
         if cfg.contains("is_causal"):
@@ -267,7 +265,7 @@ class Transformer:
         """Bytes one position of one sequence takes in the self-attention KV caches: every
         layer's key and value (a family with other layer counts or head sizes may differ a
         little)."""
-        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        per = 2 if self.precision.kvCacheDtype() == "FP16" else 4
         return 2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM * per
 
     # -- graph ------------------------------------------------------------------------------
@@ -290,7 +288,8 @@ class Transformer:
         except MemoryError as e:
             raise self.context.outOfMemory(e, self.INIT_SEQ_LEN, self.BATCH_SIZE,
                                            self.rowsPerPrompt(), self.SLOTS) from None
-        self.loader = WeightLoader(self.model, self.precision, type(self).__name__)
+        self.loader = WeightLoader(self.model, self.precision, self.cfg, self.nntr_cfg,
+                                   type(self).__name__)
         self.is_initialized = True
 
     def constructModel(self) -> None:
@@ -450,7 +449,7 @@ class Transformer:
 
             num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
             max_timestep               MAX_SEQ_LEN, the context (setupContext)
-            cache_dtype                kvCacheDtype()
+            cache_dtype                precision.kvCacheDtype()
             sliding_window             layerSlidingWindow(layer_id)
             rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
             is_causal                  IS_CAUSAL
@@ -465,7 +464,7 @@ class Transformer:
                 "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
                 "max_new_tokens": self.NUM_TO_GENERATE,
                 "is_causal": self.IS_CAUSAL,
-                "cache_dtype": self.kvCacheDtype(),
+                "cache_dtype": self.precision.kvCacheDtype(),
                 **self.ropeProperties()}
 
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
@@ -490,7 +489,7 @@ class Transformer:
                             EmbeddingLayer):
             registerFactory(layer_class)
 
-    # -- weights ----------------------------------------------------------------------------
+    # -- weights (the load path and the precision policy: causallm/io/weights.py) ----------
     def getHFWeightTable(self) -> WeightTable:
         """The family's Hugging Face weight table (causallm/io/weight_table.py)."""
         return LLAMA_WEIGHTS
@@ -503,39 +502,34 @@ class Transformer:
         return self.getHFWeightTable().weightMap(
             [s.full_name for s in self.model.getWeightSpecs()], type(self).__name__)
 
-    def defaultWeightPath(self) -> str:
-        """Where this model's weights are: nntr_config's ``model_file_name`` (relative to the
-        model folder), else the GGUF file the configs came from, else the folder itself (its
-        safetensors)."""
-        if self.nntr_cfg.contains("model_file_name"):
-            path = self.nntr_cfg.resolve_path(self.nntr_cfg.get_str("model_file_name"))
-            if not os.path.exists(path):
-                raise CausalLMError(f"{self.nntr_cfg.where('model_file_name')}: {path} does "
-                                    f"not exist")
-            return path
-        gguf = self.cfg.gguf
-        return gguf.path if gguf is not None else self.cfg.directory
+    def openHFCheckpoint(self, folder: str) -> Checkpoint:
+        """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span
+        several folders returns a merged view with the same methods)."""
+        return Checkpoint(folder)
+
+    def load_hf_weight(self, path: str) -> None:
+        """Map every tensor of a safetensors file or folder onto a layer weight through the
+        weight table; every weight must be covered and every tensor used (the error names the
+        ones that are not)."""
+        self.loader.loadCheckpoint(self.openHFCheckpoint(checkpoint_folder(path)),
+                                   self.getHFWeightTable(), self.getHFWeightMap())
 
     def load_weight(self, weight_path: str | None = None) -> None:
         """Load an NNTrainer .bin file, a Hugging Face safetensors file or folder, or a GGUF
-        file (by default ``defaultWeightPath()``; kept as ``weight_path``), each weight held as
-        the precision policy says (causallm/io/weights.py)."""
+        file (by default nntr_config's ``model_file_name``, else the GGUF or the folder the
+        configs came from; kept as ``weight_path``), each weight held as the precision policy
+        says (``WeightLoader.load``)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
-        if weight_path is None:
-            weight_path = self.defaultWeightPath()
-        try:
-            if weight_path.lower().endswith(".gguf"):
-                self.load_gguf_weight(weight_path)
-            elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
-                self.load_hf_weight(weight_path)
-            else:
-                self.loader.loadBin(weight_path)
-        except BaseException:  # half the weights are no model: it runs only after a new load
-            self.model.forgetWeights()
-            raise
-        self.weight_path = os.path.abspath(weight_path)
+        self.weight_path = self.loader.load(weight_path, self)
         self.model.warmup()
+
+    def save_weight(self, weight_path: str, dtype: str | None = None,
+                    layer_dtype_map: dict | None = None) -> None:
+        """Write the NNTrainer .bin (optionally converting dtypes, e.g. to FP16)."""
+        if not self.is_initialized:
+            raise CausalLMError("save_weight: call initialize() first")
+        self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
 
     def requireWeights(self, what: str) -> None:
         """An error naming ``what`` (run, generate, encode) unless the model is initialized and
@@ -546,90 +540,6 @@ class Transformer:
         if not self.model.weightsGiven():
             raise CausalLMError(f"{what}: load_weight() was not called (or did not complete): "
                                 f"the model has no weights")
-
-    def openHFCheckpoint(self, folder: str) -> Checkpoint:
-        """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span
-        several folders returns a merged view with the same methods)."""
-        return Checkpoint(folder)
-
-    def load_hf_weight(self, path: str) -> None:
-        """Map every tensor of a safetensors checkpoint onto a layer weight through the weight
-        table; every weight must be covered and every tensor used (the error names the ones
-        that are not)."""
-        self.loadCheckpoint(self.openHFCheckpoint(checkpoint_folder(path)))
-
-    def load_gguf_weight(self, path: str) -> None:
-        """The weights of a GGUF file under the Hugging Face names of the weight table
-        (causallm/io/gguf_file.py)."""
-        weight_map = self.getHFWeightMap()
-        names = [*weight_map, *self.getHFWeightTable().aliasMap(weight_map)]
-        ckpt = self.loader.openGGUF(path, self.cfg.gguf, names)
-        self.loadCheckpoint(ckpt)
-        self.loader.reportRequantized(ckpt)
-
-    def loadCheckpoint(self, ckpt) -> None:
-        """Every weight from ``ckpt`` through the weight table (WeightLoader.loadCheckpoint)."""
-        self.loader.loadCheckpoint(ckpt, self.getHFWeightTable(), self.getHFWeightMap())
-
-    def storeWeight(self, target: str, value) -> None:
-        """``model.setWeight`` after converting a packable weight to its held format."""
-        self.loader.store(target, value)
-
-    # -- weight precision (the policy: causallm/io/weights.py) ------------------------------
-    def setWeightFormat(self, fmt: str | None) -> None:
-        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (one of
-        WEIGHT_FORMATS; ``--dtype``), converting at load; None: nntr_config's dtypes, else the
-        checkpoint's."""
-        self.precision.setOverride(fmt)
-
-    def setKVCacheDtype(self, dtype: str | None) -> None:
-        """Hold the self-attention KV caches as ``dtype`` (FP32 or FP16; ``--kv-dtype``),
-        before initialize(); None: nntr_config's ``kv_cache_dtype``, else kvCacheDtype's rule."""
-        if dtype is not None:
-            if dtype.upper() not in CACHE_DTYPES:
-                raise CausalLMError(f"KV cache dtype {dtype!r} is not one of "
-                                    f"{', '.join(CACHE_DTYPES)}")
-            self.KV_CACHE_DTYPE = dtype.upper()
-
-    def kvCacheDtype(self) -> str:
-        """The self-attention caches' precision (mha_core ``cache_dtype``): as set
-        (``kv_cache_dtype``, ``--kv-dtype``); else FP32 when the weights compute in float32
-        (results then match a float32 transformers run to rounding) and FP16 when they are held
-        in 16 bits or fewer (as llama.cpp's and nntrainer's caches: half the memory and
-        bandwidth, well inside the weights' own precision)."""
-        if self.KV_CACHE_DTYPE is not None:
-            return self.KV_CACHE_DTYPE
-        return "FP32" if self.weightPrecision() == "FP32" else "FP16"
-
-    def weightPrecision(self) -> str:
-        """The precision the fully connected weights are held in: the ``setWeightFormat`` one,
-        else nntr_config's when not FP32, else that of the weights ``defaultWeightPath`` names
-        (FP32 for a .bin or when there are none yet)."""
-        def stored() -> str:
-            if getattr(self, "_stored_precision", None) is None:
-                try:
-                    path = self.defaultWeightPath()
-                except CausalLMError:  # load_weight says so
-                    path = None
-                self._stored_precision = ("FP32" if path is None else
-                                          stored_precision(path, self.cfg.gguf))
-            return self._stored_precision
-        return self.precision.fullyConnected(stored)
-
-    def weightFormat(self, spec) -> str | None:
-        """The format packable weight ``spec`` is held in, or None to keep the checkpoint's."""
-        return self.precision.heldFormat(spec)
-
-    def weightTypes(self) -> dict[str, int]:
-        """{type: count} of the packable weights as held (F32, BF16, F16, Q8_0, ...)."""
-        return held_types(self.model)
-
-    def save_weight(self, weight_path: str, dtype: str | None = None,
-                    layer_dtype_map: dict | None = None) -> None:
-        """Write the NNTrainer .bin (optionally converting dtypes, e.g. to FP16)."""
-        if not self.is_initialized:
-            raise CausalLMError("save_weight: call initialize() first")
-        self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
 
     def rowsPerPrompt(self) -> int:
         """Graph rows per prompt (LanguageModel: one per beam); the graph's batch is

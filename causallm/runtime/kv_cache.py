@@ -36,6 +36,10 @@ from causallm.io.files import atomic_write, write_json_atomic
 
 SELF, CROSS = "self", "cross"
 
+CACHE_DTYPES = {"FP32": "float32", "FP16": "uint16"}
+"""What a self cache holds (mha_core ``cache_dtype``, nntr_config ``kv_cache_dtype``,
+``--kv-dtype``) -> its numpy dtype: float32, or IEEE half bits."""
+
 
 @dataclass
 class KVCache:
