@@ -210,7 +210,7 @@ class LoadedModel:
 
         self.model = model
         self.path = path
-        self.architecture = getattr(model, "architecture", type(model).__name__)
+        self.architecture = model.architecture
         self.generates = isinstance(model, LanguageModel)
         self.embeds = model.MODEL_TYPE == ModelType.EMBEDDING
         self.lock = threading.Lock()

@@ -1054,8 +1054,7 @@ def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | 
         if not batches(model):  # one request at a time: one sequence's caches
             if parallel is not None and parallel > 1:
                 log.warning("%s answers one request at a time (--parallel needs a "
-                            "decoder-only text model)",
-                            getattr(model, "architecture", type(model).__name__))
+                            "decoder-only text model)", model.architecture)
             parallel = 1
         elif parallel is None:
             parallel = default_parallel(model)

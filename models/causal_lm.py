@@ -14,12 +14,10 @@ than the step buffer"); the token selection, streaming and stop fixes are the ge
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 
 import numpy as np
-import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
@@ -28,7 +26,8 @@ from causallm.io.config import JsonConfig
 from causallm.layers.lm_head import LmHeadLayer
 from causallm.models.language_model import LanguageModel
 from causallm.models.transformer import ModelType
-from causallm.runtime.kv_cache import load_system_cache, read_system_cache, save_system_cache
+from causallm.runtime.kv_cache import (load_system_cache, read_system_cache, save_system_cache,
+                                      system_cache_identity)
 
 
 class CausalLM(LanguageModel):
@@ -195,33 +194,13 @@ class CausalLM(LanguageModel):
                           self.kvcacheIdentity() if token_ids is not None else None)
 
     def kvcacheIdentity(self) -> dict:
-        """What the cached keys and values depend on besides the tokens: the class, a sha256 of
-        config.json's values (sorted keys), the weight files read (name, size, mtime), the
-        formats the weights are held in (``precision.heldFormat``; "as stored" keeps the file's),
-        and the self caches' dtype and (batch, kv heads, head_dim)."""
-        files = []
-        if self.weight_path:
-            if os.path.isdir(self.weight_path):
-                folder = self.weight_path
-                names = sorted(f for f in os.listdir(folder)
-                               if f.endswith((".safetensors", ".safetensors.index.json")))
-            else:
-                folder, name = os.path.split(self.weight_path)
-                names = [name]
-            for name in names:
-                st = os.stat(os.path.join(folder, name))
-                files.append({"file": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        caches = self.model.getKVCaches("self")
-        return {
-            "class": type(self).__name__,
-            "config_sha256": hashlib.sha256(orjson.dumps(
-                self.cfg, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest(),
-            "weights": files,
-            "weight_formats": sorted({self.precision.heldFormat(s) or "as stored" for s in
-                                      self.model.getWeightSpecs() if s.packable}),
-            "cache_dtype": sorted({"FP16" if c.key.dtype == np.uint16 else "FP32"
-                                   for c in caches}),
-            "cache_shapes": [[c.key.shape[0], c.key.shape[1], c.key.shape[3]] for c in caches]}
+        """What the cached keys and values depend on besides the tokens (``system_cache_identity``):
+        the class, config.json, the weight files read, the formats the packable weights are
+        held in (``precision.heldFormat``) and the self caches."""
+        return system_cache_identity(
+            type(self).__name__, self.cfg, self.weight_path,
+            [self.precision.heldFormat(s) for s in self.model.getWeightSpecs() if s.packable],
+            self.model.getKVCaches("self"))
 
     def read_kvcache(self, path: str, token_ids: list[int]) -> tuple[bytes | None, str]:
         """``read_system_cache`` for these ``token_ids`` and this model."""

@@ -47,6 +47,9 @@ SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 
 
 class ModelType:
+    """``causallm::ModelType``: what a model class is, which nntr_config's ``model_type`` must
+    name (``checkModelType``; the graph's own kind is causallm.api's ``NEURAL_NET``)."""
+
     MODEL = "Model"
     CAUSALLM = "CausalLM"
     EMBEDDING = "embedding"
@@ -560,8 +563,7 @@ class Transformer:
         """The images of the next run (a vision model's: models/vision_language.py); a text
         model takes none."""
         if len(images):
-            name = getattr(self, "architecture", type(self).__name__)
-            raise CausalLMError(f"{name} takes no images (it has no vision tower)")
+            raise CausalLMError(f"{self.architecture} takes no images (it has no vision tower)")
 
     def chatPrompt(self, chat_input: JsonConfig) -> str | None:
         """The prompt nntr_config's ``chat_input`` stands for, or None when this model has no
