@@ -16,8 +16,13 @@ biases; the tokenizer path is resolved against the model folder; a Hugging Face 
 folder loads directly through the family's weight table (``getHFWeightTable``,
 causallm/io/weight_table.py); ``fc_layer_dtype`` holds every family's projections, not only
 Gemma 3's (docs/nntrainer.md, "Integer rope_theta and no RoPE scaling", "Tokenizer path from the
-working directory", "fc_layer_dtype in Gemma 3 only"). The load path and the precision policy are
-causallm/io/weights.py; the weight methods here delegate to it.
+working directory", "fc_layer_dtype in Gemma 3 only").
+
+The class declares; what is not the graph is done by objects the model holds: ``context``
+(causallm/runtime/context.py: MAX_SEQ_LEN, the new tokens that fit in it, the memory its KV
+caches need), ``precision`` and ``loader`` (causallm/io/weights.py: the precision policy, the
+load path; ``load_weight`` and ``save_weight`` are the C++ calls over them) and ``tokenizer``
+(causallm/tokenizer.py, ``Tokenizer.forModel``).
 """
 
 from __future__ import annotations
