@@ -427,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         record = {"architecture": model.architecture,
                   "model_dir": os.path.abspath(args.model_dir), "prompt": prompt,
-                  "weight_types": model.weightTypes(),
+                  "weight_types": model.loader.heldTypes(),
                   **record, "initialization_ms": round(init_ms, 3),
                   "total_ms": round(e2e_ms, 3)}
         sys.stdout.write(orjson.dumps(record).decode() + "\n")

@@ -188,7 +188,7 @@ def child_speed(path: str, threads: int, repeat: int, P: int, D: int) -> None:
     load_s = time.perf_counter() - t0
     pp, tg = best_pp_tg(model, prompt_ids(P, model.NUM_VOCAB), D, repeat)
     report({"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
-            "kv_dtype": model.kvCacheDtype(), "peak_rss_mb": peak_rss_mb()})
+            "kv_dtype": model.precision.kvCacheDtype(), "peak_rss_mb": peak_rss_mb()})
 
 
 def child_reference(path: str, work: str, threads: int) -> None:
@@ -272,7 +272,7 @@ def child_quality_ours(path: str, work: str, threads: int) -> None:
     for token in text[1:]:
         logits.append(model.step(np.array([token], np.float32))[0].copy())
     report({**quality_result(reference, ref_logits, greedy, np.array(logits)),
-            "weights": "as held at load", "kv_dtype": model.kvCacheDtype()})
+            "weights": "as held at load", "kv_dtype": model.precision.kvCacheDtype()})
 
 
 def child_quality_llama_cpp(path: str, work: str, threads: int) -> None:

@@ -142,7 +142,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     # the cache holds the depth run's rows too (untouched pages until then: not resident)
     model = Factory.Instance().createFromFolder(
         folder, init_seq_len=P, num_to_generate=max(P, depth) + D + 1 - P)
-    model.setWeightFormat(None if kind == "bf16" else kind.upper())
+    model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
     model.initialize()
     model.load_weight()
     model.EOS_TOKEN_ID = []
@@ -150,7 +150,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     ids = prompt_ids(P)
     pp, tg = best_pp_tg(model, ids, D, repeat)
     result = {"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
-              "kv_dtype": model.kvCacheDtype(),
+              "kv_dtype": model.precision.kvCacheDtype(),
               "peak_rss_mb": peak_rss_mb()}
     if depth:
         step = np.zeros((1, 1), np.float32)
@@ -280,7 +280,7 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
     runs = {}
     for kind in ["fp32", *[t for t in types if t != "fp32"]]:
         model = Factory.Instance().createFromFolder(path, init_seq_len=160, num_to_generate=80)
-        model.setWeightFormat(kind.upper())
+        model.precision.setWeightFormat(kind.upper())
         model.initialize()
         model.load_weight()
         ids = model.tokenizer.Encode(QUALITY_TEXT)
@@ -316,7 +316,7 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
 
     kernels.set_num_threads(threads)
     model = Factory.Instance().createFromFolder(folder, init_seq_len=P, num_to_generate=D + 8)
-    model.setWeightFormat(None if kind == "bf16" else kind.upper())
+    model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
     model.initialize()
     model.load_weight()
     ids = prompt_ids(P)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from causallm.runtime.graph import ExecutionMode, Model, ModelFormat, ModelType, createModel
+from causallm.runtime.graph import NEURAL_NET, ExecutionMode, Model, ModelFormat, createModel
 from causallm.runtime.node import LayerHandle, LayerNode
 from causallm.runtime.properties import UINT_MAX, withKey
 from causallm.runtime.registry import registerFactory
 
 __all__ = ["createLayer", "createModel", "withKey", "registerFactory", "LayerHandle", "Model",
-           "ExecutionMode", "ModelFormat", "ModelType", "UINT_MAX"]
+           "ExecutionMode", "ModelFormat", "NEURAL_NET", "UINT_MAX"]
 
 
 def createLayer(layer_type: str, props: Iterable[str] | str = ()) -> LayerNode:

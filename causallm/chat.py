@@ -379,10 +379,10 @@ class ChatSession:
         stays in the conversation and the cache."""
         messages = [*self.messages, {"role": "user", "content": text}]
         ids = self.promptIds(messages)
-        T = self.model.max_timestep
+        T = self.model.MAX_SEQ_LEN
         if len(ids) >= T:
             raise CausalLMError(f"the conversation has {len(ids)} tokens but the KV cache holds "
-                                f"{T} positions ({self.model.cacheSize()})")
+                                f"{T} positions ({self.model.context.cacheSize()})")
         keep = 0
         while keep < min(len(ids) - 1, len(self.cached)) and ids[keep] == self.cached[keep]:
             keep += 1  # at least the last prompt token is fed, for the first reply token

@@ -135,8 +135,8 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         loadPlugin(os.fspath(plugin))
     model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)
     model.setGenerationOptions(**generation)
-    model.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
-    model.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
+    model.precision.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
+    model.precision.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
     return model
 
 
@@ -210,7 +210,7 @@ class LoadedModel:
 
         self.model = model
         self.path = path
-        self.architecture = getattr(model, "architecture", type(model).__name__)
+        self.architecture = model.architecture
         self.generates = isinstance(model, LanguageModel)
         self.embeds = model.MODEL_TYPE == ModelType.EMBEDDING
         self.lock = threading.Lock()
@@ -222,8 +222,7 @@ class LoadedModel:
     def context_length(self) -> int | None:
         """Positions of the KV cache a generation can use (prompt and new tokens together) for
         a decoder-only model; the decoder's positions for an encoder-decoder."""
-        return getattr(self.model, "max_timestep", None) or getattr(self.model,
-                                                                    "DECODER_SEQ_LEN", None)
+        return self.model.MAX_SEQ_LEN if self.generates else None
 
     @property
     def prompt_limit(self) -> int | None:

@@ -1054,8 +1054,7 @@ def serve(path: str, host: str = "127.0.0.1", port: int = 8080, model_id: str | 
         if not batches(model):  # one request at a time: one sequence's caches
             if parallel is not None and parallel > 1:
                 log.warning("%s answers one request at a time (--parallel needs a "
-                            "decoder-only text model)",
-                            getattr(model, "architecture", type(model).__name__))
+                            "decoder-only text model)", model.architecture)
             parallel = 1
         elif parallel is None:
             parallel = default_parallel(model)
@@ -1143,9 +1142,9 @@ available."""
 
 def default_parallel(model) -> int:
     """PARALLEL, or as many slots as a quarter of the available memory holds (at least one)."""
-    from causallm.models.transformer import available_memory
+    from causallm.runtime.context import available_memory
 
-    per_slot = getattr(model, "kvCacheBytes", lambda: 0)()
+    per_slot = model.kvBytesPerPosition() * model.MAX_SEQ_LEN  # one sequence's KV caches
     available = available_memory()
     if available is None or per_slot <= 0:
         return PARALLEL

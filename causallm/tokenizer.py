@@ -23,6 +23,7 @@ from typing import Iterable
 from tokenizers import Tokenizer as _HFTokenizer
 
 from causallm.errors import CausalLMError, unicode
+from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 
 try:  # tokenizers >= 0.21
     from tokenizers.decoders import DecodeStream as _DecodeStream
@@ -71,6 +72,24 @@ class Tokenizer:
         hf_tokenizer.no_padding()
         hf_tokenizer.no_truncation()
         return cls(hf_tokenizer, path)
+
+    @classmethod
+    def forModel(cls, cfg: JsonConfig, nntr_cfg: JsonConfig, hint: str = "") -> "Tokenizer":
+        """The tokenizer a model's configs name (what the C++ constructor loads): nntr_config's
+        ``tokenizer_file`` (in the file or given as a keyword; relative to nntr_config.json),
+        else a GGUF's own vocabulary (``cfg.gguf``), else the model folder's
+        ``tokenizer.json``. A file that is not there is an error naming it (and the key that
+        named it), ``hint`` after it: what a family whose folders ship another format says."""
+        given = nntr_cfg.contains("tokenizer_file")  # in the file, or as a keyword argument
+        if cfg.gguf is not None and not given:
+            return cls(cfg.gguf.tokenizer(), cfg.gguf.path)
+        default = NNTR_DEFAULTS["tokenizer_file"]
+        path = (nntr_cfg.resolve_path(nntr_cfg.get_str("tokenizer_file", default))
+                if nntr_cfg.exists or given else cfg.resolve_path(default))
+        if not os.path.exists(path):
+            where = f"{nntr_cfg.where('tokenizer_file')}: " if given else ""
+            raise CausalLMError(f"{where}{path}: tokenizer file not found{hint}")
+        return cls.FromFile(path)
 
     def EnableTruncation(self, max_length: int) -> None:
         """Cut encodings to ``max_length`` tokens, special tokens kept (sentence-transformers'

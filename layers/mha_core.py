@@ -97,11 +97,11 @@ from causallm.kernels.attention import (
     NO_SINKS,
     attention_dense,
 )
+from causallm.runtime.kv_cache import CACHE_DTYPES
 from causallm.runtime.layer import Layer
 from causallm.runtime.properties import UINT_MAX, bool_, float_, str_, uint
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-CACHE_DTYPES = {"FP32": "float32", "FP16": "uint16"}  # FP16: IEEE half bits
 
 DENSE_MIN_ROWS = 64
 """Rows from which a bidirectional step without RoPE, window or bias runs on BLAS

@@ -14,12 +14,10 @@ than the step buffer"); the token selection, streaming and stop fixes are the ge
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 
 import numpy as np
-import orjson
 
 from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
@@ -28,7 +26,8 @@ from causallm.io.config import JsonConfig
 from causallm.layers.lm_head import LmHeadLayer
 from causallm.models.language_model import LanguageModel
 from causallm.models.transformer import ModelType
-from causallm.runtime.kv_cache import load_system_cache, read_system_cache, save_system_cache
+from causallm.runtime.kv_cache import (load_system_cache, read_system_cache, save_system_cache,
+                                      system_cache_identity)
 
 
 class CausalLM(LanguageModel):
@@ -43,6 +42,8 @@ class CausalLM(LanguageModel):
         self.USE_KVCACHE = False
         self.PRE_COMPUTED_CACHE_PATH = ""
         self.SYS_PROMP_LEN = 0
+        self.sys_prompt_cfg = None  # nntr_config's system_prompt.kvcache, when it has one
+        self.position = 0  # positions the KV caches hold (start, step)
         if nntr_cfg.contains("system_prompt"):
             system = nntr_cfg.get_dict("system_prompt")
             if system.contains("kvcache"):
@@ -58,10 +59,10 @@ class CausalLM(LanguageModel):
 
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
         super().setupContext(nntr_cfg)
-        if self.SYS_PROMP_LEN > self.max_timestep:
+        if self.SYS_PROMP_LEN > self.MAX_SEQ_LEN:
             raise self.sys_prompt_cfg.error(
-                "sys_prompt_token_size", f"at most the KV cache's {self.max_timestep} positions "
-                f"({self.cacheSize()})")
+                "sys_prompt_token_size", f"at most the KV cache's {self.MAX_SEQ_LEN} positions "
+                f"({self.context.cacheSize()})")
 
     def constructModel(self) -> None:
         super().constructModel()
@@ -77,28 +78,13 @@ class CausalLM(LanguageModel):
         super().registerCustomLayers()
         registerFactory(LmHeadLayer)
 
-    @property
-    def max_timestep(self) -> int:
-        """Rows of every KV cache: the positions a run can use, the context MAX_SEQ_LEN
-        (Transformer.setupContext)."""
-        return self.MAX_SEQ_LEN
-
-    def kvCacheBytes(self) -> int:
-        """Bytes of the KV caches of one sequence (a slot): every layer's keys and values at
-        max_timestep positions (this sizes a server's default slots)."""
-        return self.kvBytesPerPosition() * self.max_timestep
-
-    def cacheSize(self) -> str:
-        """What sets max_timestep, for messages: the context and where it was set."""
-        return f"the context, from {self.contextSource()}"
-
     def cacheLimit(self) -> str:
         """Why a generation ended with its KV cache full (finish reason ``cache_full``), and the
         setting that raises the limit: the prompt and the new tokens share the context's
-        max_timestep positions, so fewer than num_to_generate fit after a long prompt."""
-        return (f"the KV cache is full at {self.max_timestep} positions ({self.cacheSize()}), "
-                f"shared by the prompt and the new tokens; a longer context: -c (ctx_size, "
-                f"max_seq_len)")
+        MAX_SEQ_LEN positions, so fewer than num_to_generate fit after a long prompt."""
+        return (f"the KV cache is full at {self.MAX_SEQ_LEN} positions "
+                f"({self.context.cacheSize()}), shared by the prompt and the new tokens; a "
+                f"longer context: -c (ctx_size, max_seq_len)")
 
     # -- what the generator drives ----------------------------------------------------------
     def start(self, prompt_ids: np.ndarray, start_pos: int, context_ids: list[int],
@@ -107,11 +93,11 @@ class CausalLM(LanguageModel):
         prompt in its rowsPerPrompt() rows (one per beam, as transformers expands them)."""
         prompt_ids = np.repeat(prompt_ids, self.rowsPerPrompt(), axis=0)
         P = prompt_ids.shape[1]
-        T = self.max_timestep
+        T = self.MAX_SEQ_LEN
         if start_pos + P > T:
             raise CausalLMError(
                 f"prompt has {start_pos + P} tokens but the KV cache holds {T} "
-                f"({self.cacheSize()}); a longer context: -c (ctx_size, max_seq_len)")
+                f"({self.context.cacheSize()}); a longer context: -c (ctx_size, max_seq_len)")
         self.position = start_pos  # what the cache holds until the prefill completes
         with metrics.phase("prefill", P):
             logits = self.prefill(prompt_ids, start_pos)
@@ -170,10 +156,10 @@ class CausalLM(LanguageModel):
     def prefill_only(self, ids: list[int]) -> int:
         """Fill the KV cache with ``ids`` at positions [0, len) without generating."""
         B = self.BATCH_SIZE
-        if len(ids) > self.max_timestep:
+        if len(ids) > self.MAX_SEQ_LEN:
             raise CausalLMError(f"system prompt has {len(ids)} tokens but the KV cache holds "
-                                f"{self.max_timestep} ({self.cacheSize()}); a longer context: "
-                                f"-c (ctx_size, max_seq_len)")
+                                f"{self.MAX_SEQ_LEN} ({self.context.cacheSize()}); a longer "
+                                f"context: -c (ctx_size, max_seq_len)")
         self.prefill(np.asarray([ids] * B, dtype=np.float32), 0)
         return len(ids)
 
@@ -208,33 +194,13 @@ class CausalLM(LanguageModel):
                           self.kvcacheIdentity() if token_ids is not None else None)
 
     def kvcacheIdentity(self) -> dict:
-        """What the cached keys and values depend on besides the tokens: the class, a sha256 of
-        config.json's values (sorted keys), the weight files read (name, size, mtime), the
-        formats the weights are held in (``weightFormat``; "as stored" keeps the file's), and the
-        self caches' dtype and (batch, kv heads, head_dim)."""
-        files = []
-        if self.weight_path:
-            if os.path.isdir(self.weight_path):
-                folder = self.weight_path
-                names = sorted(f for f in os.listdir(folder)
-                               if f.endswith((".safetensors", ".safetensors.index.json")))
-            else:
-                folder, name = os.path.split(self.weight_path)
-                names = [name]
-            for name in names:
-                st = os.stat(os.path.join(folder, name))
-                files.append({"file": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        caches = self.model.getKVCaches("self")
-        return {
-            "class": type(self).__name__,
-            "config_sha256": hashlib.sha256(orjson.dumps(
-                self.cfg, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest(),
-            "weights": files,
-            "weight_formats": sorted({self.weightFormat(s) or "as stored" for s in
-                                      self.model.getWeightSpecs() if s.packable}),
-            "cache_dtype": sorted({"FP16" if c.key.dtype == np.uint16 else "FP32"
-                                   for c in caches}),
-            "cache_shapes": [[c.key.shape[0], c.key.shape[1], c.key.shape[3]] for c in caches]}
+        """What the cached keys and values depend on besides the tokens (``system_cache_identity``):
+        the class, config.json, the weight files read, the formats the packable weights are
+        held in (``precision.heldFormat``) and the self caches."""
+        return system_cache_identity(
+            type(self).__name__, self.cfg, self.weight_path,
+            [self.precision.heldFormat(s) for s in self.model.getWeightSpecs() if s.packable],
+            self.model.getKVCaches("self"))
 
     def read_kvcache(self, path: str, token_ids: list[int]) -> tuple[bytes | None, str]:
         """``read_system_cache`` for these ``token_ids`` and this model."""
@@ -242,4 +208,4 @@ class CausalLM(LanguageModel):
 
     def load_kvcache(self, path: str, to: int, data: bytes) -> None:
         """CausalLM::load_kvcache: the vouched-for ``data`` into rows [0, to) of the caches."""
-        load_system_cache(path, self.model.getKVCaches("self"), to, data, self.max_timestep)
+        load_system_cache(path, self.model.getKVCaches("self"), to, data, self.MAX_SEQ_LEN)

@@ -85,6 +85,7 @@ class EncoderDecoder(LanguageModel):
         if self.DECODER_START_TOKEN_ID >= self.NUM_VOCAB:
             raise source.error(key, f"a token id below vocab_size ({self.NUM_VOCAB})")
         self.MAX_POSITIONS = None  # a family with learned positions: its table's length
+        self.position = 0  # decoder positions the self-attention caches hold (start, step)
         self.LM_HEAD_SCALE = 1.0  # the decoder output's scale before a tied head (T5's)
         # per stack (a family whose stacks differ sets them apart)
         self.ENCODER_NUM_HEADS = self.DECODER_NUM_HEADS = self.NUM_HEADS
@@ -97,14 +98,14 @@ class EncoderDecoder(LanguageModel):
 
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
         """The context is the decoder's: DECODER_SEQ_LEN positions, its self-attention KV cache
-        rows (Transformer.readContext), which the new tokens fit in (fitNewTokens); the encoder
-        takes INIT_SEQ_LEN tokens in one step."""
-        self.MAX_SEQ_LEN = self.DECODER_SEQ_LEN = self.readContext(nntr_cfg)
-        self.NUM_TO_GENERATE = self.fitNewTokens(nntr_cfg)
+        rows, which the new tokens fit in; the encoder takes INIT_SEQ_LEN tokens in one step."""
+        self.context = self.readContext(nntr_cfg)
+        self.MAX_SEQ_LEN = self.DECODER_SEQ_LEN = self.context.length
+        self.NUM_TO_GENERATE = self.context.fitNewTokens(self.NUM_TO_GENERATE)
 
     def kvBytesPerPosition(self) -> int:
         """The decoder's self-attention caches, one position of one sequence."""
-        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        per = 2 if self.precision.kvCacheDtype() == "FP16" else 4
         return (2 * self.NUM_DECODER_LAYERS * self.DECODER_NUM_HEADS * self.DECODER_HEAD_DIM
                 // self.GQA_SIZE * per)
 
@@ -332,7 +333,7 @@ class EncoderDecoder(LanguageModel):
         B, n = ids.shape
         if from_ + n > self.DECODER_SEQ_LEN:
             raise CausalLMError(f"decoder position {from_ + n} is past its "
-                                f"{self.DECODER_SEQ_LEN} positions ({self.contextSource()})")
+                                f"{self.DECODER_SEQ_LEN} positions ({self.context.source()})")
         return self.model.incremental_inference(B, [ids], None, n, from_, from_ + n,
                                                 stage=DECODER)[0]
 
@@ -357,7 +358,7 @@ class EncoderDecoder(LanguageModel):
     def cacheLimit(self) -> str:
         """Why a generation ended with the decoder's cache full (finish reason ``cache_full``):
         the context (its learned positions, or -c) ends before num_to_generate."""
-        return f"the decoder has {self.DECODER_SEQ_LEN} positions ({self.contextSource()})"
+        return f"the decoder has {self.DECODER_SEQ_LEN} positions ({self.context.source()})"
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """One decoder step: one token per row at the next decoder position."""

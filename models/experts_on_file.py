@@ -31,6 +31,7 @@ from causallm.io.files import map_file
 from causallm.io.lazy_weights import bin_slices, safetensors_slice
 from causallm.io.nntr_bin import bin_nbytes, read_weight, write_bin
 from causallm.io.weight_table import HFWeight
+from causallm.io.weights import is_checkpoint
 
 HF_EXPERTS = ".mlp.experts."  # checkpoint names of the expert tensors
 
@@ -119,9 +120,8 @@ class ExpertsOnFileMixin:
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
         if weight_path is None:
-            weight_path = self.defaultWeightPath()
-        if (os.path.isdir(weight_path) or weight_path.endswith(".safetensors")
-                or not self.expertCacheOn()):
+            weight_path = self.loader.defaultPath()
+        if is_checkpoint(weight_path) or not self.expertCacheOn():
             super().load_weight(weight_path)
             return
         specs = self.model.getWeightSpecs()
@@ -134,7 +134,7 @@ class ExpertsOnFileMixin:
                     slices[spec.full_name] = part
                 else:
                     nb = bin_nbytes(spec.shape, spec.dtype)
-                    self.storeWeight(spec.full_name, read_weight(
+                    self.loader.store(spec.full_name, read_weight(
                         spec.full_name, spec.shape, spec.dtype, spec.packable,
                         mm[part.offset:part.offset + nb].view(np.ndarray), part.offset,
                         weight_path))

@@ -11,7 +11,7 @@ CausalLM; both follow its model files). Each subclass builds its own embeddings 
       out   = a Wo + bo                             ``_attention_out``
 
   with s = ``attentionScalar(layer_id)`` (head_dim unless a subclass scales otherwise), the
-  causal mask iff IS_CAUSAL, and ``kvCacheRows()`` KV-cache rows;
+  causal mask iff IS_CAUSAL, and ``MAX_SEQ_LEN`` KV-cache rows;
 - an ungated MLP: ``down(act(x Wup + bup)) + bdown``, act = HIDDEN_ACT (``layer{i}_ffn_up``,
   ``_ffn_act``, ``_ffn_down``).
 
@@ -43,10 +43,10 @@ class LayerNormTransformer(Transformer):
     def attentionCoreProperties(self, layer_id: int, n_heads: int,
                                 kind: str = SELF_ATTENTION) -> dict:
         """The base attention core without RoPE (positions came in with the position
-        embeddings) or window, scaled by attentionScalar, with kvCacheRows() rows."""
+        embeddings) or window, scaled by attentionScalar, with MAX_SEQ_LEN rows."""
         props = {key: value for key, value in super().attentionCoreProperties(
             layer_id, n_heads, kind).items() if not key.startswith("rope_")}
-        props.update(max_timestep=self.kvCacheRows(), sliding_window=UINT_MAX, use_rope=False,
+        props.update(max_timestep=self.MAX_SEQ_LEN, sliding_window=UINT_MAX, use_rope=False,
                      query_pre_attn_scalar=self.attentionScalar(layer_id))
         return props
 

@@ -91,10 +91,8 @@ class SentenceTransformer(Transformer):
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
         """A text is embedded in one step: the context is nntr_config's ``max_seq_len``, else
         the step's INIT_SEQ_LEN rows (plus num_to_generate when nntr_config sets it)."""
-        if not nntr_cfg.contains("max_seq_len"):
-            self.MAX_SEQ_LEN = self.INIT_SEQ_LEN + self.NUM_TO_GENERATE
-        else:
-            self.MAX_SEQ_LEN = self.readContext(nntr_cfg)
+        self.context = self.readContext(nntr_cfg, self.INIT_SEQ_LEN + self.NUM_TO_GENERATE)
+        self.MAX_SEQ_LEN = self.context.length
 
     def readModules(self, nntr_cfg: JsonConfig) -> None:
         """Load ``modules.json`` and each module's ``config.json`` (module_configs by idx), and

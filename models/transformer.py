@@ -16,8 +16,13 @@ biases; the tokenizer path is resolved against the model folder; a Hugging Face 
 folder loads directly through the family's weight table (``getHFWeightTable``,
 causallm/io/weight_table.py); ``fc_layer_dtype`` holds every family's projections, not only
 Gemma 3's (docs/nntrainer.md, "Integer rope_theta and no RoPE scaling", "Tokenizer path from the
-working directory", "fc_layer_dtype in Gemma 3 only"). The load path and the precision policy are
-causallm/io/weights.py; the weight methods here delegate to it.
+working directory", "fc_layer_dtype in Gemma 3 only").
+
+The class declares; what is not the graph is done by objects the model holds: ``context``
+(causallm/runtime/context.py: MAX_SEQ_LEN, the new tokens that fit in it, the memory its KV
+caches need), ``precision`` and ``loader`` (causallm/io/weights.py: the precision policy, the
+load path; ``load_weight`` and ``save_weight`` are the C++ calls over them) and ``tokenizer``
+(causallm/tokenizer.py, ``Tokenizer.forModel``).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from causallm.io.config import NNTR_DEFAULTS, JsonConfig
 from causallm.io.safetensors import Checkpoint
 from causallm.io.weight_table import HFWeight, Tensor, WeightTable
 from causallm.io.weights import (EMBEDDING, FULLY_CONNECTED, WeightLoader, WeightPrecision,
-                                 checkpoint_folder, held_types, stored_precision)
+                                 checkpoint_folder)
+from causallm.runtime.context import Context
 from causallm.runtime.graph import MODEL_TENSOR_TYPES, ExecutionMode, ModelFormat
 from causallm.runtime.properties import UINT_MAX
 from causallm.tokenizer import Tokenizer
 from causallm.layers.embedding_layer import EmbeddingLayer
-from causallm.layers.mha_core import CACHE_DTYPES, ROPE_TYPES, MHACoreLayer
+from causallm.layers.mha_core import ROPE_TYPES, MHACoreLayer
 from causallm.layers.rms_norm import RMSNormLayer
 from causallm.layers.swiglu import SwiGLULayer
 from causallm.layers.tie_word_embeddings import TieWordEmbedding
@@ -45,43 +51,10 @@ SELF_ATTENTION, ENCODER_ATTENTION, CROSS_ATTENTION = "self", "encoder", "cross"
 (bidirectional) self-attention, and a decoder's cross-attention over the encoder output."""
 
 
-CONTEXT_CAP = 4096
-"""The longest context a model gets by default (llama.cpp's default n_ctx): a model trained
-for more positions gets this many unless ``-c`` / ``ctx_size`` / nntr_config ``max_seq_len``
-ask for more (SmolLM2-135M's FP16 KV caches take 23 KiB a position, 90 MiB for 4096;
-Qwen3-0.6B's 112 KiB, 448 MiB)."""
-
-
-def available_memory() -> int | None:
-    """Bytes a new allocation may take: /proc/meminfo's MemAvailable, or less when a limit on
-    the address space (``ulimit -v``, RLIMIT_AS) leaves less room; None where neither is
-    known."""
-    room = None
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f if ":" in line)
-        room = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if limit != resource.RLIM_INFINITY:
-            with open("/proc/self/statm") as f:
-                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-            room = max(0, limit - used) if room is None else min(room, max(0, limit - used))
-    except (ImportError, OSError, ValueError):
-        pass
-    return room
-
-
-def _gb(n: int) -> str:
-    """Bytes as GiB (or MiB below one GiB), for messages."""
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 class ModelType:
+    """``causallm::ModelType``: what a model class is, which nntr_config's ``model_type`` must
+    name (``checkModelType``; the graph's own kind is causallm.api's ``NEURAL_NET``)."""
+
     MODEL = "Model"
     CAUSALLM = "CausalLM"
     EMBEDDING = "embedding"
@@ -122,25 +95,15 @@ class Transformer:
 
     def __init__(self, cfg: JsonConfig, generation_cfg: JsonConfig, nntr_cfg: JsonConfig) -> None:
         self.cfg, self.generation_cfg, self.nntr_cfg = cfg, generation_cfg, nntr_cfg
+        self.architecture = type(self).__name__  # the Factory's key when it made the model
         self.is_initialized = False
         self.model = None
-        self.weight_path: str | None = None
+        self.loader: WeightLoader | None = None  # the compiled graph's (initialize)
+        self.weight_path: str | None = None  # what load_weight read
         self.checkModelType(nntr_cfg)
         self.setupParameters(cfg, generation_cfg, nntr_cfg)
         self.setupContext(nntr_cfg)
-        gguf = getattr(cfg, "gguf", None)
-        if gguf is not None and not nntr_cfg.contains("tokenizer_file"):
-            self.tokenizer = Tokenizer(gguf.tokenizer(), gguf.path)  # the file's vocabulary
-            return
-        given = nntr_cfg.contains("tokenizer_file")  # in the file, or as a keyword argument
-        tokenizer_file = nntr_cfg.resolve_path(
-            nntr_cfg.get_str("tokenizer_file", NNTR_DEFAULTS["tokenizer_file"])) \
-            if nntr_cfg.exists or given else cfg.resolve_path(NNTR_DEFAULTS["tokenizer_file"])
-        if not os.path.exists(tokenizer_file):
-            where = f"{nntr_cfg.where('tokenizer_file')}: " if given else ""
-            raise CausalLMError(f"{where}{tokenizer_file}: tokenizer file not found"
-                                f"{self.tokenizerHint()}")
-        self.tokenizer = Tokenizer.FromFile(tokenizer_file)
+        self.tokenizer = Tokenizer.forModel(cfg, nntr_cfg, self.tokenizerHint())
 
     def tokenizerHint(self) -> str:
         """What to add to the "tokenizer file not found" error (a family whose folders ship
@@ -176,14 +139,10 @@ class Transformer:
         self.MEMORY_SWAP = nntr_cfg.get_bool("fsu", d["fsu"])
         self.FSU_LOOKAHEAD = nntr_cfg.get_int("fsu_lookahead", d["fsu_lookahead"])
         # the weights' precision (causallm/io/weights.py): nntr_config's dtype of each kind
-        self.precision = WeightPrecision(nntr_cfg)
+        # and the KV caches' (kv_cache_dtype)
+        self.precision = WeightPrecision(cfg, nntr_cfg)
         self.EMBEDDING_DTYPE = self.precision.dtype(EMBEDDING)
         self.FC_LAYER_DTYPE = self.precision.dtype(FULLY_CONNECTED)
-        self.KV_CACHE_DTYPE = None  # kvCacheDtype() decides
-        if nntr_cfg.contains("kv_cache_dtype"):
-            self.KV_CACHE_DTYPE = nntr_cfg.get_str("kv_cache_dtype").upper()
-            if self.KV_CACHE_DTYPE not in CACHE_DTYPES:
-                raise nntr_cfg.error("kv_cache_dtype", f"one of {', '.join(CACHE_DTYPES)}")
 
         self.IS_CAUSAL = True
         if cfg.contains("is_causal"):
@@ -280,7 +239,7 @@ class Transformer:
         """The model's own context (the positions it was trained for) and what says so, for
         messages: config.json's ``max_position_embeddings`` (a family reading another key
         overrides this)."""
-        key, gguf = "max_position_embeddings", getattr(self.cfg, "gguf", None)
+        key, gguf = "max_position_embeddings", self.cfg.gguf
         if gguf is not None:  # config.json made from the file's metadata
             where = f"{gguf.architecture}.context_length in {os.path.basename(gguf.path)}"
         elif self.cfg.contains(key):
@@ -295,99 +254,32 @@ class Transformer:
         return None
 
     def setupContext(self, nntr_cfg: JsonConfig) -> None:
-        """The context ``MAX_SEQ_LEN``: the positions one sequence holds, the prompt and the new
-        tokens together, and so the rows of every self-attention KV cache and RoPE table
-        (readContext). The step buffer's INIT_SEQ_LEN rows and the new tokens fit in it
-        (fitNewTokens). Runs after setupParameters, so a family's own values count."""
-        self.MAX_SEQ_LEN = self.readContext(nntr_cfg)
+        """The context ``MAX_SEQ_LEN`` (causallm/runtime/context.py): the positions one sequence
+        holds, the prompt and the new tokens together, and so the rows of every self-attention
+        KV cache and RoPE table. The step buffer's INIT_SEQ_LEN rows and the new tokens fit in
+        it. Runs after setupParameters, so a family's own values count."""
+        self.context = self.readContext(nntr_cfg)
+        self.MAX_SEQ_LEN = self.context.length
         self.INIT_SEQ_LEN = min(self.INIT_SEQ_LEN, self.MAX_SEQ_LEN)
-        self.NUM_TO_GENERATE = self.fitNewTokens(nntr_cfg)
+        self.NUM_TO_GENERATE = self.context.fitNewTokens(self.NUM_TO_GENERATE)
 
-    def readContext(self, nntr_cfg: JsonConfig) -> int:
-        """nntr_config ``max_seq_len`` (the C++'s MAX_SEQ_LEN, which ``-c`` / ``ctx_size``
-        replace), else the model's own context (contextLength) capped at CONTEXT_CAP; at most
-        positionLimit(), and never sized by the new tokens."""
-        own, _ = self.contextLength()
-        limit = self.positionLimit()
-        default = min(own, CONTEXT_CAP, limit or UINT_MAX)
-        context = nntr_cfg.get_int("max_seq_len", default, minimum=1)
-        if limit is not None and context > limit:
-            raise nntr_cfg.error("max_seq_len", f"at most {limit}: the model has {limit} "
-                                 f"learned positions ({self.cfg.path})")
-        if context > UINT_MAX:  # mha_core's max_timestep
-            raise nntr_cfg.error("max_seq_len", f"at most {UINT_MAX}")
-        return context
-
-    def contextSource(self) -> str:
-        """Where the context's length comes from, for messages."""
-        nntr_cfg = self.nntr_cfg
-        if "max_seq_len" in nntr_cfg.flags:
-            return nntr_cfg.flags["max_seq_len"]
-        if nntr_cfg.contains("max_seq_len"):
-            return f"max_seq_len in {nntr_cfg.path}"
-        own, where = self.contextLength()
-        capped = f", capped at {self.MAX_SEQ_LEN}" if own > self.MAX_SEQ_LEN else ""
-        return f"the model's {own}, {where}{capped}"
-
-    def fitNewTokens(self, nntr_cfg: JsonConfig) -> int:
-        """NUM_TO_GENERATE within the context: more new tokens than the context holds is an
-        error when the caller asked for them (``-n``, ``num_to_generate=``), and cut to the
-        context when they are the configs' default (nntr_config.json, generation_config.json):
-        a run stops at the context's end either way (finish reason ``length``)."""
-        n, context = self.NUM_TO_GENERATE, self.MAX_SEQ_LEN
-        if n <= context:
-            return n
-        if "num_to_generate" in nntr_cfg.flags:
-            raise CausalLMError(
-                f"{nntr_cfg.flags['num_to_generate']} {n} is more than the context: "
-                f"{context} positions ({self.contextSource()}), shared by the prompt and the "
-                f"new tokens; ask for fewer new tokens or a longer context (-c, ctx_size)")
-        return context
-
-    def cacheRows(self) -> int:
-        """Sequences every self-attention KV cache holds: its slots, else a row per prompt and
-        beam."""
-        return self.SLOTS or self.BATCH_SIZE * self.rowsPerPrompt()
+    def readContext(self, nntr_cfg: JsonConfig, default: int | None = None) -> Context:
+        """The context of this model's numbers: nntr_config ``max_seq_len``, else ``default``,
+        else its own context (contextLength) at most CONTEXT_CAP; at most positionLimit()."""
+        return Context(nntr_cfg, *self.contextLength(), self.positionLimit(), self.cfg.path,
+                       default)
 
     def kvBytesPerPosition(self) -> int:
         """Bytes one position of one sequence takes in the self-attention KV caches: every
         layer's key and value (a family with other layer counts or head sizes may differ a
         little)."""
-        per = 2 if self.kvCacheDtype() == "FP16" else 4
+        per = 2 if self.precision.kvCacheDtype() == "FP16" else 4
         return 2 * self.NUM_LAYERS * self.NUM_KEY_VALUE_HEADS * self.HEAD_DIM * per
-
-    def checkMemory(self, available: int | None = None) -> None:
-        """Refuse, before anything is allocated, a context whose KV caches (cacheRows() x
-        MAX_SEQ_LEN positions x kvBytesPerPosition()) and RoPE tables (cos and sin, and the
-        float64 values they are rounded from: about 16 x HEAD_DIM bytes a position) need more
-        than the memory available (``available`` bytes; available_memory() when None; no check
-        where that is unknown). The weights and step buffers are not counted: the caches are
-        what a user's -c, --parallel, beams or batch multiply."""
-        if available is None:
-            available = available_memory()
-            if available is None:
-                return
-        rows, context = self.cacheRows(), self.MAX_SEQ_LEN
-        per = self.kvBytesPerPosition()
-        need = rows * context * per + context * self.HEAD_DIM * 16
-        if need <= available:
-            return
-        sources = [self.contextSource()]
-        if self.SLOTS > 1:
-            sources.append(f"{self.SLOTS} slots (--parallel, slots)")
-        if self.rowsPerPrompt() > 1:
-            sources.append(f"{self.rowsPerPrompt()} beams (--num-beams)")
-        if self.BATCH_SIZE > 1:
-            sources.append(f"batch_size {self.BATCH_SIZE}")
-        raise CausalLMError(
-            f"not enough memory for a context of {context} positions ({'; '.join(sources)}): "
-            f"the KV caches of {rows} sequence(s) x {context} positions x {per} bytes and the "
-            f"RoPE tables need {_gb(need)}, {_gb(available)} is available; ask for a shorter "
-            f"context (-c, ctx_size) or fewer sequences")
 
     # -- graph ------------------------------------------------------------------------------
     def initialize(self) -> None:
-        self.checkMemory()
+        self.context.checkMemory(self.kvBytesPerPosition(), self.HEAD_DIM, self.BATCH_SIZE,
+                                 self.rowsPerPrompt(), self.SLOTS)
         self.registerCustomLayers()
         self.constructModel()
         model_props = [withKey("batch_size", self.BATCH_SIZE * self.rowsPerPrompt()),
@@ -402,12 +294,10 @@ class Transformer:
             self.model.compile(ExecutionMode.INFERENCE)
             self.model.initialize(ExecutionMode.INFERENCE)
         except MemoryError as e:
-            raise CausalLMError(
-                f"not enough memory for the KV caches and buffers of {self.cacheRows()} "
-                f"sequence(s), a context of {self.MAX_SEQ_LEN} positions "
-                f"({self.contextSource()}) and a step of init_seq_len {self.INIT_SEQ_LEN} rows "
-                f"({e})") from None
-        self.loader = WeightLoader(self.model, self.precision, type(self).__name__)
+            raise self.context.outOfMemory(e, self.INIT_SEQ_LEN, self.BATCH_SIZE,
+                                           self.rowsPerPrompt(), self.SLOTS) from None
+        self.loader = WeightLoader(self.model, self.precision, self.cfg, self.nntr_cfg,
+                                   type(self).__name__)
         self.is_initialized = True
 
     def constructModel(self) -> None:
@@ -566,8 +456,8 @@ class Transformer:
         values it computes differently (its windows, RoPE, scale, sinks) and keeps the rest:
 
             num_heads, num_heads_kv    n_heads and n_heads / GQA_SIZE
-            max_timestep               kvCacheRows(): MAX_SEQ_LEN, the context (setupContext)
-            cache_dtype                kvCacheDtype()
+            max_timestep               MAX_SEQ_LEN, the context (setupContext)
+            cache_dtype                precision.kvCacheDtype()
             sliding_window             layerSlidingWindow(layer_id)
             rope_theta, rope_scaling_* ROPE_THETA and ropeProperties()
             is_causal                  IS_CAUSAL
@@ -576,18 +466,14 @@ class Transformer:
         ``kind`` is "self" in a decoder-only model; an encoder-decoder also asks for "encoder"
         (bidirectional self-attention) and "cross" attention."""
         return {"num_heads": n_heads, "num_heads_kv": n_heads // self.GQA_SIZE,
-                "max_timestep": self.kvCacheRows(),
+                "max_timestep": self.MAX_SEQ_LEN,
                 "sliding_window": self.layerSlidingWindow(layer_id),
                 "rope_theta": self.ROPE_THETA,
                 "max_position_embeddings": self.MAX_POSITION_EMBEDDINGS,
                 "max_new_tokens": self.NUM_TO_GENERATE,
                 "is_causal": self.IS_CAUSAL,
-                "cache_dtype": self.kvCacheDtype(),
+                "cache_dtype": self.precision.kvCacheDtype(),
                 **self.ropeProperties()}
-
-    def kvCacheRows(self) -> int:
-        """mha_core ``max_timestep`` of a self-attention: the context, MAX_SEQ_LEN."""
-        return self.MAX_SEQ_LEN
 
     def createMlp(self, layer_id: int, dim: int, hidden_dim: int, input_name: str,
                   prefix: str = "") -> list:
@@ -611,7 +497,7 @@ class Transformer:
                             EmbeddingLayer):
             registerFactory(layer_class)
 
-    # -- weights ----------------------------------------------------------------------------
+    # -- weights (the load path and the precision policy: causallm/io/weights.py) ----------
     def getHFWeightTable(self) -> WeightTable:
         """The family's Hugging Face weight table (causallm/io/weight_table.py)."""
         return LLAMA_WEIGHTS
@@ -624,39 +510,34 @@ class Transformer:
         return self.getHFWeightTable().weightMap(
             [s.full_name for s in self.model.getWeightSpecs()], type(self).__name__)
 
-    def defaultWeightPath(self) -> str:
-        """Where this model's weights are: nntr_config's ``model_file_name`` (relative to the
-        model folder), else the GGUF file the configs came from, else the folder itself (its
-        safetensors)."""
-        if self.nntr_cfg.contains("model_file_name"):
-            path = self.nntr_cfg.resolve_path(self.nntr_cfg.get_str("model_file_name"))
-            if not os.path.exists(path):
-                raise CausalLMError(f"{self.nntr_cfg.where('model_file_name')}: {path} does "
-                                    f"not exist")
-            return path
-        gguf = getattr(self.cfg, "gguf", None)
-        return gguf.path if gguf is not None else self.cfg.directory
+    def openHFCheckpoint(self, folder: str) -> Checkpoint:
+        """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span
+        several folders returns a merged view with the same methods)."""
+        return Checkpoint(folder)
+
+    def load_hf_weight(self, path: str) -> None:
+        """Map every tensor of a safetensors file or folder onto a layer weight through the
+        weight table; every weight must be covered and every tensor used (the error names the
+        ones that are not)."""
+        self.loader.loadCheckpoint(self.openHFCheckpoint(checkpoint_folder(path)),
+                                   self.getHFWeightTable(), self.getHFWeightMap())
 
     def load_weight(self, weight_path: str | None = None) -> None:
         """Load an NNTrainer .bin file, a Hugging Face safetensors file or folder, or a GGUF
-        file (by default ``defaultWeightPath()``; kept as ``weight_path``), each weight held as
-        the precision policy says (causallm/io/weights.py)."""
+        file (by default nntr_config's ``model_file_name``, else the GGUF or the folder the
+        configs came from; kept as ``weight_path``), each weight held as the precision policy
+        says (``WeightLoader.load``)."""
         if not self.is_initialized:
             raise CausalLMError("load_weight: call initialize() first")
-        if weight_path is None:
-            weight_path = self.defaultWeightPath()
-        try:
-            if weight_path.lower().endswith(".gguf"):
-                self.load_gguf_weight(weight_path)
-            elif os.path.isdir(weight_path) or weight_path.endswith(".safetensors"):
-                self.load_hf_weight(weight_path)
-            else:
-                self.loader.loadBin(weight_path)
-        except BaseException:  # half the weights are no model: it runs only after a new load
-            self.model.forgetWeights()
-            raise
-        self.weight_path = os.path.abspath(weight_path)
+        self.weight_path = self.loader.load(weight_path, self)
         self.model.warmup()
+
+    def save_weight(self, weight_path: str, dtype: str | None = None,
+                    layer_dtype_map: dict | None = None) -> None:
+        """Write the NNTrainer .bin (optionally converting dtypes, e.g. to FP16)."""
+        if not self.is_initialized:
+            raise CausalLMError("save_weight: call initialize() first")
+        self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
 
     def requireWeights(self, what: str) -> None:
         """An error naming ``what`` (run, generate, encode) unless the model is initialized and
@@ -667,90 +548,6 @@ class Transformer:
         if not self.model.weightsGiven():
             raise CausalLMError(f"{what}: load_weight() was not called (or did not complete): "
                                 f"the model has no weights")
-
-    def openHFCheckpoint(self, folder: str) -> Checkpoint:
-        """The safetensors checkpoint ``load_hf_weight`` reads (a model whose weights span
-        several folders returns a merged view with the same methods)."""
-        return Checkpoint(folder)
-
-    def load_hf_weight(self, path: str) -> None:
-        """Map every tensor of a safetensors checkpoint onto a layer weight through the weight
-        table; every weight must be covered and every tensor used (the error names the ones
-        that are not)."""
-        self.loadCheckpoint(self.openHFCheckpoint(checkpoint_folder(path)))
-
-    def load_gguf_weight(self, path: str) -> None:
-        """The weights of a GGUF file under the Hugging Face names of the weight table
-        (causallm/io/gguf_file.py)."""
-        weight_map = self.getHFWeightMap()
-        names = [*weight_map, *self.getHFWeightTable().aliasMap(weight_map)]
-        ckpt = self.loader.openGGUF(path, getattr(self.cfg, "gguf", None), names)
-        self.loadCheckpoint(ckpt)
-        self.loader.reportRequantized(ckpt)
-
-    def loadCheckpoint(self, ckpt) -> None:
-        """Every weight from ``ckpt`` through the weight table (WeightLoader.loadCheckpoint)."""
-        self.loader.loadCheckpoint(ckpt, self.getHFWeightTable(), self.getHFWeightMap())
-
-    def storeWeight(self, target: str, value) -> None:
-        """``model.setWeight`` after converting a packable weight to its held format."""
-        self.loader.store(target, value)
-
-    # -- weight precision (the policy: causallm/io/weights.py) ------------------------------
-    def setWeightFormat(self, fmt: str | None) -> None:
-        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (one of
-        WEIGHT_FORMATS; ``--dtype``), converting at load; None: nntr_config's dtypes, else the
-        checkpoint's."""
-        self.precision.setOverride(fmt)
-
-    def setKVCacheDtype(self, dtype: str | None) -> None:
-        """Hold the self-attention KV caches as ``dtype`` (FP32 or FP16; ``--kv-dtype``),
-        before initialize(); None: nntr_config's ``kv_cache_dtype``, else kvCacheDtype's rule."""
-        if dtype is not None:
-            if dtype.upper() not in CACHE_DTYPES:
-                raise CausalLMError(f"KV cache dtype {dtype!r} is not one of "
-                                    f"{', '.join(CACHE_DTYPES)}")
-            self.KV_CACHE_DTYPE = dtype.upper()
-
-    def kvCacheDtype(self) -> str:
-        """The self-attention caches' precision (mha_core ``cache_dtype``): as set
-        (``kv_cache_dtype``, ``--kv-dtype``); else FP32 when the weights compute in float32
-        (results then match a float32 transformers run to rounding) and FP16 when they are held
-        in 16 bits or fewer (as llama.cpp's and nntrainer's caches: half the memory and
-        bandwidth, well inside the weights' own precision)."""
-        if self.KV_CACHE_DTYPE is not None:
-            return self.KV_CACHE_DTYPE
-        return "FP32" if self.weightPrecision() == "FP32" else "FP16"
-
-    def weightPrecision(self) -> str:
-        """The precision the fully connected weights are held in: the ``setWeightFormat`` one,
-        else nntr_config's when not FP32, else that of the weights ``defaultWeightPath`` names
-        (FP32 for a .bin or when there are none yet)."""
-        def stored() -> str:
-            if getattr(self, "_stored_precision", None) is None:
-                try:
-                    path = self.defaultWeightPath()
-                except CausalLMError:  # load_weight says so
-                    path = None
-                self._stored_precision = ("FP32" if path is None else
-                                          stored_precision(path, getattr(self.cfg, "gguf", None)))
-            return self._stored_precision
-        return self.precision.fullyConnected(stored)
-
-    def weightFormat(self, spec) -> str | None:
-        """The format packable weight ``spec`` is held in, or None to keep the checkpoint's."""
-        return self.precision.heldFormat(spec)
-
-    def weightTypes(self) -> dict[str, int]:
-        """{type: count} of the packable weights as held (F32, BF16, F16, Q8_0, ...)."""
-        return held_types(self.model)
-
-    def save_weight(self, weight_path: str, dtype: str | None = None,
-                    layer_dtype_map: dict | None = None) -> None:
-        """Write the NNTrainer .bin (optionally converting dtypes, e.g. to FP16)."""
-        if not self.is_initialized:
-            raise CausalLMError("save_weight: call initialize() first")
-        self.model.save(weight_path, ModelFormat.MODEL_FORMAT_BIN, dtype, layer_dtype_map)
 
     def rowsPerPrompt(self) -> int:
         """Graph rows per prompt (LanguageModel: one per beam); the graph's batch is
@@ -771,8 +568,7 @@ class Transformer:
         """The images of the next run (a vision model's: models/vision_language.py); a text
         model takes none."""
         if len(images):
-            name = getattr(self, "architecture", type(self).__name__)
-            raise CausalLMError(f"{name} takes no images (it has no vision tower)")
+            raise CausalLMError(f"{self.architecture} takes no images (it has no vision tower)")
 
     def chatPrompt(self, chat_input: JsonConfig) -> str | None:
         """The prompt nntr_config's ``chat_input`` stands for, or None when this model has no

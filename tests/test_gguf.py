@@ -46,7 +46,7 @@ def load(name, widen=True, **nntr):
     model = parity.load_folder(name, initialize=False,
                                **{"init_seq_len": 64, "num_to_generate": 64, **nntr})
     if widen:
-        model.setWeightFormat("FP32")
+        model.precision.setWeightFormat("FP32")
     model.initialize()
     model.load_weight()
     return model
@@ -200,7 +200,7 @@ def test_quantized_tensors_are_held_as_the_files_bytes(tmp_path, kind):
     assert isinstance(up.data.base, np.memmap) or not up.data.flags.owndata  # mapped, no copy
 
     exact = Factory.Instance().createFromFolder(str(out), init_seq_len=8, num_to_generate=8)
-    exact.setWeightFormat("FP32")
+    exact.precision.setWeightFormat("FP32")
     exact.initialize()
     exact.load_weight()
     hf = gguf.quants.dequantize(raw["blk.1.attn_q.weight"], gguf.GGMLQuantizationType[kind])
@@ -308,7 +308,7 @@ def test_smollm2_q4_1_exact_weights_match_transformers():
     ref = parity.expected("smollm2-reference")
     model = Factory.Instance().createFromFolder(smollm2_path(), init_seq_len=32,
                                                 num_to_generate=32, kv_cache_dtype="FP32")
-    model.setWeightFormat("FP32")
+    model.precision.setWeightFormat("FP32")
     model.initialize()
     model.load_weight()
     parity.check_prompt_ids(model, ref)

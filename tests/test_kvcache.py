@@ -367,8 +367,8 @@ def test_weight_format_and_kv_dtype_calls_choose_the_cache():
     for fmt, kv, want in (("Q8_0", None, np.uint16), ("FP32", None, np.float32),
                           ("Q4_0", "FP32", np.float32)):
         model = Factory.Instance().createFromFolder(FIXTURE, init_seq_len=8, num_to_generate=8)
-        model.setWeightFormat(fmt)
-        model.setKVCacheDtype(kv)
+        model.precision.setWeightFormat(fmt)
+        model.precision.setKVCacheDtype(kv)
         model.initialize()
         assert model.model.getKVCaches("self")[0].key.dtype == want
 
@@ -386,4 +386,4 @@ def test_bad_kv_cache_dtype_is_a_one_line_error(tmp_path):
         Factory.Instance().createFromFolder(FIXTURE, kv_cache_dtype="Q8_0")
     assert str(e.value) == "kv_cache_dtype must be one of FP32, FP16, got 'Q8_0'"
     with pytest.raises(CausalLMError, match="KV cache dtype 'BF16' is not one of FP32, FP16"):
-        Factory.Instance().createFromFolder(FIXTURE).setKVCacheDtype("BF16")
+        Factory.Instance().createFromFolder(FIXTURE).precision.setKVCacheDtype("BF16")

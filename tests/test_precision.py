@@ -127,23 +127,23 @@ def test_dtype_comes_before_the_nntr_config_keys_and_they_before_the_file():
     rounding); on a BF16 checkpoint, fc_layer_dtype FP16 holds the projections as F16 and the
     embedding keeps the file's BF16, and dtype= Q4_0 holds all as Q4_0."""
     q8 = causallm.load(os.path.join(parity.FIXTURES, "llama-gqa3-fc-q8_0"))
-    assert q8.model.weightTypes() == {"F32": 2, "Q8_0": 21}
+    assert q8.model.loader.heldTypes() == {"F32": 2, "Q8_0": 21}
     fp32 = causallm.load(os.path.join(parity.FIXTURES, "llama-gqa3-fc-q8_0"), dtype="fp32",
                          init_seq_len=64, num_to_generate=64)
-    assert fp32.model.weightTypes() == {"F32": 23}
+    assert fp32.model.loader.heldTypes() == {"F32": 23}
     parity.check_prefill_and_cached_decode(fp32.model, parity.expected("llama-gqa3"))
 
     bf16 = os.path.join(parity.FIXTURES, "llama-hd80-bf16-sharded")
     hf = parity.read_hf("llama-hd80-bf16-sharded")
-    assert causallm.load(bf16).model.weightTypes() == {"BF16": 15}  # tied: no head
+    assert causallm.load(bf16).model.loader.heldTypes() == {"BF16": 15}  # tied: no head
     f16 = causallm.load(bf16, fc_layer_dtype="FP16").model
-    assert f16.weightTypes() == {"BF16": 1, "F16": 14}
+    assert f16.loader.heldTypes() == {"BF16": 1, "F16": 14}
     w = f16.model.getWeight("layer1_ffn_down:weight")
     np.testing.assert_array_equal(
         w.toFloat(), hf["model.layers.1.mlp.down_proj.weight"].T.astype(np.float16)
         .astype(np.float32))
     q4 = causallm.load(bf16, dtype="Q4_0", fc_layer_dtype="FP16").model
-    assert q4.weightTypes() == {"Q4_0": 15}
+    assert q4.loader.heldTypes() == {"Q4_0": 15}
 
 
 def cli_record(name, *flags):

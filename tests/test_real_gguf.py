@@ -33,7 +33,7 @@ def real(request):
 
 def load(path, dtype=None):
     model = Factory.Instance().createFromFolder(path, init_seq_len=32, num_to_generate=32)
-    model.setWeightFormat(dtype)
+    model.precision.setWeightFormat(dtype)
     model.initialize()
     model.load_weight()
     return model
@@ -56,7 +56,7 @@ def test_every_weight_is_held_as_the_file_stores_it(real):
         if len(t.shape) == 2:
             stored[t.tensor_type.name] = stored.get(t.tensor_type.name, 0) + 1
     model = load(path)
-    held = {k: v for k, v in model.weightTypes().items() if k != "F32"}
+    held = {k: v for k, v in model.loader.heldTypes().items() if k != "F32"}
     assert held == {k: v for k, v in stored.items() if k != "F32"}
     permuted = ("_wq:", "_wk:") if file.architecture == "llama" else ()
     for spec in model.model.getWeightSpecs():
@@ -71,7 +71,7 @@ def test_exact_weights_match_transformers(real):
     path, ref = real
     model = Factory.Instance().createFromFolder(path, init_seq_len=32, num_to_generate=32,
                                                 kv_cache_dtype="FP32")
-    model.setWeightFormat("FP32")
+    model.precision.setWeightFormat("FP32")
     model.initialize()
     model.load_weight()
     parity.check_prompt_ids(model, ref)

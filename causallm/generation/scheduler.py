@@ -142,7 +142,7 @@ class Scheduler:
             raise CausalLMError("the scheduler needs a model of batch_size 1 and one beam "
                                 "(its sequences are slots, not batch rows)")
         self.slots = [_Slot(i) for i in range(self.n_slots)]
-        self.capacity = model.max_timestep
+        self.capacity = model.MAX_SEQ_LEN
         self.max_rows = min(max_rows or STEP_ROWS, model.INIT_SEQ_LEN)
         self.max_queue = max_queue
         self.waiting: deque[Request] = deque()

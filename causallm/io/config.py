@@ -67,6 +67,7 @@ class JsonConfig(dict):
         self.section = section  # "encoder.text_config": where a nested object sits in the file
         # key -> the command-line flag or keyword argument that set its value (for its errors)
         self.flags: dict[str, str] = {}
+        self.gguf = None  # config.json of a GGUF: the GGUFFile it was made from (below)
 
     @property
     def name(self) -> str:

@@ -3,7 +3,7 @@
 **Precision** (``WeightPrecision``). A packable weight (a ``fully_connected`` layer's, the token
 embedding, the LM head: the weights the kernels also take packed) is held in the first of
 
-    1. ``--dtype`` / ``setWeightFormat`` / ``causallm.load(dtype=)``: every packable weight;
+    1. ``--dtype`` / ``causallm.load(dtype=)`` (``setWeightFormat``): every packable weight;
     2. nntr_config's key for its kind of weight, when not FP32 (the default):
            fully connected   ``fc_layer_dtype``, else ``model_tensor_type``'s weight part
            embedding         ``embedding_dtype``
@@ -22,16 +22,18 @@ float32): a .bin holds them in model_tensor_type's weight dtype, as the C++ read
 WEIGHT_FORMATS; a weight converted from a memory-mapped file gives the file's pages back
 (``io/files.release_pages``), so the process holds the conversion, not both.
 
-**Loading** (``WeightLoader``): an NNTrainer .bin (every weight in its spec's dtype, in graph
-order), a safetensors folder or a GGUF file (through the family's weight table,
-``io/weight_table.py``), each weight stored as ``heldFormat`` says.
+**Loading** (``WeightLoader``, made for a compiled graph): ``load`` reads the file a model's
+configs name (``default_weight_path``) or the one given, by its kind: an NNTrainer .bin (every
+weight in its spec's dtype, in graph order), a safetensors file or folder or a GGUF file
+(through the family's weight table, ``io/weight_table.py``), each weight stored as
+``heldFormat`` says; a load that fails leaves the graph without weights.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from causallm.errors import CausalLMError
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
@@ -40,6 +42,7 @@ from causallm.io.safetensors import Checkpoint, float_dtype
 from causallm.kernels import quant
 from causallm.kernels.packed import QUANTIZABLE, PackedMatrix
 from causallm.progress import files_size, progress
+from causallm.runtime.kv_cache import CACHE_DTYPES
 
 if TYPE_CHECKING:  # the GGUF reader is imported when a GGUF is read
     from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
@@ -59,10 +62,13 @@ def _packed_name(fmt: str) -> str:
 class WeightPrecision:
     """The precision policy of one model's settings (module docstring): ``dtype(kind)`` is
     nntr_config's answer for a kind of weight, ``heldFormat(spec)`` the format a packable
-    weight is held in, ``setOverride`` the ``--dtype`` one."""
+    weight is held in, ``setWeightFormat`` the ``--dtype`` one; ``kvCacheDtype()`` the KV
+    caches' precision, which follows the fully connected weights' (``fullyConnected()``)
+    unless set. ``cfg`` and ``nntr_cfg`` are the model's configs: where its weights are
+    (``default_weight_path``) and the dtypes."""
 
-    def __init__(self, nntr_cfg: JsonConfig) -> None:
-        self.nntr_cfg = nntr_cfg
+    def __init__(self, cfg: JsonConfig, nntr_cfg: JsonConfig) -> None:
+        self.cfg, self.nntr_cfg = cfg, nntr_cfg
         self.override: str | None = None
         embedding = self._read("embedding_dtype", NNTR_DEFAULTS["embedding_dtype"])
         fc = self._read("fc_layer_dtype", NNTR_DEFAULTS["fc_layer_dtype"])
@@ -76,6 +82,12 @@ class WeightPrecision:
                                                           f"fc_layer_dtype is FP32)")
         self.dtypes = {FULLY_CONNECTED: fc, EMBEDDING: embedding,
                        HEAD: self._read("lmhead_dtype", embedding)}
+        self.kv_cache: str | None = None  # as set (kv_cache_dtype, --kv-dtype), else the rule
+        if nntr_cfg.contains("kv_cache_dtype"):
+            self.kv_cache = nntr_cfg.get_str("kv_cache_dtype").upper()
+            if self.kv_cache not in CACHE_DTYPES:
+                raise nntr_cfg.error("kv_cache_dtype", f"one of {', '.join(CACHE_DTYPES)}")
+        self.stored: str | None = None  # the weight file's precision, read when first asked
 
     def _read(self, key: str, default: str) -> str:
         value = self.nntr_cfg.get_str(key, default).upper()
@@ -88,13 +100,34 @@ class WeightPrecision:
         ``weight_dtype`` its layers get, the dtype a .bin holds it in."""
         return self.dtypes[kind]
 
-    def setOverride(self, fmt: str | None) -> None:
-        """Hold every packable weight as ``fmt`` (one of WEIGHT_FORMATS), or None for the rule
-        of the nntr_config keys and the checkpoint."""
+    def setWeightFormat(self, fmt: str | None) -> None:
+        """Hold every packable weight (fully connected, embedding, head) as ``fmt`` (one of
+        WEIGHT_FORMATS; ``--dtype``, ``causallm.load(dtype=)``), converting at load; None: the
+        rule of the nntr_config keys and the checkpoint."""
         if fmt is not None and fmt.upper() not in WEIGHT_FORMATS:
             raise CausalLMError(f"weight format {fmt!r} is not one of "
                                 f"{', '.join(WEIGHT_FORMATS)}")
         self.override = None if fmt is None else fmt.upper()
+
+    def setKVCacheDtype(self, dtype: str | None) -> None:
+        """Hold the self-attention KV caches as ``dtype`` (FP32 or FP16; ``--kv-dtype``),
+        before the model's initialize(); None: nntr_config's ``kv_cache_dtype``, else
+        kvCacheDtype's rule."""
+        if dtype is not None:
+            if dtype.upper() not in CACHE_DTYPES:
+                raise CausalLMError(f"KV cache dtype {dtype!r} is not one of "
+                                    f"{', '.join(CACHE_DTYPES)}")
+            self.kv_cache = dtype.upper()
+
+    def kvCacheDtype(self) -> str:
+        """The self-attention caches' precision (mha_core ``cache_dtype``): as set
+        (``kv_cache_dtype``, ``--kv-dtype``); else FP32 when the weights compute in float32
+        (results then match a float32 transformers run to rounding) and FP16 when they are held
+        in 16 bits or fewer (as llama.cpp's and nntrainer's caches: half the memory and
+        bandwidth, well inside the weights' own precision)."""
+        if self.kv_cache is not None:
+            return self.kv_cache
+        return "FP32" if self.fullyConnected() == "FP32" else "FP16"
 
     def heldFormat(self, spec) -> str | None:
         """The format packable weight ``spec`` is held in, or None to keep the checkpoint's."""
@@ -102,13 +135,40 @@ class WeightPrecision:
             return self.override
         return None if spec.dtype == "FP32" else spec.dtype
 
-    def fullyConnected(self, stored: Callable[[], str]) -> str:
+    def fullyConnected(self) -> str:
         """The precision the fully connected weights are held in: the override, else
-        nntr_config's when not FP32, else ``stored()``, the checkpoint's."""
+        nntr_config's when not FP32, else that of the weights ``default_weight_path`` names
+        (FP32 for a .bin or when there are none yet)."""
         if self.override is not None:
             return self.override
         fc = self.dtypes[FULLY_CONNECTED]
-        return fc if fc != "FP32" else stored()
+        if fc != "FP32":
+            return fc
+        if self.stored is None:
+            try:
+                path = default_weight_path(self.cfg, self.nntr_cfg)
+            except CausalLMError:  # load_weight says so
+                path = None
+            self.stored = "FP32" if path is None else stored_precision(path, self.cfg.gguf)
+        return self.stored
+
+
+def default_weight_path(cfg: JsonConfig, nntr_cfg: JsonConfig) -> str:
+    """Where a model's weights are: nntr_config's ``model_file_name`` (relative to the model
+    folder; an error when it is not there), else the GGUF file the configs came from, else the
+    folder itself (its safetensors)."""
+    if nntr_cfg.contains("model_file_name"):
+        path = nntr_cfg.resolve_path(nntr_cfg.get_str("model_file_name"))
+        if not os.path.exists(path):
+            raise CausalLMError(f"{nntr_cfg.where('model_file_name')}: {path} does not exist")
+        return path
+    return cfg.gguf.path if cfg.gguf is not None else cfg.directory
+
+
+def is_checkpoint(path: str) -> bool:
+    """Whether a weight path is a Hugging Face safetensors file or folder (one that is neither
+    this nor a .gguf is an NNTrainer .bin)."""
+    return os.path.isdir(path) or path.endswith(".safetensors")
 
 
 def stored_precision(path: str, gguf: GGUFFile | None = None) -> str:
@@ -120,7 +180,7 @@ def stored_precision(path: str, gguf: GGUFFile | None = None) -> str:
 
         same = gguf is not None and os.path.abspath(gguf.path) == os.path.abspath(path)
         return (gguf if same else GGUFFile(path)).weightPrecision()
-    if not (os.path.isdir(path) or path.endswith(".safetensors")):
+    if not is_checkpoint(path):
         return "FP32"
     try:
         dtype = float_dtype(Checkpoint(checkpoint_folder(path)))
@@ -152,24 +212,41 @@ def convertWeight(value, fmt: str, transposed: bool):
     return PackedMatrix.fromFloat(packed, value.T if transposed else value, transposed)
 
 
-def held_types(graph) -> dict[str, int]:
-    """{type: count} of the packable weights of ``graph`` as held: F32, BF16, F16, Q8_0, ..."""
-    count: dict[str, int] = {}
-    for spec in graph.getWeightSpecs():
-        if spec.packable:
-            w = graph.getWeight(spec.full_name)
-            kind = w.format if isinstance(w, PackedMatrix) else "F32"
-            count[kind] = count.get(kind, 0) + 1
-    return dict(sorted(count.items()))
-
-
 class WeightLoader:
-    """Weights into one compiled ``graph``, each packable one held as ``precision`` says;
-    ``owner`` names the model in errors."""
+    """Weights into one compiled ``graph``, each packable one held as ``precision`` says, from
+    the files of the model whose configs are ``cfg`` and ``nntr_cfg``; ``owner`` names the
+    model in errors."""
 
-    def __init__(self, graph, precision: WeightPrecision, owner: str) -> None:
+    def __init__(self, graph, precision: WeightPrecision, cfg: JsonConfig, nntr_cfg: JsonConfig,
+                 owner: str) -> None:
         self.graph, self.precision, self.owner = graph, precision, owner
+        self.cfg, self.nntr_cfg = cfg, nntr_cfg
         self.specs = {s.full_name: s for s in graph.getWeightSpecs()}
+
+    def defaultPath(self) -> str:
+        """``default_weight_path`` of the model's configs."""
+        return default_weight_path(self.cfg, self.nntr_cfg)
+
+    def load(self, path: str | None, family) -> str:
+        """The weights at ``path`` (default ``defaultPath()``) by the kind of file: a .gguf
+        (``loadGGUF``), a safetensors file or folder (the family's ``load_hf_weight``), else an
+        NNTrainer .bin (``loadBin``). ``family`` is the model: its weight table
+        (``getHFWeightTable``, ``getHFWeightMap``) and its way of reading a Hugging Face
+        checkpoint. A load that fails leaves the graph without weights (half the weights are no
+        model: it runs only after a new load). Returns the absolute path read."""
+        if path is None:
+            path = self.defaultPath()
+        try:
+            if path.lower().endswith(".gguf"):
+                self.loadGGUF(path, family.getHFWeightTable(), family.getHFWeightMap())
+            elif is_checkpoint(path):
+                family.load_hf_weight(path)
+            else:
+                self.loadBin(path)
+        except BaseException:
+            self.graph.forgetWeights()
+            raise
+        return os.path.abspath(path)
 
     def store(self, target: str, value) -> None:
         """``graph.setWeight`` after converting a packable weight to its held format; a
@@ -205,11 +282,20 @@ class WeightLoader:
                        for name, s in self.specs.items() if s.packable}
         table.load(ckpt, weight_map, self.store, self.owner, orientation)
 
-    def openGGUF(self, path: str, gguf: GGUFFile | None, names) -> GGUFCheckpoint:
-        """The GGUF checkpoint at ``path`` (``gguf`` when it is that file) under the Hugging
-        Face ``names``: a type without a kernel is held as Q8_0 unless an override is set."""
+    def loadGGUF(self, path: str, table, weight_map: dict) -> None:
+        """The weights of a GGUF file under the Hugging Face names of the weight table
+        (causallm/io/gguf_file.py)."""
+        ckpt = self.openGGUF(path, [*weight_map, *table.aliasMap(weight_map)])
+        self.loadCheckpoint(ckpt, table, weight_map)
+        self.reportRequantized(ckpt)
+
+    def openGGUF(self, path: str, names) -> GGUFCheckpoint:
+        """The GGUF checkpoint at ``path`` (the configs' own file when it is that one) under the
+        Hugging Face ``names``: a type without a kernel is held as Q8_0 unless an override is
+        set."""
         from causallm.io.gguf_file import GGUFCheckpoint, GGUFFile
 
+        gguf = self.cfg.gguf
         if gguf is None or os.path.abspath(gguf.path) != os.path.abspath(path):
             gguf = GGUFFile(path)
         return GGUFCheckpoint(gguf, names, None if self.precision.override else "Q8_0")
@@ -220,3 +306,12 @@ class WeightLoader:
             print(f"[gguf] {n} {kind} tensor(s) held as {ckpt.requantize} (no {kind} kernel; "
                   f"--dtype chooses another format)", file=sys.stderr)
 
+    def heldTypes(self) -> dict[str, int]:
+        """{type: count} of the packable weights as held: F32, BF16, F16, Q8_0, ..."""
+        count: dict[str, int] = {}
+        for spec in self.graph.getWeightSpecs():
+            if spec.packable:
+                w = self.graph.getWeight(spec.full_name)
+                kind = w.format if isinstance(w, PackedMatrix) else "F32"
+                count[kind] = count.get(kind, 0) + 1
+        return dict(sorted(count.items()))

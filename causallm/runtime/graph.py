@@ -93,8 +93,9 @@ class ModelFormat:
     MODEL_FORMAT_BIN = "bin"
 
 
-class ModelType:
-    NEURAL_NET = "neural_net"
+NEURAL_NET = "neural_net"
+"""``ml::train::ModelType::NEURAL_NET``: the one kind of model ``createModel`` makes. (A model
+class's own type, the CausalLM app's ``ModelType``, is models/transformer.py's.)"""
 
 
 _DECLARED, _COMPILED, _INITIALIZED = "declared", "compiled", "initialized"
@@ -436,8 +437,8 @@ class Model:
         return text
 
 
-def createModel(model_type: str = ModelType.NEURAL_NET) -> Model:
-    """``ml::train::createModel(ModelType::NEURAL_NET)``."""
-    if model_type != ModelType.NEURAL_NET:
+def createModel(model_type: str = NEURAL_NET) -> Model:
+    """``ml::train::createModel(ml::train::ModelType::NEURAL_NET)``."""
+    if model_type != NEURAL_NET:
         raise CausalLMError(f"createModel: unsupported model type {model_type!r}")
     return Model()

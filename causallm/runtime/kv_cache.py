@@ -36,6 +36,10 @@ from causallm.io.files import atomic_write, write_json_atomic
 
 SELF, CROSS = "self", "cross"
 
+CACHE_DTYPES = {"FP32": "float32", "FP16": "uint16"}
+"""What a self cache holds (mha_core ``cache_dtype``, nntr_config ``kv_cache_dtype``,
+``--kv-dtype``) -> its numpy dtype: float32, or IEEE half bits."""
+
 
 @dataclass
 class KVCache:
@@ -91,7 +95,7 @@ def save_system_cache(path: str, caches: list[KVCache], to: int,
                       token_ids: list[int] | None = None, identity: dict | None = None) -> None:
     """Write positions [0, to) of ``caches`` (self caches, graph order) to ``path``, atomically
     (module docstring); with ``token_ids`` also the header (atomic too), holding ``identity``
-    (what else the values depend on: CausalLM.kvcacheIdentity)."""
+    (what else the values depend on: ``system_cache_identity``)."""
     digest, size = hashlib.sha256(), 0
 
     def write(f):
@@ -108,6 +112,36 @@ def save_system_cache(path: str, caches: list[KVCache], to: int,
         write_json_atomic(f"{path}.header.json", {
             "format": SYSTEM_CACHE_FORMAT, "bytes": size, "sha256": digest.hexdigest(),
             "token_ids": [int(t) for t in token_ids], "model": identity})
+
+
+def system_cache_identity(owner: str, config: dict, weight_path: str | None,
+                          weight_formats: list[str | None], caches: list[KVCache]) -> dict:
+    """The header's ``model``: what a model's cached keys and values depend on besides the
+    tokens. The class ``owner``, a sha256 of ``config``'s values (JSON, sorted keys), the weight
+    files ``weight_path`` names (a .bin, a .gguf, or a folder's safetensors files and index:
+    name, size, mtime), the formats the packable weights are held in (``weight_formats``, None
+    for the file's own: "as stored"), and the ``caches``' dtype and (batch, kv heads,
+    head_dim)."""
+    files = []
+    if weight_path:
+        if os.path.isdir(weight_path):
+            folder = weight_path
+            names = sorted(f for f in os.listdir(folder)
+                           if f.endswith((".safetensors", ".safetensors.index.json")))
+        else:
+            folder, name = os.path.split(weight_path)
+            names = [name]
+        for name in names:
+            st = os.stat(os.path.join(folder, name))
+            files.append({"file": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return {
+        "class": owner,
+        "config_sha256": hashlib.sha256(orjson.dumps(
+            config, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest(),
+        "weights": files,
+        "weight_formats": sorted({fmt or "as stored" for fmt in weight_formats}),
+        "cache_dtype": sorted({"FP16" if c.key.dtype == np.uint16 else "FP32" for c in caches}),
+        "cache_shapes": [[c.key.shape[0], c.key.shape[1], c.key.shape[3]] for c in caches]}
 
 
 def read_system_cache(path: str, token_ids: list[int],

@@ -178,7 +178,7 @@ class GPT2CausalLM(CausalLM, GPT2Transformer):
     def cacheLimit(self) -> str:
         """CausalLM.cacheLimit, unless the learned positions end there (no setting raises
         those)."""
-        if self.max_timestep == self.MAX_POSITION_EMBEDDINGS:
+        if self.MAX_SEQ_LEN == self.MAX_POSITION_EMBEDDINGS:
             return (f"the model has n_positions = {self.MAX_POSITION_EMBEDDINGS} learned "
                     f"positions ({self.cfg.path}), prompt and new tokens together")
         return super().cacheLimit()

@@ -35,6 +35,7 @@ from causallm.api import createLayer, registerFactory, withKey
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig
 from causallm.io.weight_table import WeightTable
+from causallm.io.weights import checkpoint_folder
 from causallm.layers.sinusoidal_embedding import SinusoidalEmbeddingLayer, sinusoid_table
 from causallm.models.bart.bart import BART_WEIGHTS, BartForConditionalGeneration
 from causallm.models.encoder_decoder import DECODER, ENCODER
@@ -87,8 +88,7 @@ class MarianMTModel(BartForConditionalGeneration):
         """BART's load, then each position table the file holds checked against the computed
         one."""
         super().load_hf_weight(path)
-        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        ckpt = self.openHFCheckpoint(folder)
+        ckpt = self.openHFCheckpoint(checkpoint_folder(path))
         table = sinusoid_table(self.MAX_POSITION_EMBEDDINGS, self.DIM)
         for name in POSITION_TENSORS.values():
             if name not in ckpt:
