@@ -148,7 +148,7 @@ def option(body: dict, name: str, field: str | None = None):
         raise BadRequest(str(e), field) from None
 
 
-def generation_options(body: dict, loaded: LoadedModel):
+def request_settings(body: dict, loaded: LoadedModel):
     """(the request's settings, its options): its generation fields (every option with a
     request field in causallm/generation/options.py; docs/server.md has the table), each
     checked by its option's rule, over the model's settings (generation_config.json's and
@@ -745,7 +745,7 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         prompt, images = chat_messages(body, max_images) if chat else \
             (completion_prompt(body), [])
         param = "messages" if chat else "prompt"
-        settings, given = generation_options(body, loaded)
+        settings, given = request_settings(body, loaded)
         options = {}  # the calls' other keywords
         if images:
             options["images"] = images

@@ -7,11 +7,11 @@ given one frozen ``GenerationSettings``, ``generation``, the default of its ever
 built from its configs (``GenerationSettings.fromConfigs``: causallm/generation/settings.py,
 which builds and checks every generation's settings), then the CLI's flags or load()'s options
 over them (``setGenerationSettings``, before ``initialize()``: the beams size the graph). The
-C++-named attributes read the settings (a generation_config.json key that is neither applied
-nor metadata gets one warning line on stderr after the first generation). A call's settings go
-with the call (``generate_tokens(settings=)``). The C++-named entry points are thin wrappers
-over the generator (causallm/generation/generator.py), which owns token selection, stop rules,
-streaming and metrics:
+C++-named attributes read the settings. A call's settings go with the call
+(``generate_tokens(settings=)``). A generation_config.json key that is neither applied nor
+metadata gets one warning line on stderr after the first generation. The C++-named entry points
+are thin wrappers over the generator (causallm/generation/generator.py), which owns token
+selection, stop rules, streaming and metrics:
 
 - ``run(prompt, do_sample, system_prompt, tail_prompt, log_output)``: encode the text, generate,
   stream row 0's text to stdout and print the metrics block;
@@ -51,11 +51,11 @@ class LanguageModel(Transformer):
                         nntr_cfg: JsonConfig) -> None:
         super().setupParameters(cfg, generation_cfg, nntr_cfg)
         self.LMHEAD_DTYPE = self.precision.dtype(HEAD)  # lmhead_dtype, else embedding_dtype
-        self.generation = GenerationSettings.fromConfigs(cfg, generation_cfg, nntr_cfg,
-                                                         self.NUM_VOCAB)
         bos = (generation_cfg.get_int_list("bos_token_id", [])
                or cfg.get_int_list("bos_token_id", []))
         self.BOS_TOKEN_ID = bos[0] if bos else None
+        self.generation = GenerationSettings.fromConfigs(cfg, generation_cfg, nntr_cfg,
+                                                         self.NUM_VOCAB)
         self.config_warnings = unappliedKeyWarnings(generation_cfg)
         self.output_list = [""] * self.BATCH_SIZE
         self.performance_metrics = PerformanceMetrics()

@@ -167,10 +167,10 @@ def test_the_server_reads_every_field_of_the_table(tiny):
         if option.field is None or name == "response_format":  # its compiler's (test_constraint)
             continue
         with pytest.raises(server.BadRequest) as e:
-            server.generation_options({option.field: {"bad": 1}}, tiny)
+            server.request_settings({option.field: {"bad": 1}}, tiny)
         assert e.value.param == option.field
         assert str(e.value).startswith(f"'{option.field}' must be {option.expected}, got ")
-    settings, given = server.generation_options({"temperature": 0.5, "max_tokens": 3}, tiny)
+    settings, given = server.request_settings({"temperature": 0.5, "max_tokens": 3}, tiny)
     assert (settings.temperature, settings.max_new_tokens, settings.do_sample) == (0.5, 3, True)
     assert settings.top_k == tiny.model.generation.top_k and given == {
         "temperature": 0.5, "max_new_tokens": 3}
@@ -191,6 +191,7 @@ def counted(monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 def test_a_value_is_checked_once_on_every_surface(tmp_path, counted, capsys):
     """A temperature given on the command line, to load(), to a call or in a request is asked
     of its rule once, where it comes in (then only combined: settings.withOptions); one in
@@ -201,7 +202,7 @@ def test_a_value_is_checked_once_on_every_surface(tmp_path, counted, capsys):
     loaded = causallm.load(folder_with(tmp_path, temperature=0.75), temperature=0.5,
                            max_new_tokens=1)
     loaded.complete("hi", temperature=0.125)
-    settings, _ = server.generation_options({"temperature": 0.0625, "max_tokens": 1}, loaded)
+    settings, _ = server.request_settings({"temperature": 0.0625, "max_tokens": 1}, loaded)
     loaded.complete("hi", settings=settings)
     loaded.request("hi", settings=settings)
     assert sorted(v for v in counted if v in (0.25, 0.75, 0.5, 0.125, 0.0625)) == \
