@@ -22,8 +22,8 @@ import causallm
 from causallm import main
 from causallm.errors import CausalLMError
 from causallm.generation.options import Options
-from causallm.generation.settings import GenerationSettings
 from causallm.generation.sampler import Sampler
+from causallm.generation.settings import GenerationSettings
 from causallm.io.gguf_file import GGUFFile
 from causallm.kernels.token_mask import apply_token_bitmask
 from causallm.tokenizer import Tokenizer
