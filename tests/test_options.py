@@ -28,6 +28,18 @@ BAD = {
 """A bad value of each option with a value flag: as typed on the command line, as a keyword."""
 
 
+def folder_with(tmp_path, **generation):
+    """tiny-llama with ``generation`` over its generation_config.json."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for entry in os.listdir(TINY):
+        os.symlink(os.path.join(TINY, entry), folder / entry)
+    gen = orjson.loads(open(os.path.join(TINY, "generation_config.json"), "rb").read())
+    os.unlink(folder / "generation_config.json")
+    (folder / "generation_config.json").write_bytes(orjson.dumps({**gen, **generation}))
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return causallm.load(TINY)
@@ -58,15 +70,8 @@ def test_a_bad_value_is_refused_alike_by_the_cli_and_the_api(name, tiny, capsys)
     ("bad_words_ids", [[]], "bad_words_ids"),
 ])
 def test_generation_config_values_follow_the_same_rules(tmp_path, key, value, name):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for entry in os.listdir(TINY):
-        os.symlink(os.path.join(TINY, entry), folder / entry)
-    gen = orjson.loads(open(os.path.join(TINY, "generation_config.json"), "rb").read())
-    os.unlink(folder / "generation_config.json")
-    (folder / "generation_config.json").write_bytes(orjson.dumps({**gen, key: value}))
     with pytest.raises(CausalLMError) as e:
-        create(str(folder))
+        create(folder_with(tmp_path, **{key: value}))
     assert f"generation_config.json: '{key}' must be {OPTIONS[name].expected}, got " in \
         str(e.value)
 
@@ -115,18 +120,6 @@ def test_the_same_mistake_reads_the_same_from_the_cli_and_the_api(capsys):
 
 CONFIG_BAD = {name: value for name, (_, value) in BAD.items()} | {"bad_words_ids": [[]]}
 """A bad value of each option generation_config.json may hold (under its settings field)."""
-
-
-def folder_with(tmp_path, **generation):
-    """tiny-llama with ``generation`` over its generation_config.json."""
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for entry in os.listdir(TINY):
-        os.symlink(os.path.join(TINY, entry), folder / entry)
-    gen = orjson.loads(open(os.path.join(TINY, "generation_config.json"), "rb").read())
-    os.unlink(folder / "generation_config.json")
-    (folder / "generation_config.json").write_bytes(orjson.dumps({**gen, **generation}))
-    return str(folder)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, o in OPTIONS.items() if o.config))
