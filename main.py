@@ -70,14 +70,10 @@ def _option(flags: tuple, commands: set, **kwargs) -> tuple:
 
 
 OPTIONS = [
-    _option(("-n", "--max-new-tokens"), {RUN, SERVE}, type=int, default=None,
-            help="new tokens to generate, for serve those of a request without max_tokens "
-                 "(nntr_config num_to_generate), at most the context"),
     _option(("-c", "--ctx-size"), {RUN, SERVE}, type=int, default=None,
             help="context: the positions of the prompt and the new tokens together, the KV "
                  "cache rows, for serve each slot's (nntr_config max_seq_len; default: the "
                  "model's own context, at most 4096)"),
-    _option(("--greedy",), {RUN}, action="store_true", help="argmax decoding, one beam"),
     _option(("--dtype",), {RUN, SERVE, WARMUP}, type=str.upper, default=None,
             choices=WEIGHT_FORMATS,
             help="hold the fully connected, embedding and head weights in this format "
@@ -89,38 +85,6 @@ OPTIONS = [
     _option(("--image",), {RUN}, action="append", default=[], metavar="PATH",
             help="an image for a vision model (repeatable, in the order of the prompt's "
                  "<start_of_image> placeholders, or put before the prompt)"),
-    _option(("--num-beams",), {RUN}, type=int, default=None,
-            help="beam search with N beams (generation_config num_beams)"),
-    _option(("--num-return-sequences",), {RUN}, type=int, default=None,
-            help="hypotheses a beam search returns (at most --num-beams)"),
-    _option(("--temp", "--temperature"), {RUN}, dest="temperature", type=float, default=None,
-            help="sampling temperature"),
-    _option(("--top-k",), {RUN}, type=int, default=None,
-            help="keep the k most likely tokens (0: all)"),
-    _option(("--top-p",), {RUN}, type=float, default=None, help="nucleus sampling mass"),
-    _option(("--repeat-penalty", "--repetition-penalty"), {RUN}, dest="repetition_penalty",
-            type=float, default=None, help="repetition penalty (1.0: off)"),
-    _option(("--min-p",), {RUN}, type=float, default=None,
-            help="keep tokens with probability >= P x the top one's (0: off)"),
-    _option(("--typical-p",), {RUN}, type=float, default=None,
-            help="locally typical sampling mass (1.0: off)"),
-    _option(("--presence-penalty",), {RUN}, type=float, default=None,
-            help="subtract from the logit of every token already generated (0: off)"),
-    _option(("--frequency-penalty",), {RUN}, type=float, default=None,
-            help="subtract this times its count from a generated token's logit (0: off)"),
-    _option(("--no-repeat-ngram-size",), {RUN}, type=int, default=None,
-            help="never repeat an n-gram of this size (0: off)"),
-    _option(("--min-new-tokens",), {RUN}, type=int, default=None,
-            help="hold back EOS until this many new tokens"),
-    _option(("--stop",), {RUN}, action="append", default=None, metavar="STR",
-            help="end generation when the text contains STR, which is not printed (repeatable)"),
-    _option(("--json-schema",), {RUN}, default=None, metavar="FILE_OR_JSON",
-            help="hold the answer to JSON valid under this JSON Schema (a file, or the schema's "
-                 "text when it starts with '{'); needs the 'grammar' extra"),
-    _option(("--json-object",), {RUN}, action="store_true",
-            help="hold the answer to one JSON object (OpenAI's json_object response format); "
-                 "needs the 'grammar' extra"),
-    _option(("-s", "--seed"), {RUN}, type=int, default=None, help="random seed for sampling"),
     _option(("-t", "--threads"), {RUN, SERVE}, type=int, default=None,
             help="threads that compute (default: every core)"),
     _option(("-np", "--parallel"), {SERVE}, type=int, default=None,
@@ -153,13 +117,28 @@ OPTIONS = [
             help="uvicorn's log level (default: info)"),
     _option(("--debug",), {RUN, SERVE}, action="store_true", help="show tracebacks"),
 ]
-"""Every option of the commands, declared once (as llama.cpp's common/arg.cpp): its flags, the
-commands that take it, argparse's keywords."""
+"""Every option of the commands but the generation options, declared once (as llama.cpp's
+common/arg.cpp): its flags, the commands that take it, argparse's keywords. The generation
+options' flags come from their table (``generation_flags``)."""
+
+
+def generation_flags() -> list[tuple]:
+    """The generation options' flags (causallm/generation/options.py: each option's flag, other
+    spellings and argparse keywords, under its keyword as dest), as OPTIONS entries: main.py
+    takes them all; serve takes -n, a request's default number of new tokens (nntr_config
+    num_to_generate), as load() does."""
+    from causallm.generation.options import OPTIONS as GENERATION
+
+    return [_option(tuple(sorted((o.flag, *o.aliases), key=lambda f: f.startswith("--"))),
+                    {RUN, SERVE} if o.name == "max_new_tokens" else {RUN}, dest=o.name,
+                    **o.cli)
+            for o in GENERATION.values() if o.flag is not None]
 
 
 def add_options(p: argparse.ArgumentParser, command: str) -> None:
-    """The OPTIONS of ``command`` on parser ``p``."""
-    for flags, commands, kwargs in OPTIONS:
+    """The options of ``command`` (the generation options' flags, then OPTIONS) on parser
+    ``p``."""
+    for flags, commands, kwargs in [*generation_flags(), *OPTIONS]:
         if command in commands:
             p.add_argument(*flags, **kwargs)
 
@@ -187,14 +166,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-CLI_GENERATION_OPTIONS = (
-    "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "min_p",
-    "typical_p", "presence_penalty", "frequency_penalty", "no_repeat_ngram_size",
-    "min_new_tokens", "stop", "seed", "num_beams", "num_return_sequences", "greedy")
-"""The generation options (causallm/generation/options.py) the CLI takes as flags, each under
-its option's name as argparse's dest."""
-
-
 def _check_model_options(args: argparse.Namespace) -> None:
     """The options main.py and serve share (-n, -c, -t), checked one way for both."""
     from causallm.errors import CausalLMError
@@ -206,13 +177,17 @@ def _check_model_options(args: argparse.Namespace) -> None:
             raise CausalLMError(f"{flag} must be an integer >= 1, got {value}")
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_args(args: argparse.Namespace):
+    """The run's flags checked, each once, and its generation options (the flags' values, by
+    their options' rules: causallm/generation/options.py) but -n (nntr_config num_to_generate,
+    ``create``'s) and the response formats (read and checked when the model is made)."""
     from causallm.errors import CausalLMError
-    from causallm.generation.options import check
+    from causallm.generation.options import OPTIONS as GENERATION, Options
 
     _check_model_options(args)
-    for name in CLI_GENERATION_OPTIONS:  # one check of each option, as the API's and server's
-        check(name, getattr(args, name), "flag")
+    given = Options.check({name: getattr(args, name) for name, o in GENERATION.items()
+                           if o.flag is not None and name not in (
+                               "max_new_tokens", "json_schema", "response_format")}, "flag")
     checks = [
         (args.greedy and args.num_beams is not None and args.num_beams > 1,
          "--greedy means one beam; it cannot go with --num-beams > 1"),
@@ -222,13 +197,14 @@ def _check_args(args: argparse.Namespace) -> None:
          "--interactive does not go with --json or --image"),
         (args.chat_template_file is not None and not (args.chat or args.interactive),
          "--chat-template-file is the template of --chat or --interactive; pass one of them"),
-        (args.json_schema is not None and args.json_object,
+        (args.json_schema is not None and args.response_format,
          "--json-schema and --json-object do not go together (a schema says what the object "
          "holds)"),
     ]
     for bad, message in checks:
         if bad:
             raise CausalLMError(message)
+    return given
 
 
 def _stdin_is_input() -> bool:
@@ -329,15 +305,16 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from causallm.errors import CausalLMError
-    from causallm.loader import create, model_path_error
+    from causallm.generation.options import Options
+    from causallm.loader import create, give_options, model_path_error
 
     t_start = time.perf_counter()
-    _check_args(args)
+    given = _check_args(args)
     given_prompt = read_prompt(args)
     if args.system is not None:
         args.system = _arg_text(args.system, "--system")
     if args.stop is not None:
-        args.stop = [_arg_text(text, "--stop") for text in args.stop]
+        args.stop = given["stop"] = [_arg_text(text, "--stop") for text in args.stop]
     _warn_threads(args)
     error = model_path_error(args.model_dir)
     if error:
@@ -353,8 +330,10 @@ def run(args: argparse.Namespace) -> int:
             what = "a folder, not an image file" if os.path.isdir(path) else "no such file"
             raise CausalLMError(f"--image {path}: {what}")
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                   threads=args.threads, num_beams=args.num_beams, plugins=args.plugin,
-                   flags=flags, ctx_size=args.ctx_size, **overrides)
+                   threads=args.threads, plugins=args.plugin, flags=flags,
+                   ctx_size=args.ctx_size, **overrides)
+    beams = Options((k, v) for k, v in given.items() if k == "num_beams")
+    give_options(model, beams)  # first: the graph has a row per beam
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -385,12 +364,11 @@ def run(args: argparse.Namespace) -> int:
 
     schema, schema_source = read_json_schema(args.json_schema) if args.json_schema else \
         (None, None)
+    formats = Options.check({"json_schema": schema, "response_format": {"type": "json_object"}
+                             if args.response_format else None})
     try:
-        model.setGenerationOptions(
-            **{name: getattr(args, name) for name in CLI_GENERATION_OPTIONS
-               if name not in ("max_new_tokens", "num_beams")},
-            json_schema=schema,
-            response_format={"type": "json_object"} if args.json_object else None)
+        give_options(model, Options((k, v) for k, v in [*given.items(), *formats.items()]
+                                    if k != "num_beams"))
     except CausalLMError as e:  # the schema's errors name the flag and the file
         if schema_source and str(e).startswith("json_schema: "):
             raise CausalLMError(f"{schema_source}: {str(e)[len('json_schema: '):]}") from None
@@ -399,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
     if chat is not None and not args.interactive:  # rendered before the weights load
         messages = [{"role": "system", "content": args.system}] if args.system else []
         prompt_text = chat.render([*messages, {"role": "user", "content": prompt}])
-        model.addEosTokenIds(chat.endOfTurnIds(model.tokenizer))
+        model.setGenerationSettings(model.generation.withEosTokenIds(
+            chat.endOfTurnIds(model.tokenizer)))  # the reply ends with the turn
     model.initialize()
     model.load_weight()
     init_ms = (time.perf_counter() - t_start) * 1e3

@@ -60,7 +60,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from children import (SEED, ChildFailed, best_pp_tg, busy_cores, busy_neighbour, kl_top1,
                       last_line, leading_agreement, machine_load, measured_run, new_folder,
@@ -184,7 +184,7 @@ def child_speed(path: str, threads: int, repeat: int, P: int, D: int) -> None:
     model = Factory.Instance().createFromFolder(path, init_seq_len=P, num_to_generate=D + 1)
     model.initialize()
     model.load_weight()
-    model.EOS_TOKEN_ID = []
+    model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
     load_s = time.perf_counter() - t0
     pp, tg = best_pp_tg(model, prompt_ids(P, model.NUM_VOCAB), D, repeat)
     report({"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
@@ -263,7 +263,7 @@ def child_quality_ours(path: str, work: str, threads: int) -> None:
         path, init_seq_len=longest, num_to_generate=max(GREEDY_TOKENS, len(text)))
     model.initialize()
     model.load_weight()
-    model.EOS_TOKEN_ID = []
+    model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
     greedy = [model.generate_tokens([ids], max_new_tokens=GREEDY_TOKENS,
                                     do_sample=False).generated_ids[0]
               for ids in reference["prompt_ids"]]

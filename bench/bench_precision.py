@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 from children import (SEED, best_pp_tg, busy_neighbour, kl_top1, leading_agreement, new_folder,
                       peak_rss_mb, quiet_llama_cpp, report, spawn)
@@ -145,7 +146,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
     model.initialize()
     model.load_weight()
-    model.EOS_TOKEN_ID = []
+    model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
     load_s = time.perf_counter() - t0
     ids = prompt_ids(P)
     pp, tg = best_pp_tg(model, ids, D, repeat)
@@ -289,7 +290,7 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
             step = np.array([[token]], np.float32)
             logits.append(model.model.incremental_inference(1, [step], None, 1, pos,
                                                             pos + 1)[0][0].copy())
-        model.EOS_TOKEN_ID = []
+        model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
         greedy = model.generate_tokens([ids[:24]], max_new_tokens=64,
                                        do_sample=False).generated_ids[0]
         runs[kind] = (np.array(logits, np.float64), greedy)

@@ -108,10 +108,9 @@ def child_ours(folder: str, ids: list[int], decode: int, beams: int, threads: in
     model.initialize()
     model.load_weight()
     # a fixed number of steps and no processors, as torch's run
-    model.EOS_TOKEN_ID = []
-    model.generation = dataclasses.replace(model.generation, eos_token_id=[],
-                                           forced_eos_token_id=[], bad_words_ids=[],
-                                           renormalize_logits=False)
+    model.setGenerationSettings(dataclasses.replace(
+        model.generation, eos_token_id=[], forced_eos_token_id=[], bad_words_ids=[],
+        renormalize_logits=False))
     load_s = time.perf_counter() - t0
 
     def run():

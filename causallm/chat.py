@@ -349,8 +349,10 @@ class ChatSession:
     previous prompt and reply when the template renders the history as it was generated) and
     prefills only the rest at its positions, so the model computes exactly what a fresh run on
     the full conversation would (the repetition penalty also counts the kept tokens). The reply
-    stops at the model's EOS ids and the template's end-of-turn token (``endOfTurnIds``).
-    Any causal LM with ``start``/``step`` over one row (``CausalLM``) can hold a session."""
+    stops at the model's EOS ids and the template's end-of-turn token (``endOfTurnIds``): the
+    session's ``settings``, the model's with those ids, go with each turn (the model's own are
+    not changed). Any causal LM with ``start``/``step`` over one row (``CausalLM``) can hold a
+    session."""
 
     def __init__(self, model, template: ChatTemplate, system: str | None = None,
                  max_new_tokens: int | None = None) -> None:
@@ -360,7 +362,7 @@ class ChatSession:
         self.system = [{"role": "system", "content": system}] if system else []
         self.messages: list[dict] = list(self.system)
         self.cached: list[int] = []
-        model.addEosTokenIds(template.endOfTurnIds(model.tokenizer))
+        self.settings = model.generation.withEosTokenIds(template.endOfTurnIds(model.tokenizer))
 
     def promptIds(self, messages: list[dict]) -> list[int]:
         """The ids of ``messages`` rendered with the assistant's header."""
@@ -391,11 +393,12 @@ class ChatSession:
         try:
             turn.result = self.model.generate_tokens(
                 [ids[keep:]], self.max_new_tokens, start_pos=keep, context_ids=ids[:keep],
-                on_token=lambda b, t: turn.generated_ids.append(t), stream=stream)
+                on_token=lambda b, t: turn.generated_ids.append(t), stream=stream,
+                settings=self.settings)
             turn.text = turn.result.texts[0]
         except KeyboardInterrupt:
             turn.text = self.model.tokenizer.Decode(
-                [t for t in turn.generated_ids if t not in self.model.EOS_TOKEN_ID],
+                [t for t in turn.generated_ids if t not in self.settings.eos_token_id],
                 skip_special_tokens=True)
         finally:  # the last token chosen is never fed: the cache ends before it
             self.cached = (ids + turn.generated_ids)[:self.model.position]

@@ -20,8 +20,8 @@ causallm/generation/generator.py) and prefills from position 0; ``complete_many`
 ``request`` go through the scheduler (causallm/generation/scheduler.py), which decodes several
 prompts on the model's slots and reuses what a slot holds, prefix by prefix. A call's generation
 options make a copy of the model's settings (the configs' and load()'s:
-``LanguageModel.withOptions``) for that call, and the model is not changed, so one loaded model
-serves any number of calls. Calls from several threads take turns (a lock): the model's caches
+``GenerationSettings.withOptions``, causallm/generation/settings.py) for that call, and the
+model is not changed, so one loaded model serves any number of calls. Calls from several threads take turns (a lock): the model's caches
 are never shared.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -97,7 +97,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     (``Factory.createFromFolder``). New tokens asked for (``num_to_generate``) beyond the
     context are refused here, before anything is allocated."""
     from causallm.factory import Factory, loadPlugin
-    from causallm.generation.options import OPTIONS, check_all, unknown
+    from causallm.generation.options import OPTIONS, Options, unknown
     from causallm.io.config import NNTR_KEYS
     from causallm.kernels import set_num_threads
 
@@ -106,7 +106,7 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
         own = ("dtype", "kv_dtype", "threads", "plugins", "ctx_size")
         raise unknown(bad, [*own, *OPTIONS, *NNTR_KEYS], "load")
     nntr = {k: v for k, v in options.items() if k in NNTR_KEYS}
-    generation = check_all({k: v for k, v in options.items() if k in OPTIONS}, what="load")
+    generation = Options.check({k: v for k, v in options.items() if k in OPTIONS}, what="load")
     flags = dict(flags or {})
     if "max_new_tokens" in generation:
         if "num_to_generate" in nntr:
@@ -134,10 +134,22 @@ def create(path: str, dtype: str | None = None, kv_dtype: str | None = None,
     for plugin in plugins:
         loadPlugin(os.fspath(plugin))
     model = Factory.Instance().createFromFolder(path, flags=flags, **nntr)
-    model.setGenerationOptions(**generation)
+    give_options(model, generation)
     model.precision.setWeightFormat(dtype.upper() if isinstance(dtype, str) else dtype)
     model.precision.setKVCacheDtype(kv_dtype.upper() if isinstance(kv_dtype, str) else kv_dtype)
     return model
+
+
+def give_options(model, options) -> None:
+    """Give ``model`` (made by ``create``) its settings with generation ``options`` (checked
+    already: causallm/generation/options.py, ``Options``) over them: load()'s options, the
+    CLI's flags. A model that does not generate takes none: an error naming them, if any."""
+    from causallm.models.language_model import LanguageModel
+
+    if isinstance(model, LanguageModel):
+        model.setGenerationSettings(model.generation.withOptions(options, model.tokenizer))
+    else:
+        model.setGenerationOptions(**options)
 
 
 def load(path: str, **options) -> "LoadedModel":
@@ -289,27 +301,29 @@ class LoadedModel:
                             "{\"role\", \"content\"} messages or a non-empty list of token ids")
 
     # -- generation -------------------------------------------------------------------------
-    def _settings(self, options: dict, what: str):
-        """(settings, max_new_tokens) of a call: its generation options
-        (causallm/generation/options.py) over the model's settings (the configs' and load()'s),
-        a copy (LanguageModel.withOptions: the model is not changed); max_new_tokens None is the
-        model's num_to_generate. ``what`` names the call in errors."""
-        from causallm.generation.options import check_all
+    def _settings(self, options: dict, what: str, settings=None):
+        """The settings of a call: its generation options (causallm/generation/options.py,
+        checked here as keywords) over ``settings`` (default the model's: the configs' and
+        load()'s), a copy (GenerationSettings.withOptions: the model is not changed). A
+        ``max_new_tokens`` beyond the context is an error; None is the model's
+        num_to_generate. ``what`` names the call in errors."""
+        from causallm.generation.options import Options
 
         if not self.generates:
             raise CausalLMError(f"{self.architecture} does not generate text (it is an "
                                 f"embedding model: use embed)")
-        options = check_all(options, what=what)
+        options = Options.check(options, what=what)
         for text in options.get("stop") or ():  # a lone surrogate could never match the text
             unicode(text, "stop")
-        max_new_tokens = options.pop("max_new_tokens", None)
+        max_new_tokens = options.get("max_new_tokens")
         context = self.context_length
         if max_new_tokens is not None and context is not None and max_new_tokens > context:
             raise CausalLMError(f"max_new_tokens {max_new_tokens} is more than the context: "
                                 f"{context} positions, shared by the prompt and the new "
                                 f"tokens; load the model with a larger ctx_size")
         model = self.model
-        return model.withOptions(model.generation, what=what, **options), max_new_tokens
+        return (model.generation if settings is None else settings).withOptions(
+            options, model.tokenizer)
 
     def _encode_turn(self, prompt, settings, tools: list | None = None,
                      reply_prefix: str = ""):
@@ -317,9 +331,8 @@ class LoadedModel:
         token (<|im_end|> ...), added to the settings' EOS ids (hold ``lock``)."""
         ids = self.encode(prompt, tools, reply_prefix)
         if isinstance(prompt, (list, tuple)) and isinstance(prompt[0], dict):
-            end = self.chat_template().endOfTurnIds(self.model.tokenizer)
-            settings = replace(settings, eos_token_id=list(dict.fromkeys(
-                [*settings.eos_token_id, *map(int, end)])))
+            settings = settings.withEosTokenIds(
+                self.chat_template().endOfTurnIds(self.model.tokenizer))
         return ids, settings
 
     def complete(self, prompt, max_new_tokens: int | None = None,
@@ -329,7 +342,7 @@ class LoadedModel:
                  repetition_penalty: float | None = None, images=None,
                  on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, tools: list | None = None,
-                 reply_prefix: str = "", **options) -> Completion:
+                 reply_prefix: str = "", settings=None, **options) -> Completion:
         """Generate from ``prompt`` (see ``encode``) up to ``max_new_tokens`` (default:
         nntr_config num_to_generate). ``temperature`` / ``top_p`` / ``top_k`` switch sampling
         on (temperature 0 is greedy), ``greedy`` forces argmax; without them the configs decide
@@ -346,12 +359,14 @@ class LoadedModel:
         ``should_stop()`` is asked before every token and ends the generation (raising
         ``Stopped``) when true. ``tools`` (JSON schemas) render with chat messages through the
         template, as transformers' ``tools=``; ``reply_prefix`` is text the reply starts with,
-        after the rendered messages."""
+        after the rendered messages. ``settings`` (a GenerationSettings made from the model's,
+        ``GenerationSettings.withOptions``: the server's request) stand in for the model's
+        under the options."""
         options.update(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                        top_k=top_k, seed=seed, stop=stop, greedy=greedy,
                        repetition_penalty=repetition_penalty)
         with self.lock:
-            settings, max_new_tokens = self._settings(options, "complete")
+            settings = self._settings(options, "complete", settings)
             if should_stop is not None and should_stop():
                 raise Stopped()
             model = self.model
@@ -366,7 +381,7 @@ class LoadedModel:
                         raise Stopped()
 
                 result = model.generate_tokens(
-                    [ids] * model.BATCH_SIZE, max_new_tokens,
+                    [ids] * model.BATCH_SIZE,
                     on_token=check if should_stop is not None else None,
                     stream=_Pieces(on_text) if on_text is not None else None,
                     settings=settings)
@@ -404,26 +419,25 @@ class LoadedModel:
                 repetition_penalty: float | None = None,
                 on_text: Callable[[str], None] | None = None, tools: list | None = None,
                 logprobs: int | None = None, skip_special_tokens: bool = True,
-                reply_prefix: str = "", **options):
+                reply_prefix: str = "", settings=None, **options):
         """A ``Request`` for the scheduler: ``prompt`` and options as ``complete`` takes them
         (no images), its settings fixed now; ``logprobs`` k records each new token's
         log-probability and the k most likely (``Request.token_logprobs``);
         ``skip_special_tokens=False`` keeps special tokens in the text (a template's tool-call
         markers); ``reply_prefix`` is text the reply starts with, after chat messages' rendered
-        prompt (a forced tool call's marker)."""
+        prompt (a forced tool call's marker); ``settings`` as ``complete`` takes them."""
         from causallm.generation.scheduler import Request
 
         options.update(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                        top_k=top_k, seed=seed, stop=stop, greedy=greedy,
                        repetition_penalty=repetition_penalty)
         with self.lock:
-            settings, max_new_tokens = self._settings(options, "request")
+            settings = self._settings(options, "request", settings)
             ids, settings = self._encode_turn(prompt, settings, tools, reply_prefix)
             model = self.model
             settings = model.generationSettings(settings)
-            if max_new_tokens is not None:  # the caller's number: max_length yields
-                settings = replace(settings, max_length=None)
-            n = model.NUM_TO_GENERATE if max_new_tokens is None else max_new_tokens
+            n = model.NUM_TO_GENERATE if settings.max_new_tokens is None else \
+                settings.max_new_tokens
         return Request(ids, settings, n, model.tokenizer, on_text, logprobs=logprobs,
                        skip_special_tokens=skip_special_tokens)
 

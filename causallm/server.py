@@ -59,6 +59,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from causallm.errors import CausalLMError, utf8
+from causallm.generation.options import OPTIONS, Options, check
 from causallm.generation.scheduler import QueueFull
 from causallm.loader import LoadedModel, Stopped, completion_of
 
@@ -140,8 +141,6 @@ def option(body: dict, name: str, field: str | None = None):
     """Generation option ``name`` (causallm/generation/options.py) from the request's field of
     the same name (or ``field``): absent or null -> None; a bad value is a 400 naming the
     field, by the option's one rule."""
-    from causallm.generation.options import OPTIONS, check
-
     field = field or OPTIONS[name].field
     try:
         return check(name, body.get(field), "field", field)
@@ -149,17 +148,19 @@ def option(body: dict, name: str, field: str | None = None):
         raise BadRequest(str(e), field) from None
 
 
-def generation_options(body: dict, loaded: LoadedModel) -> dict:
-    """The request's sampling fields as ``LoadedModel.complete`` keywords (docs/server.md has
-    the table). Absent fields leave the model's generation_config.json values."""
+def request_settings(body: dict, loaded: LoadedModel):
+    """(the request's settings, its options): its generation fields (every option with a
+    request field in causallm/generation/options.py; docs/server.md has the table), each
+    checked by its option's rule, over the model's settings (generation_config.json's and
+    load()'s: an absent field leaves the model's value), a copy
+    (GenerationSettings.withOptions, where a response format is compiled)."""
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest("'model' must be a string", "model")
     for name, (absent, off) in UNSUPPORTED.items():
         if body.get(name) not in (absent, off):
             raise BadRequest(f"'{name}' is not supported by this server", name)
-    options = {name: option(body, name) for name in (
-        "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "min_p",
-        "typical_p", "presence_penalty", "frequency_penalty")}
+    options = {name: option(body, name) for name, o in OPTIONS.items()
+               if o.field is not None and name not in ("max_new_tokens", "response_format")}
     max_tokens = [option(body, "max_new_tokens", field)
                   for field in ("max_completion_tokens", "max_tokens")]
     options["max_new_tokens"] = max_tokens[0] or max_tokens[1]
@@ -168,14 +169,7 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
         if value is not None and limit is not None and value > limit:
             raise BadRequest(f"'{field}' {value} is more than the context: {limit} "
                              f"positions, shared by the prompt and the new tokens", field)
-    response_format = body.get("response_format")
-    if response_format is not None:
-        from causallm.generation.constraint import compile_response_format
-        try:  # checked here, before the request queues: a 400 naming the field
-            compile_response_format(loaded.model.tokenizer, response_format)
-        except CausalLMError as e:
-            raise BadRequest(str(e), "response_format") from None
-        options["response_format"] = response_format
+    options["response_format"] = body.get("response_format")  # its compiler checks it
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
@@ -192,7 +186,12 @@ def generation_options(body: dict, loaded: LoadedModel) -> dict:
                              f"{loaded.model.NUM_VOCAB})", "logit_bias")
         if banned:
             options["bad_words_ids"] = list(loaded.model.generation.bad_words_ids) + banned
-    return options
+    options = Options((k, v) for k, v in options.items() if v is not None)
+    try:  # checked here, before the request queues: a 400 naming the field
+        settings = loaded.model.generation.withOptions(options, loaded.model.tokenizer)
+    except CausalLMError as e:  # the response format's: the other fields cannot fail here
+        raise BadRequest(str(e), "response_format") from None
+    return settings, options
 
 
 def logprobs_option(body: dict, chat: bool) -> int | None:
@@ -355,16 +354,17 @@ class _WorkerJob(_Job):
     """A generation on the one worker thread, through ``LoadedModel.complete``."""
 
     def __init__(self, events, index, stats, loaded: LoadedModel, executor, prompt,
-                 options: dict, stream: bool) -> None:
+                 settings, options: dict, stream: bool) -> None:
         super().__init__(events, index, stats)
         on_text = (lambda t: self.put("text", (t, []))) if stream else None
         options = {k: v for k, v in options.items() if k != "skip_special_tokens"}
-        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, options)
+        self.loop.run_in_executor(executor, self._work, loaded, prompt, on_text, settings,
+                                  options)
 
-    def _work(self, loaded: LoadedModel, prompt, on_text, options: dict) -> None:
+    def _work(self, loaded: LoadedModel, prompt, on_text, settings, options: dict) -> None:
         try:
             done = loaded.complete(prompt, on_text=on_text, should_stop=lambda: self.cancelled,
-                                   **options)
+                                   settings=settings, **options)
             self.put("done", done)
         except Stopped:
             self.stopped()
@@ -377,12 +377,12 @@ class _ScheduledJob(_Job):
     prompt and options are checked, and the queue's room, before this returns. A streamed
     text piece carries the log-probabilities of the tokens since the last piece."""
 
-    def __init__(self, events, index, stats, loaded: LoadedModel, prompt, options: dict,
-                 stream: bool) -> None:
+    def __init__(self, events, index, stats, loaded: LoadedModel, prompt, settings,
+                 options: dict, stream: bool) -> None:
         super().__init__(events, index, stats)
         self.sent = 0
         self.request = loaded.request(prompt, on_text=self._text if stream else None,
-                                      **options)
+                                      settings=settings, **options)
         self.request.on_done = self._done
         loaded.scheduler.submit(self.request)
 
@@ -497,7 +497,7 @@ class _ToolCalls:
                 raise BadRequest("'response_format' does not go with a forced 'tool_choice'",
                                  "response_format")
             # the reply starts with the call's marker and is held to the call's JSON
-            self.options.update(reply_prefix=self.forced.prefix, json_schema=self.forced.schema)
+            self.options.update(reply_prefix=self.forced.prefix)
 
 
 class _Answer:
@@ -745,7 +745,8 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         prompt, images = chat_messages(body, max_images) if chat else \
             (completion_prompt(body), [])
         param = "messages" if chat else "prompt"
-        options = generation_options(body, loaded)
+        settings, given = request_settings(body, loaded)
+        options = {}  # the calls' other keywords
         if images:
             options["images"] = images
         n = integer(body, "n", 1, MAX_CHOICES) or 1
@@ -759,6 +760,12 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
         if calls is not None:
             prompt = calls.messages
             options.update(calls.options)
+            if calls.forced is not None:  # the reply held to the call's JSON
+                try:
+                    settings = settings.withOptions(Options(json_schema=calls.forced.schema),
+                                                    loaded.model.tokenizer)
+                except CausalLMError as e:
+                    raise _error_of(e, param) from None
         stream = boolean(body, "stream")
         stream_options = body.get("stream_options")
         if stream_options is not None and not (isinstance(stream_options, dict) and stream):
@@ -780,15 +787,15 @@ def build_app(loaded: LoadedModel, model_id: str, queue: int = 64) -> Starlette:
 
         jobs = _Jobs(live)
         for i in range(n):
-            seeded = dict(options)
-            if options.get("seed") is not None:
-                seeded["seed"] = options["seed"] + i  # n samples, n different draws
             try:
+                seeded = settings if given.get("seed") is None else settings.withOptions(
+                    Options.check({"seed": given["seed"] + i}))  # n samples, n draws
                 if scheduler is None:
                     job = _WorkerJob(jobs.events, i, stats, loaded, executor, prompt, seeded,
-                                     stream)
+                                     options, stream)
                 else:
-                    job = _ScheduledJob(jobs.events, i, stats, loaded, prompt, seeded, stream)
+                    job = _ScheduledJob(jobs.events, i, stats, loaded, prompt, seeded, options,
+                                        stream)
             except QueueFull as e:
                 jobs.cancel()
                 raise BadRequest(str(e), None, "server_busy", 503, "server_error",

@@ -39,7 +39,7 @@ def search(case):
     if "eos_token_id" in kwargs:
         eos = kwargs["eos_token_id"]
         config["eos_token_id"] = eos if isinstance(eos, list) else [eos]
-    model.generation = dataclasses.replace(model.generation, **config)
+    model.setGenerationSettings(dataclasses.replace(model.generation, **config))
     model.initialize()
     model.load_weight()
     result = model.generate_tokens([case["prompt_ids"]], max_new_tokens=kwargs["max_new_tokens"],

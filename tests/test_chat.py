@@ -190,10 +190,11 @@ def tiny_model(**nntr):
     return model
 
 
-def fresh_reply(model, chat, messages, n):
-    """Greedy reply to ``messages`` from an empty cache: the whole rendering prefilled."""
+def fresh_reply(model, chat, messages, n, settings):
+    """Greedy reply to ``messages`` from an empty cache: the whole rendering prefilled, with the
+    session's ``settings`` (the model's, ending at the template's end of turn too)."""
     ids = model.tokenizer.Encode(chat.render(messages), add_special_tokens=False)
-    return ids, model.generate_tokens([ids], n).generated_ids[0]
+    return ids, model.generate_tokens([ids], n, settings=settings).generated_ids[0]
 
 
 @pytest.mark.slow
@@ -209,7 +210,7 @@ def test_session_prefills_only_the_new_turn_and_equals_a_fresh_run():
     assert second.reused == first.prompt_tokens + len(first.generated_ids) - 1
     assert second.result.metrics.prefill_tokens == second.prompt_tokens - second.reused > 0
     history = session.messages[:-1]
-    ids, reply = fresh_reply(model, chat, history, 24)
+    ids, reply = fresh_reply(model, chat, history, 24, session.settings)
     assert len(ids) == second.prompt_tokens
     assert reply == second.generated_ids  # the repetition penalty (1.2) saw the same context
 
@@ -227,7 +228,7 @@ def test_session_reprefills_from_the_longest_common_prefix():
     second = session.reply("And a tuple?")
     assert 0 < second.reused < first.prompt_tokens + len(first.generated_ids) - 1
     assert second.reused >= first.prompt_tokens  # "Q: What is a list?\nA:" is still common
-    _, reply = fresh_reply(model, chat, session.messages[:-1], 16)
+    _, reply = fresh_reply(model, chat, session.messages[:-1], 16, session.settings)
     assert reply == second.generated_ids
 
 

@@ -21,8 +21,9 @@ import pytest
 import causallm
 from causallm import main
 from causallm.errors import CausalLMError
-from causallm.generation.processors import GenerationSettings
+from causallm.generation.options import Options
 from causallm.generation.sampler import Sampler
+from causallm.generation.settings import GenerationSettings
 from causallm.io.gguf_file import GGUFFile
 from causallm.kernels.token_mask import apply_token_bitmask
 from causallm.tokenizer import Tokenizer
@@ -438,8 +439,8 @@ def test_options_that_cannot_go_with_a_format_are_one_line_errors(tiny):
 
 @needs_llguidance
 def test_generator_settings_carry_the_compiled_format(tiny):
-    settings = tiny.model.generationSettings(
-        tiny.model.withOptions(tiny.model.generation, json_schema=PERSON))
+    settings = tiny.model.generationSettings(tiny.model.generation.withOptions(
+        Options.check(dict(json_schema=PERSON)), tiny.model.tokenizer))
     assert settings.response_format.kind == "json_schema"
     assert tiny.model.generation.response_format is None  # the model's own are not changed
     assert GenerationSettings().response_format is None

@@ -14,7 +14,8 @@ import pytest
 from cli import run_cli
 
 from causallm.generation.generator import Generator, Start, StopText
-from causallm.generation.processors import GenerationSettings, build_processors
+from causallm.generation.processors import build_processors
+from causallm.generation.settings import GenerationSettings
 from causallm.generation.sampler import Sampler
 from causallm.tokenizer import StreamDecoder, Tokenizer
 

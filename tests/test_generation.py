@@ -281,7 +281,6 @@ def test_sampler_settings_are_checked():
 from causallm.generation.processors import (  # noqa: E402
     ForcedBOS,
     ForcedEOS,
-    GenerationSettings,
     MinLength,
     MinNewTokens,
     NoBadWords,
@@ -290,6 +289,7 @@ from causallm.generation.processors import (  # noqa: E402
     RepetitionPenalty,
     build_processors,
 )
+from causallm.generation.settings import GenerationSettings  # noqa: E402
 
 
 def _row(n=8):

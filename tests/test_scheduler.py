@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from causallm.errors import CausalLMError
-from causallm.generation.processors import GenerationSettings
+from causallm.generation.settings import GenerationSettings
 from causallm.generation.scheduler import QueueFull, Request, Scheduler
 from parity import FIXTURES, assert_logits_close, load_folder
 

@@ -49,7 +49,8 @@ from causallm.generation.generator import (
     new_token_limit,
     peak_memory_kb,
 )
-from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
+from causallm.generation.processors import build_processors, log_softmax
+from causallm.generation.settings import GenerationSettings
 
 F32 = np.float32
 PENALTY = F32(-1.0e9)

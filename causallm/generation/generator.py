@@ -37,8 +37,9 @@ from typing import Sequence as Sequence_
 import numpy as np
 
 from causallm.errors import CausalLMError
-from causallm.generation.processors import GenerationSettings, build_processors
+from causallm.generation.processors import build_processors
 from causallm.generation.sampler import Sampler
+from causallm.generation.settings import GenerationSettings
 from causallm.tokenizer import StreamDecoder
 
 
@@ -345,9 +346,7 @@ class Generator:
         prompt_len = len(start.history[0])
         limit = new_token_limit(s, max_new_tokens, prompt_len)
         n_new = min(limit, start.capacity)
-        sampler = Sampler(s.temperature, s.top_k, s.top_p, seed=s.seed, do_sample=s.do_sample,
-                          processors=build_processors(s, prompt_len, prompt_len + n_new),
-                          min_p=s.min_p, typical_p=s.typical_p)
+        sampler = Sampler.fromSettings(s, build_processors(s, prompt_len, prompt_len + n_new))
 
         def emit(tokens: np.ndarray) -> None:
             for b, row in enumerate(rows):

@@ -2,18 +2,20 @@
 
 Each option has one keyword, the same in ``causallm.load()`` (a default for every call),
 ``generate()`` / ``complete()`` / ``stream()`` / ``request()`` (this call only) and, where the
-key exists, generation_config.json; one command-line flag (main.py and ``main.py serve``); one
-server request field; and one rule for a good value. Every surface checks through ``check``,
-so a value is refused the same way wherever it comes from, in a message that names it as the
-user wrote it:
+option says so, generation_config.json; one command-line flag (main.py and ``main.py serve``
+declare theirs from this table); one server request field (the server reads its fields from
+this table); one rule for a good value; and the GenerationSettings field it sets. A value is
+checked once, where it comes in (``Options.check``), and refused the same way wherever it
+comes from, in a message that names it as the user wrote it:
 
     keyword   temperature must be a finite number >= 0, got -1
     flag      --temp must be a finite number >= 0, got -1
     field     'temperature' must be a finite number >= 0, got -1
     config    generation_config.json: 'temperature' must be a finite number >= 0, got -1
 
-Only the value's own domain is checked here; what depends on the model (token ids below the
-vocabulary, beams the graph was built for) is the model's check (LanguageModel).
+Only the value's own domain is checked here; what depends on the other settings or on the
+model (token ids below the vocabulary, a response format's grammar) is the settings' check
+(causallm/generation/settings.py), the beams the graph was built for the model's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import orjson
 
@@ -48,14 +50,28 @@ def _token_lists(v) -> bool:
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its keyword, command-line flag and server field (None where a surface has
-    none), what a good value is (``expected``, said in errors) and the test of one."""
+    """One option: its keyword (``name``), command-line flag (``flag``, the spelling errors
+    name; ``aliases`` are its other spellings) and server field (None where a surface has
+    none), what a good value is (``expected``, said in errors) and the test of one.
+    ``setting`` is the GenerationSettings field it sets (default: ``name``; None for the
+    options that set others: ``greedy``, the response formats); ``config``: generation_config.json
+    has it under that field's name; ``sampling``: giving it switches sampling on. ``cli`` are
+    the flag's argparse keywords (its type or action, help)."""
 
     name: str
     flag: str | None
     field: str | None
     expected: str
     valid: Callable[[Any], bool]
+    setting: str | None = ""
+    config: bool = False
+    sampling: bool = False
+    aliases: tuple = ()
+    cli: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.setting == "":
+            object.__setattr__(self, "setting", self.name)
 
     def error(self, value, source: str = "keyword", label: str | None = None) -> CausalLMError:
         """The one-line error for a bad ``value`` from ``source``: "keyword", "flag" or
@@ -72,48 +88,74 @@ class Option:
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("max_new_tokens", "-n", "max_tokens", "an integer >= 1",
-           lambda v: _int(v) and v >= 1),
+           lambda v: _int(v) and v >= 1, aliases=("--max-new-tokens",),
+           cli=dict(type=int, help="new tokens to generate, for serve those of a request "
+                                   "without max_tokens (nntr_config num_to_generate), at most "
+                                   "the context")),
     Option("temperature", "--temp", "temperature", "a finite number >= 0 (0 = greedy)",
-           lambda v: _number(v) and v >= 0),
+           lambda v: _number(v) and v >= 0, config=True, sampling=True,
+           aliases=("--temperature",), cli=dict(type=float, help="sampling temperature")),
     Option("top_k", "--top-k", "top_k", "an integer >= 0 (0 = off)",
-           lambda v: _int(v) and v >= 0),
+           lambda v: _int(v) and v >= 0, config=True, sampling=True,
+           cli=dict(type=int, help="keep the k most likely tokens (0: all)")),
     Option("top_p", "--top-p", "top_p", "a number in [0, 1] (1 = off)",
-           lambda v: _number(v) and 0 <= v <= 1),
+           lambda v: _number(v) and 0 <= v <= 1, config=True, sampling=True,
+           cli=dict(type=float, help="nucleus sampling mass")),
     Option("min_p", "--min-p", "min_p", "a number in [0, 1] (0 = off)",
-           lambda v: _number(v) and 0 <= v <= 1),
+           lambda v: _number(v) and 0 <= v <= 1, config=True, sampling=True,
+           cli=dict(type=float, help="keep tokens with probability >= P x the top one's "
+                                     "(0: off)")),
     Option("typical_p", "--typical-p", "typical_p", "a number in (0, 1] (1 = off)",
-           lambda v: _number(v) and 0 < v <= 1),
+           lambda v: _number(v) and 0 < v <= 1, config=True, sampling=True,
+           cli=dict(type=float, help="locally typical sampling mass (1.0: off)")),
     Option("repetition_penalty", "--repeat-penalty", "repetition_penalty",
-           "a finite number > 0 (1 = off)", lambda v: _number(v) and v > 0),
+           "a finite number > 0 (1 = off)", lambda v: _number(v) and v > 0, config=True,
+           aliases=("--repetition-penalty",),
+           cli=dict(type=float, help="repetition penalty (1.0: off)")),
     Option("presence_penalty", "--presence-penalty", "presence_penalty",
-           "a finite number (0 = off)", _number),
+           "a finite number (0 = off)", _number,
+           cli=dict(type=float, help="subtract from the logit of every token already "
+                                     "generated (0: off)")),
     Option("frequency_penalty", "--frequency-penalty", "frequency_penalty",
-           "a finite number (0 = off)", _number),
+           "a finite number (0 = off)", _number,
+           cli=dict(type=float, help="subtract this times its count from a generated "
+                                     "token's logit (0: off)")),
     Option("no_repeat_ngram_size", "--no-repeat-ngram-size", "no_repeat_ngram_size",
-           "an integer >= 0 (0 = off)", lambda v: _int(v) and v >= 0),
+           "an integer >= 0 (0 = off)", lambda v: _int(v) and v >= 0, config=True,
+           cli=dict(type=int, help="never repeat an n-gram of this size (0: off)")),
     Option("min_new_tokens", "--min-new-tokens", "min_new_tokens", "an integer >= 0",
-           lambda v: _int(v) and v >= 0),
+           lambda v: _int(v) and v >= 0, config=True,
+           cli=dict(type=int, help="hold back EOS until this many new tokens")),
     Option("seed", "--seed", "seed", "an integer in [0, 2**64)",
-           lambda v: _int(v) and 0 <= v < 2 ** 64),
-    Option("stop", "--stop", "stop", "a non-empty string or a list of them", _stop),
-    Option("greedy", "--greedy", None, "true or false", lambda v: isinstance(v, bool)),
-    Option("num_beams", "--num-beams", None, "an integer >= 1", lambda v: _int(v) and v >= 1),
+           lambda v: _int(v) and 0 <= v < 2 ** 64, aliases=("-s",),
+           cli=dict(type=int, help="random seed for sampling")),
+    Option("stop", "--stop", "stop", "a non-empty string or a list of them", _stop,
+           setting="stop_strings", config=True,
+           cli=dict(action="append", metavar="STR", help="end generation when the text "
+                    "contains STR, which is not printed (repeatable)")),
+    Option("greedy", "--greedy", None, "true or false", lambda v: isinstance(v, bool),
+           setting=None, cli=dict(action="store_true", help="argmax decoding, one beam")),
+    Option("num_beams", "--num-beams", None, "an integer >= 1", lambda v: _int(v) and v >= 1,
+           config=True,
+           cli=dict(type=int, help="beam search with N beams (generation_config num_beams)")),
     Option("num_return_sequences", "--num-return-sequences", None, "an integer >= 1",
-           lambda v: _int(v) and v >= 1),
+           lambda v: _int(v) and v >= 1, config=True,
+           cli=dict(type=int, help="hypotheses a beam search returns (at most --num-beams)")),
     Option("bad_words_ids", None, None, "a list of non-empty lists of token ids",
-           _token_lists),
+           _token_lists, config=True),
     Option("json_schema", "--json-schema", None, "a JSON Schema object",
-           lambda v: isinstance(v, dict)),
+           lambda v: isinstance(v, dict), setting=None,
+           cli=dict(metavar="FILE_OR_JSON", help="hold the answer to JSON valid under this "
+                    "JSON Schema (a file, or the schema's text when it starts with '{'); "
+                    "needs the 'grammar' extra")),
     Option("response_format", "--json-object", "response_format",
            "an object with a 'type' (\"text\", \"json_object\" or \"json_schema\")",
-           lambda v: isinstance(v, dict)),
+           lambda v: isinstance(v, dict), setting=None,
+           cli=dict(action="store_true", help="hold the answer to one JSON object (OpenAI's "
+                    "json_object response format); needs the 'grammar' extra")),
 )}
 """Every generation option (module docstring). The checks of a response format's contents
 and a schema's are the constraint compiler's (causallm/generation/constraint.py)."""
-
-CONFIG_KEYS = {"stop": "stop_strings"}
-"""generation_config.json spells these options otherwise (transformers' names, which the
-GenerationSettings fields follow too)."""
 
 
 def check(name: str, value, source: str = "keyword", label: str | None = None):
@@ -125,6 +167,12 @@ def check(name: str, value, source: str = "keyword", label: str | None = None):
         return None
     if not option.valid(value):
         raise option.error(value, source, label)
+    return _as_given(name, value)
+
+
+def _as_given(name: str, value):
+    """A good ``value`` of option ``name`` as the settings hold it: a stop string as a list of
+    one, lists as lists."""
     if name == "stop" and isinstance(value, str):
         return [value]
     if name in ("stop", "bad_words_ids"):
@@ -135,13 +183,13 @@ def check(name: str, value, source: str = "keyword", label: str | None = None):
 def check_config(cfg, name: str, default):
     """Option ``name`` from a JsonConfig (generation_config.json, or config.json where a folder
     has none) under its config key, ``default`` when absent; a bad value names the file."""
-    key = CONFIG_KEYS.get(name, name)
+    key = OPTIONS[name].setting
     value = cfg.get(key)
     if value is None:
         return default
     if not OPTIONS[name].valid(value):
         raise cfg.error(key, OPTIONS[name].expected)
-    return check(name, value)
+    return _as_given(name, value)
 
 
 def unknown(names, known, what: str) -> CausalLMError:
@@ -157,11 +205,20 @@ def unknown(names, known, what: str) -> CausalLMError:
                          f"{', '.join(parts)}{listed}")
 
 
-def check_all(options: dict, source: str = "keyword", what: str = "generate") -> dict:
-    """``options`` (keyword -> value) checked: an unknown keyword is an error naming ``what``
-    took it; values as ``check`` gives them, None ones dropped."""
-    bad = [k for k in options if k not in OPTIONS]
-    if bad:
-        raise unknown(bad, OPTIONS, what)
-    return {k: v for k, v in ((k, check(k, v, source)) for k, v in options.items())
-            if v is not None}
+class Options(dict):
+    """Generation options from one surface, option name -> value, each checked by its
+    option's rule where it came in (``check``): what GenerationSettings.withOptions takes, so
+    that no value is checked twice. Made directly (``Options(seed=3)``) only of values checked
+    already or made by the code itself."""
+
+    @classmethod
+    def check(cls, options: Mapping, source: str = "keyword",
+              what: str = "generate") -> "Options":
+        """``options`` (keyword -> value) checked: an unknown keyword is an error naming
+        ``what`` took it; values as ``check`` gives them, None ones dropped; ``source`` as
+        ``check`` takes it (a flag or a field is named as the option's)."""
+        bad = [k for k in options if k not in OPTIONS]
+        if bad:
+            raise unknown(bad, OPTIONS, what)
+        return cls((k, v) for k, v in ((k, check(k, v, source)) for k, v in options.items())
+                   if v is not None)

@@ -15,7 +15,9 @@ scores, changed in place. ``cur_len`` below is ``len(ids)``, transformers' ``inp
     NoRepeatNGram(n)             a token that would repeat an n-gram of ids gets -inf
     NoBadWords(words, eos)       -inf for a single-token word; for a longer one, its last token
                                  when ids end with the rest of it; a word that is one EOS id
-                                 alone is dropped (never banned), as transformers does
+                                 alone is dropped (never banned), as transformers does;
+                                 the words are nntr_config's bad_word_ids (each a word of one
+                                 token) and bad_words_ids
     MinLength(m, eos)            the EOS ids get -inf while cur_len < m
     MinNewTokens(p, m, eos)      the EOS ids get -inf while cur_len - p < m (p: the prompt's length)
     ForcedBOS(bos)               at cur_len == 1 every token but bos gets -inf, bos 0
@@ -31,12 +33,12 @@ min-p, typical-p) before its draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from causallm.generation.sampler import applyRepetitionPenalty
+from causallm.generation.sampler import penalize_repetitions
+from causallm.generation.settings import GenerationSettings
 
 NEG_INF = np.float32(-np.inf)
 
@@ -49,48 +51,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x
 
 
-@dataclass(frozen=True)
-class GenerationSettings:
-    """What a generation is asked to do (generation_config.json's keys, transformers' meaning).
-    Frozen: a model's settings are built once from its configs (LanguageModel.setupParameters)
-    and a call's options make a changed copy (LanguageModel.withOptions); nothing changes them
-    in place."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0                                   # 0 = off
-    typical_p: float = 1.0                               # 1 = off
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0                        # OpenAI / llama.cpp, 0 = off
-    frequency_penalty: float = 0.0                       # OpenAI / llama.cpp, 0 = off
-    stop_strings: list = field(default_factory=list)     # [str, ...]: a row ends on any
-    bad_words_ids: list = field(default_factory=list)   # [[id, ...], ...]
-    no_repeat_ngram_size: int = 0
-    min_length: int = 0
-    min_new_tokens: int = 0
-    forced_bos_token_id: int | None = None
-    forced_eos_token_id: list = field(default_factory=list)
-    eos_token_id: list = field(default_factory=list)
-    num_beams: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    num_return_sequences: int = 1
-    renormalize_logits: bool = False
-    seed: int | None = None
-    max_length: int | None = None      # prompt + new tokens at most (transformers' max_length,
-                                       # given when nothing sets the new tokens' number)
-    response_format: object = None     # a compiled ResponseFormat (generation/constraint.py):
-                                       # each row held to its JSON grammar; None = free text
-
-
 class RepetitionPenalty:
     def __init__(self, penalty: float) -> None:
         self.penalty = penalty
 
     def __call__(self, ids: Sequence[int], scores: np.ndarray) -> None:
-        applyRepetitionPenalty(scores, ids, self.penalty)
+        penalize_repetitions(scores, ids, self.penalty)
 
 
 class PresenceFrequencyPenalty:
@@ -193,8 +159,9 @@ def build_processors(s: GenerationSettings, prompt_len: int, max_length: int) ->
         out.append(PresenceFrequencyPenalty(prompt_len, s.presence_penalty, s.frequency_penalty))
     if s.no_repeat_ngram_size > 0:
         out.append(NoRepeatNGram(s.no_repeat_ngram_size))
-    if s.bad_words_ids:
-        out.append(NoBadWords(s.bad_words_ids, s.eos_token_id))
+    words = [[t] for t in s.banned_token_ids] + list(s.bad_words_ids)
+    if words:
+        out.append(NoBadWords(words, s.eos_token_id))
     if s.min_length > 0 and s.eos_token_id:
         out.append(MinLength(s.min_length, s.eos_token_id))
     if s.min_new_tokens > 0 and s.eos_token_id:

@@ -64,6 +64,11 @@ def applyRepetitionPenalty(logits: np.ndarray, input_ids: Iterable[int], penalty
     penalised once (the C++ divides again for each repeat). ``p == 1`` changes nothing.
     """
     _check_penalty(penalty)
+    penalize_repetitions(logits, input_ids, penalty)
+
+
+def penalize_repetitions(logits: np.ndarray, input_ids: Iterable[int], penalty: float) -> None:
+    """``applyRepetitionPenalty`` with ``penalty`` checked already (a settings' value)."""
     if penalty == 1.0:
         return
     ids = np.unique(_token_ids(input_ids, logits.shape[0], "repetition penalty"))
@@ -96,6 +101,11 @@ def applyTKP(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0,
       sorted. The cumulative sum is taken in float64 (HF: float32).
     """
     _check_warpers(temperature, top_k, top_p)
+    return _tkp(logits, temperature, top_k, top_p)
+
+
+def _tkp(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """``applyTKP`` with its values checked already (a settings' values)."""
     if temperature != 1.0:
         logits /= logits.dtype.type(temperature)
     vocab_size = logits.shape[0]
@@ -202,8 +212,25 @@ class Sampler:
                  seed: int | None = None, do_sample: bool = False, processors=None,
                  min_p: float = 0.0, typical_p: float = 1.0):
         _check_penalty(repetition_penalty)
-        self.processors = processors
         _check_warpers(temperature if do_sample else 1.0, top_k, top_p, min_p, typical_p)
+        self._setup(temperature, top_k, top_p, repetition_penalty, bad_word_ids, seed,
+                    do_sample, processors, min_p, typical_p)
+
+    @classmethod
+    def fromSettings(cls, settings, processors) -> "Sampler":
+        """The sampler of a generation's ``settings`` (GenerationSettings.resolved: their
+        values were checked where they came in, causallm/generation/settings.py, and are not
+        checked again), choosing after ``processors`` (build_processors of the same
+        settings)."""
+        s = settings
+        sampler = cls.__new__(cls)
+        sampler._setup(s.temperature, s.top_k, s.top_p, 1.0, (), s.seed, s.do_sample,
+                       processors, s.min_p, s.typical_p)
+        return sampler
+
+    def _setup(self, temperature, top_k, top_p, repetition_penalty, bad_word_ids, seed,
+               do_sample, processors, min_p, typical_p) -> None:
+        self.processors = processors
         self.temperature = float(temperature)
         self.top_k = int(top_k)
         self.top_p = float(top_p)
@@ -259,13 +286,13 @@ class Sampler:
                 processor(history, row)
         else:
             if history is not None:
-                applyRepetitionPenalty(row, history, self.repetition_penalty)
+                penalize_repetitions(row, history, self.repetition_penalty)
             if self.bad_word_ids.size:
                 applyBadWordsPenalty(row, self.bad_word_ids)
         if constraint is not None:
             constraint.mask(row)
         if self.do_sample:
-            applyTKP(row, self.temperature, self.top_k, self.top_p)
+            _tkp(row, self.temperature, self.top_k, self.top_p)
             applyMinP(row, self.min_p)
             applyTypicalP(row, self.typical_p)
         return row

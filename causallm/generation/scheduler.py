@@ -32,8 +32,9 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.generation.generator import Sequence, new_token_limit
-from causallm.generation.processors import GenerationSettings, build_processors, log_softmax
+from causallm.generation.processors import build_processors, log_softmax
 from causallm.generation.sampler import Sampler
+from causallm.generation.settings import GenerationSettings
 
 
 def token_logprobs(logits: np.ndarray, token: int, k: int):
@@ -77,11 +78,8 @@ class Request(Sequence):
         self.logprobs = logprobs
         self.token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
         self.on_done: Callable[["Request"], None] | None = None  # called once it is done
-        self.sampler = Sampler(settings.temperature, settings.top_k, settings.top_p,
-                               seed=settings.seed, do_sample=settings.do_sample,
-                               processors=build_processors(settings, len(self.prompt),
-                                                           len(self.prompt) + max_new_tokens),
-                               min_p=settings.min_p, typical_p=settings.typical_p)
+        self.sampler = Sampler.fromSettings(settings, build_processors(
+            settings, len(self.prompt), len(self.prompt) + max_new_tokens))
         self.slot: _Slot | None = None
         self.fed = 0
         self.cached = 0

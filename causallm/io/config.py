@@ -47,15 +47,6 @@ NNTR_KEYS = frozenset((
 """Every nntr_config.json key the application reads: the nntr options ``causallm.load`` takes
 (docs/server.md)."""
 
-GENERATION_DEFAULTS: dict[str, Any] = {
-    "do_sample": False,
-    "temperature": 0.7,
-    "top_k": 20,
-    "top_p": 0.95,
-    "repetition_penalty": 1.0,
-}
-"""generation_config.json defaults, NNTrainer's (CausalLM::setupParameters)."""
-
 
 class JsonConfig(dict):
     """A JSON object plus the path it came from, with typed getters that fail in one line."""
