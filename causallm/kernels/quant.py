@@ -24,7 +24,8 @@ activations x is first rounded to blocks of its type's activation format, one pe
 weights (``quantize_activations``)::
 
     Q8_0   blocks of 32: d = fp16(max|x| / 127), q = round(x * 127 / max|x|)  (ties to even)
-    Q8_1   the same, and s = fp16(d * sum q) (before d is rounded)
+    Q8_1   the same, and s = fp16(d * sum q) (before d is rounded), held beside d: pairs
+           (d, s) a block, which a product multiplies by the weights' (d, m) at once
     Q8_K   blocks of 256: d = 1 / (-127 / x_m), q = min(127, round(-127 / x_m * x)), x_m the
            value of largest magnitude; and bsums, the sums of q over each 16
 
@@ -70,6 +71,7 @@ from causallm.kernels.simd import (
     maddubs,
     nibbles,
     round_f16,
+    scales2,
     splat16,
     splat16x2,
     table16,
@@ -192,7 +194,8 @@ def _quantize_row(act, x, q, d, s, u):
         db, total = _q8_block(x, 32 * b, 32, q)
         d[b] = round_f16(db)
         u[b] = total
-        s[b] = round_f16(db * np.float32(total))
+        s[2 * b] = d[b]
+        s[2 * b + 1] = round_f16(db * np.float32(total))
 
 
 @njit(cache=True)
@@ -209,8 +212,8 @@ def _quantize_parallel(act, x, x_row, nrows, q, d, s, u):
 
 class Activations:
     """Reused buffers of quantized activation rows: q int8 (T, K); d (T, K / 32) float32 (the
-    block scales); s (T, K / 32) float32 (Q8_1's d * sum); u (T, K / 16) int32 (Q8_0's block
-    sums, Q8_K's bsums)."""
+    block scales); s (T, K / 16) float32 (Q8_1's (d, d * sum) pairs); u (T, K / 16) int32
+    (Q8_0's block sums, Q8_K's bsums)."""
 
     def __init__(self) -> None:
         self._q = np.empty(0, np.int8)
@@ -226,11 +229,11 @@ class Activations:
         if self._q.size < T * K:
             self._q = np.empty(T * K, np.int8)
             self._d = np.empty(T * K // 32 + 1, np.float32)
-            self._s = np.empty(T * K // 32 + 1, np.float32)
+            self._s = np.empty(T * K // 16 + 1, np.float32)
             self._u = np.empty(T * K // 16 + 1, np.int32)
             self._views.clear()  # views of the old buffers
         views = (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
-                 self._s[:T * (K // 32)].reshape(T, K // 32),
+                 self._s[:T * (K // 16)].reshape(T, K // 16),
                  self._u[:T * (K // 16)].reshape(T, K // 16))
         if len(self._views) < 64:  # decode's and a few prompt lengths'
             self._views[(T, K)] = views
@@ -312,16 +315,16 @@ def _block_iq4_nl(acc, mins, w, b, x, d, s, u):
 @njit(cache=True, inline="always")
 def _block_q4_1(acc, mins, w, b, x, d, s, u):
     o = 20 * b
-    acc = fma(acc, dot(zero32(), nibbles(w, o + 4), load32(x, 32 * b)), f16(w, o) * d[b])
-    return acc, mins + f16(w, o + 2) * s[b]
+    dd, mm = scales2(w, o, s, 2 * b)
+    return fma(acc, dot(zero32(), nibbles(w, o + 4), load32(x, 32 * b)), dd), mins + mm
 
 
 @njit(cache=True, inline="always")
 def _block_q5_1(acc, mins, w, b, x, d, s, u):
     o = 24 * b
     qw = bor(nibbles(w, o + 8), band(bits32(w, o + 4), 16))
-    acc = fma(acc, dot(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b])
-    return acc, mins + f16(w, o + 2) * s[b]
+    dd, mm = scales2(w, o, s, 2 * b)
+    return fma(acc, dot(zero32(), qw, load32(x, 32 * b)), dd), mins + mm
 
 
 # A 256-value block is written out as calls of a sub-block helper with constant indices, not a

@@ -26,6 +26,9 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     dot_signed(acc, a, b)   the same with both operands signed (|a| moved onto b's sign)
     splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, zero32
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
+    scales2(a, o, x, k)     (f16(a, o) * x[k], f16(a, o + 2) * x[k + 1]): two halves widened
+                            and multiplied as one 2-lane vector (a block's d and m by the
+                            activations' d and s)
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32)
     zerof(), hsum(f), hsum32(v)
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
@@ -231,6 +234,32 @@ def f16(typingctx, array, offset):
         p = _pointer(context, builder, sig.args[0], *args, _I16)
         return _half_to_float(builder, builder.load(p, align=1))
     return types.float32(array, offset), codegen
+
+
+@intrinsic
+def scales2(typingctx, array, offset, x, k):
+    """(f16(array, offset) * x[k], f16(array, offset + 2) * x[k + 1]), x float32: one load,
+    one widening and one multiply for both."""
+    def codegen(context, builder, sig, args):
+        a, o, xs, kk = args
+        bits = builder.load(_pointer(context, builder, sig.args[0], a, o,
+                                     ir.VectorType(_I16, 2)), align=1)
+        if F16C:
+            wide = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 2)),
+                                 ir.VectorType(_F32, 2))
+        else:
+            wide = ir.Constant(ir.VectorType(_F32, 2), None)
+            for lane in range(2):
+                h = builder.extract_element(bits, ir.Constant(_I32, lane))
+                wide = builder.insert_element(wide, _half_to_float(builder, h),
+                                              ir.Constant(_I32, lane))
+        other = builder.load(_pointer(context, builder, sig.args[2], xs, kk,
+                                      ir.VectorType(_F32, 2)), align=4)
+        p = builder.fmul(wide, other, flags=_FLAGS)
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_element(p, ir.Constant(_I32, 0)),
+                                   builder.extract_element(p, ir.Constant(_I32, 1))])
+    return types.UniTuple(types.float32, 2)(array, offset, x, k), codegen
 
 
 # -- bytes -----------------------------------------------------------------------------------------
