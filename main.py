@@ -332,8 +332,8 @@ def run(args: argparse.Namespace) -> int:
     model = create(args.model_dir, dtype=args.dtype, kv_dtype=args.kv_dtype,
                    threads=args.threads, plugins=args.plugin, flags=flags,
                    ctx_size=args.ctx_size, **overrides)
-    beams = Options((k, v) for k, v in given.items() if k == "num_beams")
-    give_options(model, beams)  # first: the graph has a row per beam
+    give_options(model, given.subset(lambda k: k == "num_beams"))  # first: the graph has
+    # a row per beam
     if args.graph is not None:  # the graph alone: no prompt, no weights, no generation
         return _write_graph(model, args.graph)
     nntr_cfg = model.nntr_cfg
@@ -367,8 +367,9 @@ def run(args: argparse.Namespace) -> int:
     formats = Options.check({"json_schema": schema, "response_format": {"type": "json_object"}
                              if args.response_format else None})
     try:
-        give_options(model, Options((k, v) for k, v in [*given.items(), *formats.items()]
-                                    if k != "num_beams"))
+        rest = given.subset(lambda k: k != "num_beams")
+        rest.update(formats)
+        give_options(model, rest)
     except CausalLMError as e:  # the schema's errors name the flag and the file
         if schema_source and str(e).startswith("json_schema: "):
             raise CausalLMError(f"{schema_source}: {str(e)[len('json_schema: '):]}") from None

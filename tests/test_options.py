@@ -213,3 +213,23 @@ def test_settings_follow_the_precedence_and_a_call_changes_nothing(tmp_path):
     done = loaded.complete("hi", max_new_tokens=2, top_k=2, seed=1)
     assert done.result.do_sample is True
     assert loaded.model.generation is model and model.seed is None
+
+
+def test_options_that_do_not_go_together_are_named_as_their_surface_spells_them(tiny, capsys):
+    """More sequences than beams, and more beams than the vocabulary: under the flags on the
+    command line, under the keywords in the API."""
+    vocab = tiny.model.NUM_VOCAB
+    cases = [(["--num-beams", "2", "--num-return-sequences", "3"],
+              dict(num_beams=2, num_return_sequences=3),
+              ("--num-return-sequences 3 exceeds --num-beams 2",
+               "num_return_sequences 3 exceeds num_beams 2")),
+             (["--num-beams", str(vocab + 1)], dict(num_beams=vocab + 1),
+              (f"--num-beams must be at most the vocabulary size ({vocab}), got {vocab + 1}",
+               f"num_beams must be at most the vocabulary size ({vocab}), got {vocab + 1}"))]
+    for argv, options, (flag_said, keyword_said) in cases:
+        assert main.main([TINY, "hi", "-n", "2", *argv]) == 2
+        assert capsys.readouterr().err == f"error: {flag_said}\n"
+        for call in (lambda: tiny.complete("hi", **options), lambda: create(TINY, **options)):
+            with pytest.raises(CausalLMError) as e:
+                call()
+            assert str(e.value) == keyword_said

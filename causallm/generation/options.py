@@ -73,6 +73,14 @@ class Option:
         if self.setting == "":
             object.__setattr__(self, "setting", self.name)
 
+    def called(self, source: str = "keyword") -> str:
+        """How ``source`` ("keyword", "flag" or "field") spells this option in an error."""
+        if source == "flag" and self.flag:
+            return self.flag
+        if source == "field" and self.field:
+            return f"'{self.field}'"
+        return self.name
+
     def error(self, value, source: str = "keyword", label: str | None = None) -> CausalLMError:
         """The one-line error for a bad ``value`` from ``source``: "keyword", "flag" or
         "field" (a JsonConfig names the file itself: ``JsonConfig.error``); ``label`` names
@@ -209,7 +217,10 @@ class Options(dict):
     """Generation options from one surface, option name -> value, each checked by its
     option's rule where it came in (``check``): what GenerationSettings.withOptions takes, so
     that no value is checked twice. Made directly (``Options(seed=3)``) only of values checked
-    already or made by the code itself."""
+    already or made by the code itself. ``source`` is the surface they came from (errors about
+    how they go together spell them as it does)."""
+
+    source = "keyword"
 
     @classmethod
     def check(cls, options: Mapping, source: str = "keyword",
@@ -220,5 +231,17 @@ class Options(dict):
         bad = [k for k in options if k not in OPTIONS]
         if bad:
             raise unknown(bad, OPTIONS, what)
-        return cls((k, v) for k, v in ((k, check(k, v, source)) for k, v in options.items())
-                   if v is not None)
+        checked = cls((k, v) for k, v in ((k, check(k, v, source)) for k, v in options.items())
+                      if v is not None)
+        checked.source = source
+        beams, returned = checked.get("num_beams"), checked.get("num_return_sequences")
+        if beams is not None and returned is not None and returned > beams:
+            raise CausalLMError(f"{OPTIONS['num_return_sequences'].called(source)} {returned} "
+                                f"exceeds {OPTIONS['num_beams'].called(source)} {beams}")
+        return checked
+
+    def subset(self, keep) -> "Options":
+        """The options whose names ``keep(name)`` is true of, from the same source."""
+        out = Options((k, v) for k, v in self.items() if keep(k))
+        out.source = self.source
+        return out

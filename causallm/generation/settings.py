@@ -179,6 +179,7 @@ class GenerationSettings:
         Schema object) holds the answer to JSON (causallm/generation/constraint.py), compiled
         here against ``tokenizer`` so a bad one fails before anything runs; one beam only."""
         V = self.vocab_size
+        source = getattr(options, "source", "keyword")
         options = dict(options)
         words = options.get("bad_words_ids")
         if words is not None and V is not None and any(t >= V for w in words for t in w):
@@ -189,8 +190,8 @@ class GenerationSettings:
         greedy = options.pop("greedy", False)
         num_beams = options.get("num_beams")
         if num_beams is not None and V is not None and num_beams > V:
-            raise CausalLMError(f"num_beams must be at most the vocabulary size ({V}), got "
-                                f"{num_beams}")
+            raise CausalLMError(f"{OPTIONS['num_beams'].called(source)} must be at most the "
+                                f"vocabulary size ({V}), got {num_beams}")
         if response_format is not None and json_schema is not None:
             raise CausalLMError("give response_format or json_schema, not both")
         changes = {OPTIONS[name].setting: value for name, value in options.items()}
