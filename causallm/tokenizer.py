@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from causallm.errors import CausalLMError, unicode
 from causallm.io.config import NNTR_DEFAULTS, JsonConfig
+from causallm.io.files import not_found
 
 try:  # tokenizers >= 0.21
     from tokenizers.decoders import DecodeStream as _DecodeStream
@@ -59,7 +60,7 @@ class Tokenizer:
             with open(path, "rb") as f:
                 blob = f.read()
         except FileNotFoundError:
-            raise CausalLMError(f"{path}: tokenizer file not found") from None
+            raise not_found(path, "tokenizer file") from None
         except OSError as e:
             raise CausalLMError(f"{path}: cannot read tokenizer file ({e.strerror})") from None
         try:
@@ -88,7 +89,7 @@ class Tokenizer:
                 if nntr_cfg.exists or given else cfg.resolve_path(default))
         if not os.path.exists(path):
             where = f"{nntr_cfg.where('tokenizer_file')}: " if given else ""
-            raise CausalLMError(f"{where}{path}: tokenizer file not found{hint}")
+            raise CausalLMError(f"{where}{not_found(path, 'tokenizer file')}{hint}")
         return cls.FromFile(path)
 
     def EnableTruncation(self, max_length: int) -> None:

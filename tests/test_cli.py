@@ -778,3 +778,27 @@ def test_dtype_choices_are_every_weight_format():
     the models hold weights in."""
     from causallm.io.weights import WEIGHT_FORMATS
     assert tuple(main.WEIGHT_FORMATS) == WEIGHT_FORMATS
+
+
+def test_a_link_to_nothing_is_named_as_such(capsys, tmp_path):
+    """A symbolic link whose target is missing, or a loop of links, where a tokenizer or an
+    optional config should be: an error saying so, not "not found" alone, and not an optional
+    file silently skipped."""
+    folder = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL, folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to("loop")
+    (folder / "loop").symlink_to("tokenizer.json")
+    rc, out, err = run_main(capsys, folder, "hi", "-n", "2")
+    assert (rc, out) == (2, "")
+    assert err.endswith(f"{folder / 'tokenizer.json'}: tokenizer file not found (a symbolic "
+                        f"link to nothing: its target is missing, or the links loop)\n"), err
+    shutil.copy(os.path.join(DEFAULT_MODEL, "tokenizer.json"), folder / "real.json")
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to("real.json")
+    (folder / "generation_config.json").unlink()
+    (folder / "generation_config.json").symlink_to("gone.json")
+    rc, out, err = run_main(capsys, folder, "hi", "-n", "2")
+    assert (rc, out) == (2, "")
+    assert err == (f"error: {folder / 'generation_config.json'}: file not found (a symbolic "
+                   f"link to nothing: its target is missing, or the links loop)\n")

@@ -161,8 +161,10 @@ class JsonConfig(dict):
 def load_json(path: str, required: bool = True) -> JsonConfig:
     """Read a JSON object; a missing optional file gives an empty config (``exists`` False)."""
     if not os.path.exists(path):
-        if required:
-            raise CausalLMError(f"{path}: file not found")
+        if required or os.path.lexists(path):  # a link to nothing was meant to be read
+            from causallm.io.files import not_found
+
+            raise not_found(path)
         return JsonConfig({}, path, exists=False)
     try:
         with open(path, "rb") as f:

@@ -4,7 +4,8 @@
 flushes it to disk and renames it over ``path``; on any failure the temporary file is removed
 and ``path`` is left as it was. ``write_json_atomic`` writes indented JSON that way.
 
-``map_file(path)`` maps a weight file read-only; a file that cannot be opened (missing, a
+``not_found(path, what)`` is the error for a file that is not there (a symbolic link to nothing
+said as such). ``map_file(path)`` maps a weight file read-only; a file that cannot be opened (missing, a
 folder, no permission) is a one-line CausalLMError naming it, as ``cannot_read`` words it.
 
 ``release_pages(array)`` gives back the memory a memory-mapped weight file's pages take once a
@@ -53,6 +54,15 @@ def write_json_atomic(path: str, data: Any) -> None:
     """Write ``data`` as indented JSON (and a final newline) to ``path``, atomically."""
     blob = orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"
     atomic_write(path, lambda f: f.write(blob))
+
+
+def not_found(path, what: str = "file") -> CausalLMError:
+    """The one-line error for a ``what`` ("file", "tokenizer file", ...) that is not there:
+    ``PATH: file not found``, or, where PATH is a symbolic link to nothing, what it is."""
+    if os.path.lexists(path):
+        return CausalLMError(f"{path}: {what} not found (a symbolic link to nothing: its target "
+                             f"is missing, or the links loop)")
+    return CausalLMError(f"{path}: {what} not found")
 
 
 def cannot_read(path, e: OSError) -> CausalLMError:

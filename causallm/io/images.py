@@ -29,6 +29,7 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.io.config import JsonConfig, load_json
+from causallm.io.files import not_found
 
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box",
                   5: "hamming"}
@@ -46,7 +47,7 @@ def _pil():
 def load_image(path: str):
     """The image file ``path`` as a Pillow image, decoded and turned upright (EXIF)."""
     if not os.path.exists(path):
-        raise CausalLMError(f"{path}: image file not found")
+        raise not_found(path, "image file")
     if os.path.isdir(path):
         raise CausalLMError(f"{path}: is a folder, not an image file")
     return decode_image(path, path)
