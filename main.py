@@ -32,6 +32,9 @@ USER_ERRNOS = frozenset((errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, 
                          errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS))
 """An OSError of these on a named path is the user's files (unreadable, a folder where a file
 should be, ...): ``error: PATH: why``, status 2, wherever no closer check names it first."""
+OUTPUT_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO))
+"""An OSError of these on no named path is the output failing (stdout on a full disk):
+``error: cannot write the output (why)``, status 1."""
 
 
 def version() -> str:
@@ -531,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, OSError) and e.filename is not None and e.errno in USER_ERRNOS:
             sys.stderr.write(f"error: {e.filename}: {e.strerror}\n")  # a path the run was given
             return 2
+        if isinstance(e, OSError) and e.filename is None and e.errno in OUTPUT_ERRNOS:
+            sys.stderr.write(f"error: cannot write the output ({e.strerror})\n")
+            return 1
         sys.stderr.write(f"error: {type(e).__name__}: {e} (run with --debug for the traceback)\n")
         return 1
 

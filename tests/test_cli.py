@@ -802,3 +802,16 @@ def test_a_link_to_nothing_is_named_as_such(capsys, tmp_path):
     assert (rc, out) == (2, "")
     assert err == (f"error: {folder / 'generation_config.json'}: file not found (a symbolic "
                    f"link to nothing: its target is missing, or the links loop)\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_onto_a_full_disk_is_one_line():
+    """stdout on a full disk: one line saying the output could not be written, status 1."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), DEFAULT_MODEL, "hi",
+                            "-n", "3"], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=300)
+    assert p.returncode == 1
+    assert p.stderr.splitlines()[-1] == "error: cannot write the output (No space left on device)"
+    assert "Traceback" not in p.stderr
