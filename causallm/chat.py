@@ -524,11 +524,11 @@ def interactive(session: ChatSession, out=None, err=None, banner: str | None = N
         if command.lower() in LEAVE:
             out.flush()
             return status
-        if command.lower() == "/help":
-            out.write("".join(f"{name:<8}{what}\n" for name, what in COMMANDS)
+        if command.lower() == "/help":  # on err, as the banner: out holds replies alone
+            err.write("".join(f"{name:<8}{what}\n" for name, what in COMMANDS)
                       + "//TEXT  send TEXT starting with '/'\n"
                       "Ctrl-C stops a reply; at the prompt it clears the line.\n")
-            out.flush()
+            err.flush()
             continue
         if command.lower() == "/clear":
             session.reset()

@@ -237,7 +237,8 @@ def test_interactive_commands_help_clear_and_bye():
     p = run_piped(b"/help\nWhat is a list?\n/clear\nWhat is a list?\n/bogus\n/bye\nunread\n")
     out, err = p.stdout.decode(), p.stderr.decode()
     assert p.returncode == 2, err  # /bogus was refused
-    assert out.startswith("/help") and "/bye" in out and "/clear" in out
+    assert err.startswith("/help") and "/bye" in err and "/clear" in err  # not among replies
+    assert "/help" not in out and "/clear" not in out
     summaries = SUMMARY.findall(err)
     assert len(summaries) == 2  # /bye ended the session before "unread"
     assert summaries[1][3] == "0"  # after /clear nothing came from the cache
