@@ -217,8 +217,9 @@ def _weighted_rows(o, score, cache, b, g, lo, t0, t1, d):
 _TILE = 64  # key (value) rows a task reads once for all its heads: 32 KiB at head_dim 128
 
 # Work (B * n_heads * rows * keys * head_dim) below which attention runs on one thread: a
-# parallel region costs ~10-50 us to start and waits for its slowest thread.
-PARALLEL_MIN_WORK = 1 << 18
+# parallel region costs some 5-10 us to start and waits for its slowest thread. 2^15: SmolLM2's
+# decode attention (9 heads of 64) is parallel from about 57 keys (quant.PARALLEL_MIN_BYTES).
+PARALLEL_MIN_WORK = 1 << 15
 
 
 @njit(cache=True, fastmath=_FASTMATH)
