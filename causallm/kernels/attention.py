@@ -361,7 +361,7 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     work = q.shape[0] * n_heads * nrows * (min(kv_len, window + window_right) + cross_len) \
         * head_dim
     group = n_heads // n_kv
-    parallel = work >= PARALLEL_MIN_WORK
+    parallel = work >= PARALLEL_MIN_WORK and threads() > 1  # a region of one thread costs more
     parts = 1
     if parallel and q.shape[0] * n_kv < threads():
         parts = group  # too few groups for the threads: a task per head
