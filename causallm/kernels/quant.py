@@ -764,7 +764,7 @@ def _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
     one weight block shared by four products: Q8_0, whose weights need no unpacking, takes four
     weight rows for one activation row (each activation block loaded once for the four); every
     other type one weight row for four activation rows (its blocks unpacked once for the
-    four). The last group repeats its last row."""
+    four), the rows [n0, n1) in turn for each four. The last group repeats its last row."""
 
 
 @overload(_prompt_rows)
@@ -788,15 +788,19 @@ def _prompt_rows_of(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
                 out[r3] = v3
 
     def four_activation_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
+        # four activation rows at a time against every weight row of [n0, n1), a panel that
+        # stays in L1 (each weight row against all the activation rows in turn streamed those
+        # from L2): a 128-row prompt's Q4_1 / Q6_K / Q5_0 products 0.76-1.0 of the time, by
+        # shape, Q4_K 0.95-1.04
         T = q.shape[0]
-        for n in range(n0, n1):
-            wn = w[n]
-            b = bias[n] if bias.shape[0] > 0 else np.float32(0.0)
-            for t in range(0, T, 4):
-                t1, t2, t3 = min(t + 1, T - 1), min(t + 2, T - 1), min(t + 3, T - 1)
-                v0, v1, v2, v3 = _dot_x4(kind, qk, wn, q[t], q[t1], q[t2], q[t3], d[t], d[t1],
-                                         d[t2], d[t3], s[t], s[t1], s[t2], s[t3], u[t], u[t1],
-                                         u[t2], u[t3])
+        has_bias = bias.shape[0] > 0
+        for t in range(0, T, 4):
+            t1, t2, t3 = min(t + 1, T - 1), min(t + 2, T - 1), min(t + 3, T - 1)
+            for n in range(n0, n1):
+                v0, v1, v2, v3 = _dot_x4(kind, qk, w[n], q[t], q[t1], q[t2], q[t3], d[t],
+                                         d[t1], d[t2], d[t3], s[t], s[t1], s[t2], s[t3], u[t],
+                                         u[t1], u[t2], u[t3])
+                b = bias[n] if has_bias else np.float32(0.0)
                 y[t // nrows, y_row + t % nrows, n] = v0 + b
                 y[t1 // nrows, y_row + t1 % nrows, n] = v1 + b
                 y[t2 // nrows, y_row + t2 % nrows, n] = v2 + b
