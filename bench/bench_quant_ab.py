@@ -23,9 +23,11 @@ values); activations are random normal floats rounded as the type's activation f
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,7 @@ def revision_module(rev: str):
     source = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:causallm/kernels/quant.py"],
                             capture_output=True, text=True, check=True).stdout
     folder = tempfile.mkdtemp(prefix="quant-ab-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the file and numba's cache
     path = os.path.join(folder, "quant_rev.py")  # numba caches its kernels beside it
     with open(path, "w") as f:
         f.write(source)

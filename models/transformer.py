@@ -560,8 +560,7 @@ class Transformer:
         are options not given."""
         given = [k for k, v in options.items() if v is not None and v is not False]
         if given:
-            name = getattr(self, "architecture", type(self).__name__)
-            raise CausalLMError(f"{name} does not generate text: it takes no generation "
+            raise CausalLMError(f"{self.architecture} does not generate text: it takes no generation "
                                 f"options ({', '.join(given)})")
 
     def setImages(self, images) -> None:
