@@ -206,7 +206,7 @@ def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
     for layer, context in graph.executionPlan():
         name = layer.name if context is None else context.getName()
         layers.append((name, layer.getType(), layer))
-        weights[name] = (sum(t.nbytes for t in layer.tables) if context is None
+        weights[name] = (sum(t.nbytes for t in getattr(layer, "tables", ())) if context is None
                          else sum(int(w.nbytes) for w in context.weights))
 
     times: dict[str, float] = {}

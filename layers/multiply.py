@@ -7,7 +7,7 @@ multi-token step that does not start at position 0; the step buffer makes that n
 docs/nntrainer.md, "Multi-token steps after position 0".)
 """
 
-from causallm.kernels import multiply
+from causallm.kernels.quant import GLU_MULTIPLY, NO_D, NO_Q, NO_U, row_kernels
 from causallm.runtime.layer import Layer
 
 
@@ -24,4 +24,6 @@ class MultiplyLayer(Layer):
 
     def incremental_forwarding(self, context, from_, to):
         step = min(to - from_, context.outputs[0].shape[1])
-        multiply(context.inputs[0], context.inputs[1], context.outputs[0], step)
+        glu_rows = row_kernels()[1]
+        glu_rows(GLU_MULTIPLY, context.inputs[0], context.inputs[1], context.outputs[0], step,
+                 NO_Q, NO_D, NO_D, NO_U)

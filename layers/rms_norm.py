@@ -8,7 +8,7 @@ gamma (the converter adds the 1); the layer always multiplies by the stored gamm
 Properties: ``epsilon`` (float, default 1e-3 as in nntrainer), ``gamma_initializer`` (unused).
 """
 
-from causallm.kernels import rms_norm
+from causallm.kernels.quant import NO_D, NO_Q, NO_ROWS, NO_U, row_kernels
 from causallm.runtime.layer import Layer
 from causallm.runtime.properties import float_, str_
 
@@ -28,5 +28,8 @@ class RMSNormLayer(Layer):
 
     def incremental_forwarding(self, context, from_, to):
         out = context.outputs[0]
-        rms_norm(context.inputs[0], context.weights[0], out, min(to - from_, out.shape[1]),
-                 self.eps, self.width)
+        # the kernel also adds the residual before and rounds the rows for the product after
+        # when the execution plan runs them together (runtime/runner.py, NormRows)
+        norm_rows = row_kernels()[0]
+        norm_rows(context.inputs[0], NO_ROWS, NO_ROWS, context.weights[0], out,
+                  min(to - from_, out.shape[1]), self.eps, NO_Q, NO_D, NO_D, NO_U)

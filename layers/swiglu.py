@@ -6,7 +6,7 @@ Inputs ``[gate, up]`` (every model passes ``ffn_gate, ffn_up`` in that order), e
 output: the dims of ``gate``. No properties.
 """
 
-from causallm.kernels import swiglu
+from causallm.kernels.quant import GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
 from causallm.runtime.layer import Layer
 
 
@@ -23,4 +23,6 @@ class SwiGLULayer(Layer):
 
     def incremental_forwarding(self, context, from_, to):
         step = min(to - from_, context.outputs[0].shape[1])
-        swiglu(context.inputs[0], context.inputs[1], context.outputs[0], step)
+        glu_rows = row_kernels()[1]
+        glu_rows(GLU_SWIGLU, context.inputs[0], context.inputs[1], context.outputs[0], step,
+                 NO_Q, NO_D, NO_D, NO_U)

@@ -102,6 +102,28 @@ def test_projections_of_one_input_run_as_one_group(name):
         {f"layer{i}_ffn_gate", f"layer{i}_ffn_up"}, {f"layer{i}_ffn_down"})]
 
 
+@pytest.mark.parametrize("name", ["gguf-llama-q8_0", "gguf-qwen3-q4_0"])
+def test_rows_feeding_a_group_round_them_in_the_same_call(name):
+    """A norm takes in the residual addition before it and rounds its rows for the group of
+    projections after it; swiglu rounds its rows for ffn_down: one kernel call where there were
+    three or two. The parity test above checks their logits."""
+    model = load(name, widen=False)
+    plan = model.model.executionPlan()
+    fused = [(type(layer).__name__, layer.name) for layer, ctx in plan if ctx is None
+             and not isinstance(layer, LinearGroup)]
+    want = [("NormRows", "layer0_attention_norm")]
+    for i in range(model.NUM_LAYERS):
+        want += [("NormRows", f"layer{i}_decoder_add+layer{i}_ffn_norm"),
+                 ("GluRows", f"layer{i}_ffn_swiglu")]
+        nxt = f"layer{i + 1}_attention_norm" if i + 1 < model.NUM_LAYERS else "output_norm"
+        want.append(("NormRows", f"layer{i}_decoder_output+{nxt}"))
+    assert fused == want
+    groups = [layer for layer, _ in plan if isinstance(layer, LinearGroup)]
+    assert [g.quantized for g in groups] == [True, False, True, True] * model.NUM_LAYERS
+    assert not any(ctx is not None and layer.getType() in ("addition", "rms_norm", "swiglu")
+                   for layer, ctx in plan)
+
+
 HELD = {
     "gguf-llama-q8_0": {"embedding0:Embedding": "Q8_0", "layer0_wq:weight": "Q8_0",
                         "layer1_ffn_down:weight": "Q8_0", "output_of_causallm:weight": "Q8_0"},

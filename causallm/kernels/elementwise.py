@@ -52,16 +52,19 @@ ACTIVATIONS = {
 
 
 @njit(cache=True, error_model="numpy")
+def swiglu_row(g, u, o):
+    """o = g / (1 + exp(-g)) * u over one row."""
+    one = np.float32(1.0)
+    for j in range(g.shape[0]):
+        o[j] = g[j] / (one + expf(-g[j])) * u[j]
+
+
+@njit(cache=True, error_model="numpy")
 def swiglu(gate, up, out, nrows):
     """out = gate * sigmoid(gate) * up = gate / (1 + exp(-gate)) * up, rows [0, nrows)."""
-    one = np.float32(1.0)
     for b in range(gate.shape[0]):
         for r in range(nrows):
-            g = gate[b, r]
-            u = up[b, r]
-            o = out[b, r]
-            for j in range(g.shape[0]):
-                o[j] = g[j] / (one + expf(-g[j])) * u[j]
+            swiglu_row(gate[b, r], up[b, r], out[b, r])
 
 
 @njit(cache=True, error_model="numpy")

@@ -51,7 +51,9 @@ from numba.core import cgutils, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
+from causallm.kernels.elementwise import swiglu_row
 from causallm.kernels.jit_cache import read_only
+from causallm.kernels.norm import rms_segment
 from causallm.kernels.simd import (
     add32,
     band,
@@ -243,6 +245,12 @@ class Activations:
 _activations = Activations()
 
 
+def activation_rows(T: int, K: int):
+    """The shared buffers (q, d, s, u) of T activation rows of K values (``Activations``): where
+    ``quantize_activations`` rounds them, and a kernel that rounds its own output rows."""
+    return _activations.take(T, K)
+
+
 def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations = _activations):
     """Rows [x_row, x_row + nrows) of every batch of x (B, H, K), batch-major, as ``act``
     blocks: (q, d, s, u) as ``Activations`` holds them."""
@@ -251,6 +259,79 @@ def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations 
     (_quantize_parallel if T >= 8 and threads() > 1 else _quantize_serial)(
         act, x, x_row, nrows, q, d, s, u)
     return q, d, s, u
+
+
+# -- rows made and rounded in one pass -------------------------------------------------------------
+# The layer before a block product writes its rows and rounds them for the product in one kernel
+# call (runtime/runner.py, ``make_plan``): the same values as the layer's kernel and then
+# ``quantize_activations``, one call instead of two (three with a residual addition before a norm).
+
+NO_ROWS = np.zeros((0, 0, 0), dtype=np.float32)
+NO_Q, NO_D, NO_U = (np.zeros((0, 0), dtype=t) for t in (np.int8, np.float32, np.int32))
+NO_ACT = -1
+"""The ``act`` of row kernels that round nothing (their q, d, s, u: NO_Q, NO_D, NO_D, NO_U)."""
+
+GLU_SWIGLU, GLU_MULTIPLY = 0, 1
+
+
+def _row_kernels(act: int):
+    """``norm_rows`` and ``glu_rows`` rounding to ``act`` blocks (NO_ACT: not at all), a
+    constant of each, so a model compiles only the rounding it uses."""
+
+    @njit(cache=True)
+    def norm_rows(a, b, total, gamma, y, nrows, eps, q, d, s, u):
+        eps32 = np.float32(eps)
+        size32 = np.float32(gamma.shape[0])
+        for i in range(a.shape[0]):
+            for r in range(nrows):
+                if b.shape[0] > 0:
+                    ar, br, tr = a[i, r], b[i, r], total[i, r]
+                    for j in range(tr.shape[0]):
+                        tr[j] = ar[j] + br[j]
+                    rms_segment(tr, gamma, y[i, r], eps32, size32)
+                else:
+                    rms_segment(a[i, r], gamma, y[i, r], eps32, size32)
+                if act >= 0:
+                    t = i * nrows + r
+                    _quantize_row(act, y[i, r], q[t], d[t], s[t], u[t])
+
+    @njit(cache=True)
+    def glu_rows(kind, gate, up, out, nrows, q, d, s, u):
+        for i in range(gate.shape[0]):
+            for r in range(nrows):
+                g, v, o = gate[i, r], up[i, r], out[i, r]
+                if kind == GLU_SWIGLU:
+                    swiglu_row(g, v, o)
+                else:
+                    for j in range(o.shape[0]):
+                        o[j] = g[j] * v[j]
+                if act >= 0:
+                    t = i * nrows + r
+                    _quantize_row(act, o, q[t], d[t], s[t], u[t])
+
+    return norm_rows, glu_rows
+
+
+_ROW_KERNELS: dict = {}
+
+
+def row_kernels(act: int = NO_ACT):
+    """(norm_rows, glu_rows) for ``act`` (made at the first use of each)::
+
+        norm_rows(a, b, total, gamma, y, nrows, eps, q, d, s, u)
+            rows r < nrows of every batch i: x = a[i, r] + b[i, r], stored in total[i, r],
+            when b has rows (else x = a[i, r]); y[i, r] = rms_norm(x) * gamma (kernels/norm.py)
+        glu_rows(kind, gate, up, out, nrows, q, d, s, u)
+            out = swiglu(gate, up) (GLU_SWIGLU, kernels/elementwise.py) or gate * up
+            (GLU_MULTIPLY)
+
+    and, unless act is NO_ACT, each output row (y, out) rounded to ``act`` blocks as row
+    i * nrows + r of (q, d, s, u), as ``quantize_activations`` rounds it. Outputs may be
+    inputs."""
+    kernels = _ROW_KERNELS.get(act)
+    if kernels is None:
+        kernels = _ROW_KERNELS[act] = _row_kernels(act)
+    return kernels
 
 
 # -- one row of weights with one row of activations ----------------------------------------------

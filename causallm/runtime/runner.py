@@ -18,7 +18,18 @@ import numpy as np
 
 from causallm.errors import CausalLMError
 from causallm.kernels.packed import PackedMatrix
-from causallm.kernels.quant import MatrixTable, quantize_activations
+from causallm.kernels.quant import (
+    GLU_MULTIPLY,
+    GLU_SWIGLU,
+    NO_D,
+    NO_Q,
+    NO_ROWS,
+    NO_U,
+    MatrixTable,
+    activation_rows,
+    quantize_activations,
+    row_kernels,
+)
 from causallm.runtime.layer import RunLayerContext
 
 
@@ -179,12 +190,21 @@ class StageRunner:
 
 def make_plan(steps: list) -> list:
     """``steps``, the (layer, context) pairs of a stage, as the runner executes them, each by
-    ``incremental_forwarding(context, from_, to)``: the layers, except that a layer computing
-    ``x @ W + bias`` (its ``linear_operands``) with W in ggml blocks runs as a ``LinearGroup``
-    (context None), together with the consecutive ones that read the same x in the same
-    activation format (a layer's q, k and v projections; its gate and up). The results are the
-    same: each product is the one its layer computes, on the same rounded activations."""
-    out: list = []
+    ``incremental_forwarding(context, from_, to)``. The layers, except:
+
+    - a layer computing ``x @ W + bias`` (its ``linear_operands``) with W in ggml blocks runs
+      as a ``LinearGroup`` (context None), together with the consecutive ones that read the
+      same x in the same activation format (a layer's q, k and v projections; its gate and up);
+    - an ``rms_norm`` runs as ``NormRows``, taking in the two-input ``addition`` just before it
+      when that writes the norm's input (a residual), and rounding its rows for the
+      ``LinearGroup`` just after it when that reads its output;
+    - a ``swiglu`` or ``multiply`` just before a ``LinearGroup`` reading its output runs as
+      ``GluRows``, rounding its rows for it.
+
+    The results are the same: each layer's values are those its own kernel computes, and each
+    product is its layer's, on the same rounded activations; only the number of kernel calls
+    falls (a decode step's fixed cost: docs/performance.md, "A decode step")."""
+    grouped: list = []
     i = 0
     while i < len(steps):
         group = [_linear(*steps[i])]
@@ -195,9 +215,32 @@ def make_plan(steps: list) -> list:
                 break
             group.append(nxt)
             j += 1
-        out.append(steps[i] if group[0] is None else (LinearGroup(group), None))
+        grouped.append(steps[i] if group[0] is None else (LinearGroup(group), None))
         i = j
-    return out
+    plan: list = []
+    for layer, ctx in grouped:
+        prev = plan[-1][0] if plan else None
+        if layer.getType() == "rms_norm" and ctx is not None:
+            add = None
+            if (prev is not None and plan[-1][1] is not None and prev.getType() == "addition"
+                    and len(plan[-1][1].inputs) == 2
+                    and _same(plan[-1][1].outputs[0], ctx.inputs[0])):
+                add = plan.pop()
+            plan.append((NormRows(layer, ctx, add), None))
+            continue
+        if isinstance(layer, LinearGroup) and prev is not None:
+            if isinstance(prev, NormRows) and _same(prev.y, layer.x):
+                prev.feed(layer)
+            elif (prev.getType() in GluRows.KINDS and plan[-1][1] is not None
+                  and _same(plan[-1][1].outputs[0], layer.x)):
+                plan[-1] = (GluRows(prev, plan[-1][1], layer), None)
+        plan.append((layer, ctx))
+    return plan
+
+
+def _same(a, b) -> bool:
+    """Whether two arrays are the same view of the same memory."""
+    return a.shape == b.shape and a.ctypes.data == b.ctypes.data
 
 
 def _linear(layer, ctx):
@@ -212,15 +255,14 @@ def _linear(layer, ctx):
 
 
 def _same_input(a, b) -> bool:
-    xa, xb = a[0], b[0]
-    return (xa.shape == xb.shape and xa.ctypes.data == xb.ctypes.data
-            and a[1].qtype.act == b[1].qtype.act)
+    return _same(a[0], b[0]) and a[1].qtype.act == b[1].qtype.act
 
 
 class LinearGroup:
     """Products of one input by one or more block matrices (``make_plan``): the input quantized
-    once, then each block type's matrices in one parallel region (``MatrixTable``). It runs as
-    a layer does; ``name`` joins its layers' names."""
+    once (by the group, or by the ``NormRows`` / ``GluRows`` before it: ``quantized``), then
+    each block type's matrices in one parallel region (``MatrixTable``). It runs as a layer
+    does; ``name`` joins its layers' names."""
 
     type = "fully_connected"
 
@@ -230,6 +272,7 @@ class LinearGroup:
         self.rows = members[0][3].shape[1]
         self.names = [m[4] for m in members]
         self.name = "+".join(self.names)
+        self.quantized = False
         by_type: dict = {}
         for _, w, bias, y, _ in members:
             by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.data, bias, y))
@@ -238,8 +281,71 @@ class LinearGroup:
     def getType(self) -> str:
         return self.type
 
+    def activations(self, nrows: int):
+        """The buffers (q, d, s, u) of the input's rows [0, nrows) in the group's format."""
+        return activation_rows(self.x.shape[0] * nrows, self.x.shape[2])
+
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         nrows = min(to - from_, self.rows)
-        q, d, s, u = quantize_activations(self.act, self.x, 0, nrows)
+        if self.quantized:
+            q, d, s, u = self.activations(nrows)
+        else:
+            q, d, s, u = quantize_activations(self.act, self.x, 0, nrows)
         for table in self.tables:
             table.run(q, d, s, u, nrows)
+
+
+class NormRows:
+    """An ``rms_norm`` layer run by ``make_plan``: with the residual ``addition`` before it
+    (``add``, its (layer, context), or None) in the same kernel call, and rounding its rows for
+    the ``LinearGroup`` it ``feed``s. ``name`` joins the layers' names."""
+
+    type = "rms_norm"
+
+    def __init__(self, layer, ctx, add=None) -> None:
+        self.layer, self.ctx, self.add, self.group = layer, ctx, add, None
+        self.y = ctx.outputs[0]
+        if add is None:
+            self.a, self.b, self.total = ctx.inputs[0], NO_ROWS, NO_ROWS
+        else:
+            self.a, self.b = add[1].inputs
+            self.total = add[1].outputs[0]
+        self.name = ctx.name if add is None else f"{add[1].name}+{ctx.name}"
+        self.kernel = row_kernels()[0]
+
+    def getType(self) -> str:
+        return self.type
+
+    def feed(self, group: LinearGroup) -> None:
+        self.group, group.quantized = group, True
+        self.kernel = row_kernels(group.act)[0]
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        nrows = min(to - from_, self.y.shape[1])
+        q, d, s, u = (NO_Q, NO_D, NO_D, NO_U) if self.group is None else \
+            self.group.activations(nrows)
+        self.kernel(self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
+                    self.layer.eps, q, d, s, u)
+
+
+class GluRows:
+    """A ``swiglu`` or ``multiply`` layer run by ``make_plan`` with the rounding of its rows for
+    the ``LinearGroup`` after it, in one kernel call."""
+
+    KINDS = {"swiglu": GLU_SWIGLU, "multiply": GLU_MULTIPLY}
+
+    def __init__(self, layer, ctx, group: LinearGroup) -> None:
+        self.type, self.name = layer.getType(), ctx.name
+        self.kind = self.KINDS[self.type]
+        self.gate, self.up = ctx.inputs
+        self.out = ctx.outputs[0]
+        self.group, group.quantized = group, True
+        self.kernel = row_kernels(group.act)[1]
+
+    def getType(self) -> str:
+        return self.type
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        nrows = min(to - from_, self.out.shape[1])
+        q, d, s, u = self.group.activations(nrows)
+        self.kernel(self.kind, self.gate, self.up, self.out, nrows, q, d, s, u)
