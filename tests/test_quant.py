@@ -62,11 +62,13 @@ def test_activations_round_as_ggml(act):
 
 
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("N,K,B,nrows", [(37, 512, 1, 1), (11, 768, 2, 3), (300, 1024, 1, 5)])
+@pytest.mark.parametrize("N,K,B,nrows", [(37, 512, 1, 1), (11, 768, 2, 3), (300, 1024, 1, 5),
+                                         (29, 256, 2, 9)])
 def test_product_is_ggmls(name, N, K, B, nrows):
     """y = x @ W (+ bias) of the stored blocks equals the twin's to float rounding: N rows not a
-    multiple of 4 or 16, several batches and rows at offsets, and a matrix large enough for the
-    parallel kernel (300 x 1024 x 5 rows)."""
+    multiple of 4 or 16, several batches and rows at offsets, a matrix large enough for the
+    parallel kernel (300 x 1024 x 5 rows), and a prompt of 18 rows (Q5_0 unpacks its weights
+    from UNPACK_MIN_ROWS)."""
     qt = quant.QTYPES[name]
     blocks = ref.random_blocks(name, N, K, seed=3)
     rng = np.random.default_rng(4)
