@@ -18,6 +18,7 @@ import reference as ref
 
 from causallm import kernels as K
 from causallm.kernels.expf import expf
+from causallm.kernels.quant import GLU_MULTIPLY, GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
 
 B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -419,11 +420,14 @@ def test_expf_is_within_one_ulp_of_exp_on_every_sampled_float32():
 def test_swiglu_add_multiply():
     gate, up = rand(B, 4, 301, seed=40, scale=4.0), rand(B, 4, 301, seed=41)
     out = np.full_like(gate, np.nan)
-    K.swiglu(gate, up, out, 3)
+    glu_rows = row_kernels()[1]
+    glu_rows(GLU_SWIGLU, gate, up, out, 3, NO_Q, NO_D, NO_D, NO_U)
     for b in range(B):
         close(out[b, :3], ref.swiglu(gate[b, :3], up[b, :3]))
     untouched(out, slice(0, 3))
-    for kernel, op in ((K.add, np.add), (K.multiply, np.multiply)):
+    for kernel, op in ((K.add, np.add),
+                       (lambda g, v, o, n: glu_rows(GLU_MULTIPLY, g, v, o, n, NO_Q, NO_D, NO_D,
+                                                    NO_U), np.multiply)):
         out = np.full_like(gate, np.nan)
         kernel(gate, up, out, 2)
         assert np.array_equal(out[:, :2], op(gate[:, :2], up[:, :2]))

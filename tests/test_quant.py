@@ -13,6 +13,7 @@ import pytest
 from numba import njit
 
 import ggml_reference as ref
+import reference
 from causallm.kernels import quant, simd
 
 TYPES = list(quant.QTYPES)
@@ -59,6 +60,38 @@ def test_activations_round_as_ggml(act):
     if act == "Q8_1":  # (d, s) pairs
         np.testing.assert_array_equal(s[:, 0::2], d[:, :16])
         np.testing.assert_array_equal(s[:, 1::2], want_s)
+
+
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])
+def test_rows_rounded_where_they_are_made(act):
+    """norm_rows (with the residual sum) and glu_rows (swiglu, multiply) write the twin's
+    values and round each row exactly as quantize_activations rounds it afterwards."""
+    rng = np.random.default_rng(3)
+    a, b, up = (rng.standard_normal((2, 4, 512)).astype(np.float32) for _ in range(3))
+    gamma = rng.standard_normal(512).astype(np.float32)
+    code = {"Q8_0": quant.ACT_Q8_0, "Q8_1": quant.ACT_Q8_1, "Q8_K": quant.ACT_Q8_K}[act]
+    norm_rows, glu_rows = quant.row_kernels(code)
+    total, y = np.full_like(a, np.nan), np.full_like(a, np.nan)
+    q, d, s, u = quant.activation_rows(6, 512)
+    norm_rows(a, b, total, gamma, y, 3, 1e-5, q, d, s, u)
+    fused = [v.copy() for v in (q, d, s, u)]
+    np.testing.assert_array_equal(total[:, :3], a[:, :3] + b[:, :3])
+    np.testing.assert_allclose(y[:, :3].reshape(6, 512),
+                               reference.rms_norm((a + b)[:, :3].reshape(6, 512), gamma, 1e-5),
+                               rtol=1e-5, atol=1e-5)
+    assert np.isnan(total[:, 3:]).all() and np.isnan(y[:, 3:]).all()
+    for got, want in zip(fused, quant.quantize_activations(code, y, 0, 3)):
+        np.testing.assert_array_equal(got, want)
+    for kind, op in ((quant.GLU_SWIGLU, reference.swiglu), (quant.GLU_MULTIPLY, np.multiply)):
+        out = np.full_like(a, np.nan)
+        glu_rows(kind, a, up, out, 3, q, d, s, u)
+        fused = [v.copy() for v in (q, d, s, u)]
+        np.testing.assert_allclose(out[:, :3].reshape(6, 512),
+                                   op(a[:, :3].reshape(6, 512), up[:, :3].reshape(6, 512)),
+                                   rtol=1e-6, atol=1e-6)
+        assert np.isnan(out[:, 3:]).all()
+        for got, want in zip(fused, quant.quantize_activations(code, out, 0, 3)):
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -6,7 +6,7 @@ and scratch are passed in, never allocated on the per-token path. Kernels know n
 layers or configs; each has a plain-numpy twin in tests/reference.py.
 
 Modules: linear (fully connected), norm (rms_norm), layer_norm, rope (tables), attention (KV
-cache write and attention), elementwise (swiglu, activations, add, multiply, softmax), softcap,
+cache write and attention), elementwise (activations, add, softmax; swiglu and multiply rows are quant.row_kernels'), softcap,
 embedding, embedding_sum (learned positions and token types), pooling (sentence embeddings),
 moe and gpt_oss_moe (routing and experts), scan (the load-time weight check), strings (a GGUF's
 string arrays, a SentencePiece vocabulary's merges). The families' own kernels are imported from their
@@ -38,9 +38,7 @@ from causallm.kernels.elementwise import (  # noqa: E402
     activation,
     add,
     add_row,
-    multiply,
     softmax_rows,
-    swiglu,
 )
 from causallm.kernels.embedding import embedding  # noqa: E402
 from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi  # noqa: E402
@@ -126,6 +124,6 @@ __all__ = [
     "ACT_GELU", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_SILU", "ACT_TANH", "ACT_TANH_GELU",
     "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "add_row", "attention", "compile_report",
     "embedding",
-    "get_num_threads", "kv_cache_write", "linear", "linear_io", "linear_oi", "multiply",
-    "rms_norm", "rope_inv_freq", "rope_tables", "set_num_threads", "softmax_rows", "swiglu",
+    "get_num_threads", "kv_cache_write", "linear", "linear_io", "linear_oi",
+    "rms_norm", "rope_inv_freq", "rope_tables", "set_num_threads", "softmax_rows",
 ]

@@ -1,9 +1,8 @@
 """Element-wise kernels on rows [0, nrows) of every batch of (B, H, W) float32 arrays.
 
-    swiglu(gate, up)  = gate * sigmoid(gate) * up        computed as gate / (1 + exp(-gate)) * up
+    swiglu_row(g, u)  = g * sigmoid(g) * u  over one row   computed as g / (1 + exp(-g)) * u
     add(a, b)         = a + b
     add_row(a, row)   = a + row               one (W,) row added to every row
-    multiply(a, b)    = a * b
     softmax_rows(x)   = exp(x - max(x)) / sum(exp(x - max(x)))      over the last axis
     activation(x, kind), kind one of:
         ACT_NONE       x
@@ -57,14 +56,6 @@ def swiglu_row(g, u, o):
     one = np.float32(1.0)
     for j in range(g.shape[0]):
         o[j] = g[j] / (one + expf(-g[j])) * u[j]
-
-
-@njit(cache=True, error_model="numpy")
-def swiglu(gate, up, out, nrows):
-    """out = gate * sigmoid(gate) * up = gate / (1 + exp(-gate)) * up, rows [0, nrows)."""
-    for b in range(gate.shape[0]):
-        for r in range(nrows):
-            swiglu_row(gate[b, r], up[b, r], out[b, r])
 
 
 @njit(cache=True, error_model="numpy")
@@ -128,18 +119,6 @@ def add_row(a, row, y, nrows):
             yr = y[i, r]
             for j in range(ar.shape[0]):
                 yr[j] = ar[j] + row[j]
-
-
-@njit(cache=True, error_model="numpy")
-def multiply(a, b, y, nrows):
-    """y = a * b for rows [0, nrows)."""
-    for i in range(a.shape[0]):
-        for r in range(nrows):
-            ar = a[i, r]
-            br = b[i, r]
-            yr = y[i, r]
-            for j in range(ar.shape[0]):
-                yr[j] = ar[j] * br[j]
 
 
 @njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
