@@ -100,8 +100,7 @@ def test_rows_rounded_where_they_are_made(act):
 def test_product_is_ggmls(name, N, K, B, nrows):
     """y = x @ W (+ bias) of the stored blocks equals the twin's to float rounding: N rows not a
     multiple of 4 or 16, several batches and rows at offsets, a matrix large enough for the
-    parallel kernel (300 x 1024 x 5 rows), and a prompt of 18 rows (Q5_0 unpacks its weights
-    from UNPACK_MIN_ROWS)."""
+    parallel kernel (300 x 1024 x 5 rows), and a prompt of 18 rows (several groups of four)."""
     qt = quant.QTYPES[name]
     blocks = ref.random_blocks(name, N, K, seed=3)
     rng = np.random.default_rng(4)
