@@ -78,8 +78,10 @@ def compare(new, old, name: str, N: int, K: int, T: int, pairs: int, rng) -> dic
         q, d, s, u = (a.copy() for a in m.quantize_activations(qt.act, x, 0, T))
         y = np.empty((1, T, N), np.float32)
         rows = qt.kernels[1] if m.threads() > 1 else qt.kernels[0]
-        rows(w, q, d, s, u, bias, y, 0, T)  # compile or load
-        sides.append((rows, (w, q, d, s, u, bias, y, 0, T), y))
+        # the room for unpacked weight panels, in revisions whose kernels take it
+        extra = (m.scratch(qt, q),) if hasattr(m, "scratch") else ()
+        rows(w, q, d, s, u, bias, y, 0, T, *extra)  # compile or load
+        sides.append((rows, (w, q, d, s, u, bias, y, 0, T, *extra), y))
 
     def timed(side):
         rows, args, _ = side

@@ -118,6 +118,35 @@ def test_product_is_ggmls(name, N, K, B, nrows):
         assert np.isnan(y[:, :2]).all() and np.isnan(y[:, 2 + nrows:]).all()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q5_0_prompt_unpacked_first_is_ggmls(threads):
+    """A Q5_0 prompt of UNPACK_MIN_ROWS rows or more unpacks its weight rows into Q8_0 blocks
+    first (the one-thread entry point, the parallel one, and a table of two matrices): the
+    twin's products all the same."""
+    from causallm import kernels
+
+    N, K, T = 45, 512, quant.UNPACK_MIN_ROWS + 3
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, T, K)).astype(np.float32)
+    mats = [ref.random_blocks("Q5_0", N + 16 * i, K, seed=6 + i) for i in range(2)]
+    wants = [ref.linear("Q5_0", w, x[0]) for w in mats]
+    before = kernels.threads.threads()
+    try:
+        kernels.set_num_threads(threads)
+        qt = quant.QTYPES["Q5_0"]
+        for w, want in zip(mats, wants):
+            y = np.full((1, T, w.shape[0]), np.nan, np.float32)
+            quant.linear(qt, w, x, np.zeros(0, np.float32), y, 0, 0, T)
+            np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
+        ys = [np.full((1, T, w.shape[0]), np.nan, np.float32) for w in mats]
+        table = quant.MatrixTable(qt, [(w, np.zeros(0, np.float32), y) for w, y in zip(mats, ys)])
+        table.run(*quant.quantize_activations(qt.act, x, 0, T), T)
+        for y, want in zip(ys, wants):
+            np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
+    finally:
+        kernels.set_num_threads(before)
+
+
 @njit
 def _halves_to_floats(bits, out):
     for i in range(out.shape[0]):

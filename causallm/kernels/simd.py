@@ -13,6 +13,7 @@ handful of intrinsics instead::
 The operations, with ``u`` bytes read unsigned and ``s`` signed::
 
     load32(a, o)            the 32 bytes a[o : o + 32]
+    store32(a, o, v)        a[o : o + 32] = v (32 bytes)
     nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
                             their high nibbles (ggml's order in a block of 32)
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
@@ -181,6 +182,16 @@ def load32(typingctx, array, offset):
     def codegen(context, builder, sig, args):
         return builder.load(_pointer(context, builder, sig.args[0], *args, _V8), align=1)
     return Bytes32(array, offset), codegen
+
+
+@intrinsic
+def store32(typingctx, array, offset, v):
+    """array[offset : offset + 32] = v, array of a 1-byte dtype."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _V8),
+                      align=1)
+        return context.get_dummy_value()
+    return types.none(array, offset, v), codegen
 
 
 def _load16(context, builder, sig, args):
