@@ -390,8 +390,8 @@ def _values_q5_0(w, o):
 @njit(cache=True, inline="always")
 def _block_q5_0(acc, mins, w, b, x, d, s, u):
     o = 22 * b
-    qw = bsub(bor(nibbles(w, o + 6), band(bits32(w, o + 2), 16)), 16)
-    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
+    return fma(acc, dot_signed(zero32(), _values_q5_0(w, o), load32(x, 32 * b)),
+               f16(w, o) * d[b]), mins
 
 
 @njit(cache=True, inline="always")
@@ -1002,25 +1002,28 @@ def _entry_points(kind: int, qk: int):
             tasks += (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             for task in prange(tasks):
-                m, t = _member_task(table, task)
-                e = table[m]
-                w = carray(_pointer(e[0]), (e[1], e[2]), np.uint8)
-                y = carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32)
-                bias = carray(_pointer(e[6]), (e[7],), np.float32)
+                w, y, bias, t = _table_task(table, task)
                 _q5_0_as_q8_0(w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                              min(e[1], t * ROWS_PER_TASK + ROWS_PER_TASK),
+                              min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK),
                               scratch[get_thread_id()])
             return
         for task in prange(tasks):
-            m, t = _member_task(table, task)
-            e = table[m]
-            w = carray(_pointer(e[0]), (e[1], e[2]), np.uint8)
-            y = carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32)
-            bias = carray(_pointer(e[6]), (e[7],), np.float32)
+            w, y, bias, t = _table_task(table, task)
             _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                  min(e[1], t * ROWS_PER_TASK + ROWS_PER_TASK))
+                  min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK))
 
     return rows, rows_parallel, widen, rows_table
+
+
+@njit(cache=True, inline="always")
+def _table_task(table, task):
+    """The arrays of the member whose task ``task`` is (MatrixTable's row: w, y, bias), and
+    the task's number within the member."""
+    m, t = _member_task(table, task)
+    e = table[m]
+    return (carray(_pointer(e[0]), (e[1], e[2]), np.uint8),
+            carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32),
+            carray(_pointer(e[6]), (e[7],), np.float32), t)
 
 
 @njit(cache=True)
