@@ -119,6 +119,27 @@ def test_product_is_ggmls(name, N, K, B, nrows):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_large_q8_0_decode_with_prefetch_is_ggmls(threads):
+    """A Q8_0 matrix of PREFETCH_MIN_BYTES or more (a tied head) asks for the rows ahead of the
+    one it multiplies, past its last row too: the twin's products all the same."""
+    from causallm import kernels
+
+    K = 512
+    N = quant.PREFETCH_MIN_BYTES // quant.QTYPES["Q8_0"].row_bytes(K) + 37
+    w = ref.random_blocks("Q8_0", N, K, seed=8)
+    x = np.random.default_rng(9).standard_normal((1, 1, K)).astype(np.float32)
+    want = ref.linear("Q8_0", w, x[0])
+    before = kernels.threads.threads()
+    try:
+        kernels.set_num_threads(threads)
+        y = np.full((1, 1, N), np.nan, np.float32)
+        quant.linear(quant.QTYPES["Q8_0"], w, x, np.zeros(0, np.float32), y, 0, 0, 1)
+    finally:
+        kernels.set_num_threads(before)
+    np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_q5_0_prompt_unpacked_first_is_ggmls(threads):
     """A Q5_0 prompt of UNPACK_MIN_ROWS rows or more unpacks its weight rows into Q8_0 blocks
     first (the one-thread entry point, the parallel one, and a table of two matrices): the

@@ -14,6 +14,7 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
 
     load32(a, o)            the 32 bytes a[o : o + 32]
     store32(a, o, v)        a[o : o + 32] = v (32 bytes)
+    prefetch(a, o)          ask for the cache line of a[o] (a hint; never faults)
     nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
                             their high nibbles (ggml's order in a block of 32)
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
@@ -192,6 +193,18 @@ def store32(typingctx, array, offset, v):
                       align=1)
         return context.get_dummy_value()
     return types.none(array, offset, v), codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, offset):
+    """Ask for the cache line of element ``offset`` of ``array`` (never faults)."""
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], _I8)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 0), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(array, offset), codegen
 
 
 def _load16(context, builder, sig, args):
