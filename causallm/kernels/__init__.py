@@ -6,10 +6,11 @@ and scratch are passed in, never allocated on the per-token path. Kernels know n
 layers or configs; each has a plain-numpy twin in tests/reference.py.
 
 Modules: linear (fully connected), norm (rms_norm), layer_norm, rope (tables), attention (KV
-cache write and attention), elementwise (activations, add, softmax; swiglu and multiply rows are quant.row_kernels'), softcap,
-embedding, embedding_sum (learned positions and token types), pooling (sentence embeddings),
-moe and gpt_oss_moe (routing and experts), scan (the load-time weight check), strings (a GGUF's
-string arrays, a SentencePiece vocabulary's merges). The families' own kernels are imported from their
+cache write and attention), elementwise (activations, add, softmax), quant (ggml's block types,
+and the norm / swiglu / multiply rows that round their output for them), softcap, embedding,
+embedding_sum (learned positions and token types), pooling (sentence embeddings), moe and
+gpt_oss_moe (routing and experts), scan (the load-time weight check), strings (a GGUF's string
+arrays, a SentencePiece vocabulary's merges). The families' own kernels are imported from their
 modules; this package re-exports the common ones. jit_cache chooses where numba caches them
 (a writable folder, whatever the install) and reads a damaged cache file as a miss.
 """

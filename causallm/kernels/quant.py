@@ -888,8 +888,8 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 
 
 UNPACK_MIN_ROWS = 16
-"""Activation rows from which a Q5_0 prompt unpacks its weight rows first (``_prompt_rows``):
-at 4 rows it took 1.24 of the time, at 8 1.06."""
+"""Activation rows from which a Q5_0 product unpacks its weight rows first (``_entry_points``):
+16 rows took 0.87 of the time; unpacking for 4 rows cost more than it saved (1.1-1.24)."""
 
 
 @njit(cache=True)
@@ -905,9 +905,9 @@ def _unpack_q5_0(w, out):
 @njit(cache=True, inline="always")
 def _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, n0, n1, panel):
     # a panel of up to ROWS_PER_TASK weight rows unpacked once into Q8_0 blocks and
-    # multiplied as Q8_0 rows: the same sums, without unpacking the five-bit values again
-    # for every four activation rows (Gemma 3's 2048 x 640, 128 rows: 0.83 of the time on
-    # one thread, 0.88-0.90 on two; Q4_0's and IQ4_NL's cheaper unpacking gained nothing)
+    # multiplied four activation rows at a time: the same sums, without unpacking the five-bit
+    # values again for every four activation rows (Gemma 3's 2048 x 640, 128 rows: 0.82 of the
+    # time on two threads, 0.88 on one; Q4_0's and IQ4_NL's cheaper unpacking gained nothing)
     for c0 in range(n0, n1, ROWS_PER_TASK):
         c1 = min(c0 + ROWS_PER_TASK, n1)
         for n in range(c0, c1):

@@ -7,7 +7,8 @@ of an earlier stage's tensor hold data (a cross-attention reads the encoder's ke
 decode step allocates nothing inside the layer loop: layers hand whole buffers and a row count to
 kernels. A stage runs the execution plan of its layers (``make_plan``), which runs every fully
 connected layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
-together.
+together, and lets the norm, swiglu or multiply before such a group round its rows for it (with a
+norm's residual addition) in one kernel call.
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ class NormRows:
     type = "rms_norm"
 
     def __init__(self, layer, ctx, add=None) -> None:
-        self.layer, self.ctx, self.add, self.group = layer, ctx, add, None
+        self.layer, self.ctx, self.group = layer, ctx, None
         self.y = ctx.outputs[0]
         if add is None:
             self.a, self.b, self.total = ctx.inputs[0], NO_ROWS, NO_ROWS
