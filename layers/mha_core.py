@@ -89,11 +89,12 @@ import math
 
 import numpy as np
 
-from causallm.kernels import attention, kv_cache_write, rope_inv_freq, rope_tables
+from causallm.kernels import attention, rope_inv_freq, rope_tables
 from causallm.kernels.attention import (
     NO_BIAS,
     NO_CROSS,
     NO_KEY_END,
+    NO_KV,
     NO_SINKS,
     attention_dense,
 )
@@ -283,6 +284,7 @@ class MHACoreLayer(Layer):
         bias = inputs[3] if self.has_bias else NO_BIAS
         cross_k = cross_v = NO_CROSS
         cross_len = 0
+        new_k = new_v = NO_KV
         slots = rows.slots
         if self.cross_inputs is not None:
             ki, vi = self.cross_inputs
@@ -306,11 +308,9 @@ class MHACoreLayer(Layer):
                 return
             k_cache, v_cache, kv_len = inputs[1], inputs[2], to
             slots = None
-        else:
+        else:  # the step's keys and values are written by the attention call
             k_cache, v_cache = tensors[0], tensors[1]
-            kv_cache_write(inputs[1], inputs[2], k_cache, v_cache, self.cos, self.sin, from_,
-                           step, self.n_kv, self.head_dim, slots=slots,
-                           positions=rows.positions)
+            new_k, new_v = inputs[1], inputs[2]
             kv_len = rows.end
         key_end = self._key_end(inputs[-1], rows.positions, step) if self.blocks else NO_KEY_END
         attention(inputs[0], k_cache, v_cache, context.outputs[0], self.cos, self.sin,
@@ -318,7 +318,8 @@ class MHACoreLayer(Layer):
                   self.head_dim, scale=self.scale, window=self.window,
                   window_right=self.window_right, causal=self.causal, softcap=self.softcap,
                   sinks=sinks, bias=bias, cross_k=cross_k, cross_v=cross_v,
-                  cross_len=cross_len, key_end=key_end, slots=slots, positions=rows.positions)
+                  cross_len=cross_len, key_end=key_end, slots=slots, positions=rows.positions,
+                  k=new_k, v=new_v)
 
     @staticmethod
     def _key_end(types, positions, step):

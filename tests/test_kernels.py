@@ -295,6 +295,52 @@ def test_attention(case, pos0, nrows):
     untouched(out, slice(0, nrows))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+@pytest.mark.parametrize("pos0,nrows", [(13, 1), (0, 11), (40, 1)])
+def test_attention_writes_the_step_keys_it_is_given(pos0, nrows, dtype, threads):
+    """attention(..., k=, v=) writes the step's rows into the caches as kv_cache_write does and
+    attends over them in the same call (one kernel call a decode step), on one thread and on
+    the pool (40 keys: enough work for the parallel kernel); against the reference."""
+    q_all, k_all, v_all, want_k, want_v, cos, sin = _cache_setup(pos0, nrows, seed=25, dtype=dtype)
+    total, T = pos0 + nrows, want_k.shape[2]
+    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
+    v_cache = k_cache.copy()
+    if pos0:
+        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
+                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    q = q_all[:, pos0:].copy()
+    out = np.full_like(q, np.nan)
+    scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+    before = K.get_num_threads()
+    try:
+        K.set_num_threads(threads)
+        K.attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, total, N_HEADS,
+                    N_KV, HEAD_DIM, scale=HEAD_DIM ** -0.5, k=k_all[:, pos0:].copy(),
+                    v=v_all[:, pos0:].copy())
+    finally:
+        K.set_num_threads(before)
+    np.testing.assert_array_equal(k_cache, want_k)
+    np.testing.assert_array_equal(v_cache, want_v)
+    if dtype == np.uint16:  # rounded keys: the same call over the caches written before it
+        again = np.full_like(q, np.nan)
+        try:
+            K.set_num_threads(threads)
+            K.attention(q, want_k, want_v, again, cos, sin, scratch, pos0, nrows, total,
+                        N_HEADS, N_KV, HEAD_DIM, scale=HEAD_DIM ** -0.5)
+        finally:
+            K.set_num_threads(before)
+        np.testing.assert_array_equal(out, again)
+        return
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    for b in range(B):
+        want = ref.mha(q_all[b, pos0:], k_all[b], v_all[b], np.arange(pos0, total),
+                       np.arange(total), N_HEADS, N_KV, want_cos, want_sin, 1 << 32, True,
+                       HEAD_DIM ** -0.5)
+        close(out[b], want)
+
+
 @pytest.mark.parametrize("pos0,nrows", [(0, 1), (6, 1), (2, 4)])
 def test_cross_attention_reads_every_key_of_the_other_sequence(pos0, nrows):
     """Cross-attention: the keys are another sequence's kv_len rows (more than the decoder's
@@ -530,18 +576,23 @@ def test_serial_and_parallel_kernels_agree_exactly():
     kc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
     vc = rng.standard_normal((B, KV, T, D)).astype(np.float32)
     cos, sin = np.cos(np.ones((T, D // 2), np.float32)), np.sin(np.ones((T, D // 2), np.float32))
+    k = rng.standard_normal((B, 5, KV * D)).astype(np.float32)  # the step's, written first
+    v = rng.standard_normal((B, 5, KV * D)).astype(np.float32)
     outs = []
     slots, positions = att.step_rows(B, 7, 5, B)
     serial = lambda *args: att._attend(*args, 0, B * KV * 3)  # noqa: E731  every task, in turn
     for kernel in (att.attention_parallel, serial):
         out = np.zeros_like(q)
         scratch = np.zeros((B * H, T + D), np.float32)
-        kernel(q, kc, vc, out, cos, sin, np.zeros(0, np.float32), np.zeros((0, 0, 0), np.float32),
+        caches = kc.copy(), vc.copy()
+        kernel(q, k, v, *caches, out, cos, sin, np.zeros(0, np.float32),
                np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
-               np.zeros((0, 0), np.int64), scratch, slots, positions, 5, 12, 0, H, KV, D, 4, 4,
-               True, 0.0, D ** -0.5, 3)
-        outs.append(out)
-    np.testing.assert_array_equal(outs[0], outs[1])
+               np.zeros((0, 0, 0), np.float32), np.zeros((0, 0), np.int64), scratch, slots,
+               positions, 5, 12, 0, H, KV, D, 4, 4, True, 0.0, D ** -0.5, 3, True)
+        outs += [out, *caches]
+    for a, b in zip(outs[:3], outs[3:]):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(outs[1], kc)  # the step's keys were written
 
 
 @pytest.mark.parametrize("n_kv", [N_HEADS, N_KV])

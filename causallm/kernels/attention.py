@@ -64,7 +64,8 @@ from numba.extending import intrinsic, overload
 
 from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
-from causallm.kernels.simd import fmaf, hsum, load1f, load8f, splatf, store8f, zerof
+from causallm.kernels.simd import (addf, fmaf, hsum, load1f, load8f, splatf, store8f,
+                                   store_hsum4, zerof)
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
@@ -153,6 +154,20 @@ def _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, h
                     vd[j] = _store_impl(vs[j], vd)
 
 
+def _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
+    """``_kv_write`` into a self cache (S, n_kv, T, d); nothing for keys given as rows (a cross
+    layer's, which are never written), so the attention kernels type for both."""
+
+
+@overload(_write_step)
+def _write_step_of(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
+    if k_cache.ndim == 4:
+        return lambda k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, \
+            head_dim: _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows,
+                                n_kv, head_dim)
+    return lambda k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim: None
+
+
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _dot(x, cache, o, d):
     """sum_j x[j] * cache[o + j] (flat offsets; a cache of float32 or FP16 bits), eight lanes
@@ -171,6 +186,50 @@ def _dot(x, cache, o, d):
     for k in range(j, d):
         acc += x[k] * load1f(cache, o + k)
     return acc
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _dots(out, x, cache, b, g, lo, t0, t1, d):
+    """out[t] = x . row(lo + t) for t0 <= t < t1, the rows of ``cache`` (row_at). Four keys at
+    a time, each in two sums of eight lanes: eight independent multiply-add chains, where one
+    key's dot alone waits on the latency of its own (SmolLM2's 64-wide heads: 16 cycles a key
+    -> 5)."""
+    t = t0
+    while t + 4 <= t1:
+        o0 = row_at(cache, b, g, lo + t, d)
+        o1 = row_at(cache, b, g, lo + t + 1, d)
+        o2 = row_at(cache, b, g, lo + t + 2, d)
+        o3 = row_at(cache, b, g, lo + t + 3, d)
+        a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
+        c0, c1, c2, c3 = zerof(), zerof(), zerof(), zerof()
+        j = 0
+        while j + 16 <= d:
+            x0, x1 = load8f(x, j), load8f(x, j + 8)
+            a0 = fmaf(a0, x0, load8f(cache, o0 + j))
+            a1 = fmaf(a1, x0, load8f(cache, o1 + j))
+            a2 = fmaf(a2, x0, load8f(cache, o2 + j))
+            a3 = fmaf(a3, x0, load8f(cache, o3 + j))
+            c0 = fmaf(c0, x1, load8f(cache, o0 + j + 8))
+            c1 = fmaf(c1, x1, load8f(cache, o1 + j + 8))
+            c2 = fmaf(c2, x1, load8f(cache, o2 + j + 8))
+            c3 = fmaf(c3, x1, load8f(cache, o3 + j + 8))
+            j += 16
+        if j + 8 <= d:
+            x0 = load8f(x, j)
+            a0 = fmaf(a0, x0, load8f(cache, o0 + j))
+            a1 = fmaf(a1, x0, load8f(cache, o1 + j))
+            a2 = fmaf(a2, x0, load8f(cache, o2 + j))
+            a3 = fmaf(a3, x0, load8f(cache, o3 + j))
+            j += 8
+        store_hsum4(out, t, addf(a0, c0), addf(a1, c1), addf(a2, c2), addf(a3, c3))
+        for k in range(j, d):
+            out[t] += x[k] * load1f(cache, o0 + k)
+            out[t + 1] += x[k] * load1f(cache, o1 + k)
+            out[t + 2] += x[k] * load1f(cache, o2 + k)
+            out[t + 3] += x[k] * load1f(cache, o3 + k)
+        t += 4
+    for u in range(t, t1):
+        out[u] = _dot(x, cache, row_at(cache, b, g, lo + u, d), d)
 
 
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
@@ -223,15 +282,18 @@ PARALLEL_MIN_WORK = 1 << 15
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
-            slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-            window_right, causal, softcap, scale, parts, task0, task1):
+def _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
+            scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
+            window_right, causal, softcap, scale, parts, write, task0, task1):
     """Tasks [task0, task1), each rows i < nrows of the query heads [h0, h1) of kv head g of
     batch b: task = (b, g, part), the group's heads split into ``parts``. Each key and value row
     is read once for them all; head h keeps its scores and rotated query in scratch row
-    b * n_heads + h. Called with every task on one thread, or one task per prange iteration
-    (a serial wrapper would have LLVM optimize this body a second time, inlined: 0.4 s of a
-    first compile)."""
+    b * n_heads + h. With ``write``, the step's keys and values (k, v) go into the caches
+    first (``_kv_write``). Called with every task on one thread, or one task per prange
+    iteration (a serial wrapper would have LLVM optimize this body a second time, inlined: 0.4 s
+    of a first compile)."""
+    if write:
+        _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
     d = head_dim
     qcol = scratch.shape[1] - d  # the rotated query's columns in a scratch row
     half = d // 2
@@ -277,15 +339,12 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
                 for h in range(h0, h0 + per):
                     row = scratch[b * n_heads + h]
                     qr = row[qcol:]
-                    for t in range(t0, min(t1, n)):
-                        sc = _dot(qr, k_cache, row_at(k_cache, kb, g, lo + t, d), d) * scale32
-                        if use_bias:
+                    _dots(row, qr, k_cache, kb, g, lo, t0, min(t1, n), d)
+                    _dots(row, qr, cross_k, xb, g, -n, max(t0, n), t1, d)
+                    for t in range(t0, t1):
+                        sc = row[t] * scale32
+                        if use_bias and t < n:
                             sc += bias[b, h, center + lo + t - p]
-                        if cap > 0:
-                            sc = np.tanh(sc / cap) * cap
-                        row[t] = sc
-                    for t in range(max(t0, n), t1):
-                        sc = _dot(qr, cross_k, row_at(cross_k, xb, g, t - n, d), d) * scale32
                         if cap > 0:
                             sc = np.tanh(sc / cap) * cap
                         row[t] = sc
@@ -322,14 +381,19 @@ def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, k
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def attention_parallel(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
+def attention_parallel(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
                        key_end, scratch, slots, positions, nrows, kv_len, cross_len, n_heads,
-                       n_kv, head_dim, window, window_right, causal, softcap, scale, parts):
-    """attention() with the (b, kv head, part) tasks spread over the thread pool."""
+                       n_kv, head_dim, window, window_right, causal, softcap, scale, parts,
+                       write):
+    """attention() with the (b, kv head, part) tasks spread over the thread pool, after the
+    step's keys and values are written (with ``write``)."""
+    if write:
+        _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
     for task in prange(q.shape[0] * n_kv * parts):
-        _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
-                scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-                window, window_right, causal, softcap, scale, parts, task, task + 1)
+        _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
+                key_end, scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv,
+                head_dim, window, window_right, causal, softcap, scale, parts, False, task,
+                task + 1)
 
 
 NO_WINDOW = 1 << 40
@@ -339,14 +403,19 @@ NO_CROSS = np.zeros((0, 0, 0), dtype=np.float32)
 NO_KEY_END = np.zeros((0, 0), dtype=np.int64)
 for _a in (NO_SINKS, NO_BIAS, NO_CROSS, NO_KEY_END):
     _a.flags.writeable = False
+NO_KV = np.zeros((0, 0, 0), dtype=np.float32)
+"""No keys or values to write: writable like a layer's k and v (it has no element), so both
+calls have one signature."""
 
 
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,
               head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
               softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
-              cross_len=0, key_end=NO_KEY_END, slots=None, positions=None):
+              cross_len=0, key_end=NO_KEY_END, slots=None, positions=None, k=NO_KV, v=NO_KV):
     """out[b, i, h*d:(h+1)*d] = softmax(RoPE(q) . K / ...) V for rows i < nrows (module doc);
     ``window_right`` defaults to ``window``. The caches are float32 or FP16 bits (uint16).
+    Given the step's keys and values ``k``, ``v`` (B, H, n_kv * d), the same call first writes
+    them into the caches as ``kv_cache_write`` does (one kernel call a decode step, not two).
 
     One task per (b, kv head): the heads of a group read each key and value row once; when
     there are fewer such tasks than threads, each group's heads are split over more tasks. On
@@ -368,9 +437,10 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
     slots, positions = step_rows(q.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
-    args = (q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
-            slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-            min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts)
+    args = (q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
+            scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
+            min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts,
+            k.shape[0] > 0)
     if parallel:
         attention_parallel(*args)
     else:

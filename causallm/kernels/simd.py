@@ -527,6 +527,37 @@ def hsum(typingctx, v):
 # -- float lanes (attention) -----------------------------------------------------------------------
 
 @intrinsic
+def addf(typingctx, a, b):
+    """a + b, lane by lane."""
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1], flags=_FLAGS)
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def store_hsum4(typingctx, array, offset, a, b, c, d):
+    """array[offset : offset + 4] = the lane sums of a, b, c, d (each in any order), array
+    float32: the four reduced together, halves first, then pairwise (three horizontal adds
+    for the four, where four ``hsum`` take six)."""
+    def codegen(context, builder, sig, args):
+        def pick(x, y, lanes):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, len(lanes)),
+                                                            lanes))
+
+        def pairs(x, y):  # [x0+x1, x2+x3, y0+y1, y2+y3]
+            return builder.fadd(pick(x, y, [0, 2, 4, 6]), pick(x, y, [1, 3, 5, 7]),
+                                flags=_FLAGS)
+
+        halves = [builder.fadd(pick(v, v, [0, 1, 2, 3]), pick(v, v, [4, 5, 6, 7]), flags=_FLAGS)
+                  for v in args[2:]]
+        sums = pairs(pairs(halves[0], halves[1]), pairs(halves[2], halves[3]))
+        builder.store(sums, _pointer(context, builder, sig.args[0], args[0], args[1],
+                                     ir.VectorType(_F32, 4)), align=4)
+        return context.get_dummy_value()
+    return types.none(array, offset, a, b, c, d), codegen
+
+
+@intrinsic
 def load8f(typingctx, array, offset):
     """The 8 values of ``array`` from element ``offset`` as float32 lanes: a float32 array's as
     they are, a uint16 array's as IEEE half bits widened (an FP16 KV cache)."""
