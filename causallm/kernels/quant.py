@@ -218,7 +218,8 @@ def _quantize_parallel(act, x, x_row, nrows, q, d, s, u):
 class Activations:
     """Reused buffers of quantized activation rows: q int8 (T, K); d (T, K / 32) float32 (the
     block scales); s (T, K / 16) float32 (Q8_1's (d, d * sum) pairs); u (T, K / 16) int32
-    (Q8_0's block sums, Q8_K's bsums)."""
+    (Q8_0's block sums, Q8_K's bsums). ``generation`` counts the times the buffers were made
+    anew (a longer step than any before): views taken before then are of the old ones."""
 
     def __init__(self) -> None:
         self._q = np.empty(0, np.int8)
@@ -226,6 +227,7 @@ class Activations:
         self._s = np.empty(0, np.float32)
         self._u = np.empty(0, np.int32)
         self._views: dict[tuple[int, int], tuple] = {}  # (T, K) -> the four views, made once
+        self.generation = 0
 
     def take(self, T: int, K: int):
         views = self._views.get((T, K))
@@ -237,6 +239,7 @@ class Activations:
             self._s = np.empty(T * K // 16 + 1, np.float32)
             self._u = np.empty(T * K // 16 + 1, np.int32)
             self._views.clear()  # views of the old buffers
+            self.generation += 1
         views = (self._q[:T * K].reshape(T, K), self._d[:T * (K // 32)].reshape(T, K // 32),
                  self._s[:T * (K // 16)].reshape(T, K // 16),
                  self._u[:T * (K // 16)].reshape(T, K // 16))
@@ -254,14 +257,28 @@ def activation_rows(T: int, K: int):
     return _activations.take(T, K)
 
 
-def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations = _activations):
+def activations_generation() -> int:
+    """``Activations.generation`` of the shared buffers: kernel calls bound to their views
+    (runtime/runner.py, ``BoundCalls``) are bound again when it changes."""
+    return _activations.generation
+
+
+def quantize_call(act: int, x, x_row: int, nrows: int, bufs: Activations | None = None):
+    """The kernel call (kernel, args) that rounds rows [x_row, x_row + nrows) of every batch of
+    x (B, H, K), batch-major, into ``act`` blocks: (q, d, s, u) = args[4:], as ``Activations``
+    holds them (``bufs``, by default the shared ones)."""
+    T, K = x.shape[0] * nrows, x.shape[2]
+    q, d, s, u = (_activations if bufs is None else bufs).take(T, K)
+    kernel = _quantize_parallel if T >= 8 and threads() > 1 else _quantize_serial
+    return kernel, (act, x, x_row, nrows, q, d, s, u)
+
+
+def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations | None = None):
     """Rows [x_row, x_row + nrows) of every batch of x (B, H, K), batch-major, as ``act``
     blocks: (q, d, s, u) as ``Activations`` holds them."""
-    T, K = x.shape[0] * nrows, x.shape[2]
-    q, d, s, u = bufs.take(T, K)
-    (_quantize_parallel if T >= 8 and threads() > 1 else _quantize_serial)(
-        act, x, x_row, nrows, q, d, s, u)
-    return q, d, s, u
+    kernel, args = quantize_call(act, x, x_row, nrows, bufs)
+    kernel(*args)
+    return args[4:]
 
 
 # -- rows made and rounded in one pass -------------------------------------------------------------
@@ -1123,16 +1140,20 @@ class MatrixTable:
                          y.shape[1], bias.ctypes.data, bias.shape[0]])
         self.table = read_only(np.array(rows, dtype=np.int64).reshape(-1, 8))
 
-    def run(self, q, d, s, u, nrows: int) -> None:
-        """Every member's y[b, i] = x[b, i] @ W + bias for i < nrows, x the rows quantized as
-        (q, d, s, u): on one thread when the bytes are few."""
+    def calls(self, q, d, s, u, nrows: int) -> list:
+        """The kernel calls [(kernel, args)] of ``run``: one parallel region over every
+        member, or each member on one thread when the bytes are few."""
         panels = scratch(self.qtype, q)
         if _parallel(self.nbytes * q.shape[0]):
-            self.qtype.kernels[3](self.table, q, d, s, u, nrows, panels)
-            return
+            return [(self.qtype.kernels[3], (self.table, q, d, s, u, nrows, panels))]
         rows = self.qtype.kernels[0]
-        for w, bias, y in self.members:
-            rows(w, q, d, s, u, bias, y, 0, nrows, panels)
+        return [(rows, (w, q, d, s, u, bias, y, 0, nrows, panels)) for w, bias, y in self.members]
+
+    def run(self, q, d, s, u, nrows: int) -> None:
+        """Every member's y[b, i] = x[b, i] @ W + bias for i < nrows, x the rows quantized as
+        (q, d, s, u)."""
+        for kernel, args in self.calls(q, d, s, u, nrows):
+            kernel(*args)
 
 
 def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:

@@ -28,9 +28,11 @@ from causallm.kernels.quant import (
     NO_U,
     MatrixTable,
     activation_rows,
-    quantize_activations,
+    activations_generation,
+    quantize_call,
     row_kernels,
 )
+from causallm.kernels.threads import threads
 from causallm.runtime.layer import RunLayerContext
 
 
@@ -259,6 +261,38 @@ def _same_input(a, b) -> bool:
     return _same(a[0], b[0]) and a[1].qtype.act == b[1].qtype.act
 
 
+BOUND_MAX_ROWS = 64
+"""Steps of up to this many rows keep their kernel calls (``BoundCalls``): decode steps, of one
+sequence or a batch's; a longer step (a prompt) finds its calls again, a small cost beside its
+products, and leaves nothing behind."""
+
+
+class BoundCalls:
+    """A plan entry's kernel calls [(kernel, args)] for a step of ``nrows`` rows: made by
+    ``make(nrows)`` once and kept while the shared activation buffers and the thread count stay
+    the same (the arguments are the entry's own buffers, views of those rows, and choices made
+    from the thread count), so a decode step repeats its calls without the Python that found
+    them (docs/performance.md, "Kernel calls bound once"). When the buffers are made anew (a
+    longer step than any before) every kept call is dropped, with the views that held the old
+    buffers."""
+
+    __slots__ = ("make", "stamp", "calls")
+
+    def __init__(self, make) -> None:
+        self.make, self.stamp, self.calls = make, None, {}
+
+    def __call__(self, nrows: int) -> list:
+        stamp = (activations_generation(), threads())
+        if stamp != self.stamp:
+            self.stamp, self.calls = stamp, {}
+        calls = self.calls.get(nrows)
+        if calls is None:
+            calls = self.make(nrows)
+            if nrows <= BOUND_MAX_ROWS:
+                self.calls[nrows] = calls
+        return calls
+
+
 class LinearGroup:
     """Products of one input by one or more block matrices (``make_plan``): the input quantized
     once (by the group, or by the ``NormRows`` / ``GluRows`` before it: ``quantized``), then
@@ -278,6 +312,7 @@ class LinearGroup:
         for _, w, bias, y, _ in members:
             by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.data, bias, y))
         self.tables = [MatrixTable(qtype, m) for qtype, m in by_type.values()]
+        self._calls = BoundCalls(self._make_calls)
 
     def getType(self) -> str:
         return self.type
@@ -286,14 +321,21 @@ class LinearGroup:
         """The buffers (q, d, s, u) of the input's rows [0, nrows) in the group's format."""
         return activation_rows(self.x.shape[0] * nrows, self.x.shape[2])
 
-    def incremental_forwarding(self, context, from_: int, to: int) -> None:
-        nrows = min(to - from_, self.rows)
+    def _make_calls(self, nrows: int) -> list:
         if self.quantized:
+            calls = []
             q, d, s, u = self.activations(nrows)
         else:
-            q, d, s, u = quantize_activations(self.act, self.x, 0, nrows)
+            kernel, args = quantize_call(self.act, self.x, 0, nrows)
+            calls = [(kernel, args)]
+            q, d, s, u = args[4:]
         for table in self.tables:
-            table.run(q, d, s, u, nrows)
+            calls += table.calls(q, d, s, u, nrows)
+        return calls
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        for kernel, args in self._calls(min(to - from_, self.rows)):
+            kernel(*args)
 
 
 class NormRows:
@@ -313,6 +355,7 @@ class NormRows:
             self.total = add[1].outputs[0]
         self.name = ctx.name if add is None else f"{add[1].name}+{ctx.name}"
         self.kernel = row_kernels()[0]
+        self._calls = BoundCalls(self._make_calls)
 
     def getType(self) -> str:
         return self.type
@@ -320,13 +363,17 @@ class NormRows:
     def feed(self, group: LinearGroup) -> None:
         self.group, group.quantized = group, True
         self.kernel = row_kernels(group.act)[0]
+        self._calls = BoundCalls(self._make_calls)
 
-    def incremental_forwarding(self, context, from_: int, to: int) -> None:
-        nrows = min(to - from_, self.y.shape[1])
+    def _make_calls(self, nrows: int) -> list:
         q, d, s, u = (NO_Q, NO_D, NO_D, NO_U) if self.group is None else \
             self.group.activations(nrows)
-        self.kernel(self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
-                    self.layer.eps, q, d, s, u)
+        return [(self.kernel, (self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
+                               self.layer.eps, q, d, s, u))]
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        for kernel, args in self._calls(min(to - from_, self.y.shape[1])):
+            kernel(*args)
 
 
 class GluRows:
@@ -342,11 +389,15 @@ class GluRows:
         self.out = ctx.outputs[0]
         self.group, group.quantized = group, True
         self.kernel = row_kernels(group.act)[1]
+        self._calls = BoundCalls(self._make_calls)
 
     def getType(self) -> str:
         return self.type
 
-    def incremental_forwarding(self, context, from_: int, to: int) -> None:
-        nrows = min(to - from_, self.out.shape[1])
+    def _make_calls(self, nrows: int) -> list:
         q, d, s, u = self.group.activations(nrows)
-        self.kernel(self.kind, self.gate, self.up, self.out, nrows, q, d, s, u)
+        return [(self.kernel, (self.kind, self.gate, self.up, self.out, nrows, q, d, s, u))]
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        for kernel, args in self._calls(min(to - from_, self.out.shape[1])):
+            kernel(*args)
