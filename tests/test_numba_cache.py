@@ -308,3 +308,42 @@ def test_warmup_compiles_what_the_first_run_needs(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip(), run.stderr
     assert "[numba]" not in run.stderr, run.stderr
+
+
+HELPER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from causallm.kernels.quant import NO_D, NO_Q, NO_ROWS, NO_U, row_kernels
+
+x = np.full((1, 1, 8), 3.0, np.float32)
+y = np.zeros_like(x)
+row_kernels()[0](x, NO_ROWS, NO_ROWS, np.ones(8, np.float32), y, 1, 1e-6, NO_Q, NO_D, NO_D, NO_U)
+print(float(y[0, 0, 0]))
+"""
+
+
+@pytest.mark.slow
+def test_a_changed_helper_compiles_its_callers_again(tmp_path):
+    """numba keys a cached kernel by its own code and its own file's time stamp: a kernel in
+    quant.py read back after a helper it calls (norm.rms_segment) changed ran the old helper.
+    The cache key carries a digest of every kernel module (jit_cache.kernel_sources), so the
+    caller computes with the new helper."""
+    copy = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "causallm"), copy / "causallm",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+
+    def norm_of_threes():
+        p = subprocess.run([sys.executable, "-c", HELPER, str(copy)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return float(p.stdout.split()[-1])
+
+    assert norm_of_threes() == pytest.approx(1.0)
+    norm = copy / "causallm" / "kernels" / "norm.py"
+    text = norm.read_text()
+    assert text.count("ys[j] = xs[j] * inv * gamma[j]") == 1
+    norm.write_text(text.replace("ys[j] = xs[j] * inv * gamma[j]",
+                                 "ys[j] = 2 * xs[j] * inv * gamma[j]"))
+    assert norm_of_threes() == pytest.approx(2.0)

@@ -49,11 +49,15 @@ process that reads the caller from the cache ran the caller's own copy. Under fa
 copies round differently (``attention_parallel``'s ``_attend``: the embedded model's prefill
 logits differed by 4e-6). ``install()`` makes every linked-in copy internal once numba has
 optimized the module, so a caller always runs its own copies, compiled or loaded; the cache
-keys carry ``LINKING`` so code saved under the old rule is not read back.
+keys carry ``LINKING`` so code saved under the old rule is not read back. They also carry a
+digest of every module of this package (``kernel_sources``): numba's own key is a kernel's
+code and its file's time stamp, which let a kernel be read back compiled from helpers in other
+files that had changed since.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import sys
@@ -136,6 +140,24 @@ CACHED = True
 LINKING = "callees internal"
 """Part of every cache key: the rule a cached kernel's calls were linked by (module docstring)."""
 
+_sources: str | None = None
+
+
+def kernel_sources() -> str:
+    """Part of every cache key: a digest of every module of this package. numba keys a kernel
+    by its own code and its own file's time stamp, so a kernel whose helpers (an intrinsic in
+    simd.py, a block function in another file) changed was read back compiled from the old
+    ones; with the digest, any change to the kernels compiles them all again."""
+    global _sources
+    if _sources is None:
+        digest = hashlib.sha256()
+        for name in sorted(os.listdir(KERNELS)):
+            if name.endswith(".py"):
+                with open(os.path.join(KERNELS, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+        _sources = digest.hexdigest()[:16]
+    return _sources
+
 _said: set = set()
 
 
@@ -201,7 +223,7 @@ def install() -> None:
                 return None
 
         def _index_key(self, sig, codegen):
-            return super()._index_key(sig, codegen) + (LINKING,)
+            return super()._index_key(sig, codegen) + (LINKING, kernel_sources())
 
         def save_overload(self, sig, data):
             try:
