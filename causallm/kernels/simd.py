@@ -217,10 +217,15 @@ def nibbles(typingctx, array, offset):
     """The 16 bytes from ``offset`` as 32 values: low nibbles of bytes 0..15, then their high
     nibbles."""
     def codegen(context, builder, sig, args):
+        # the 16 bytes in both halves (one broadcast load), the upper half shifted right by 4 as
+        # 32-bit lanes (one variable shift), then masked: three instructions, none of them on
+        # the shuffle ports, where a shift, a lane insert and a mask took four
         v = _load16(context, builder, sig, args)
-        both = builder.shuffle_vector(v, builder.lshr(v, _const(v.type, 4)),
-                                      ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-        return builder.and_(both, _const(_V8, 15))
+        both = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32),
+                                                        list(range(16)) * 2))
+        shifted = builder.lshr(builder.bitcast(both, _V32),
+                               ir.Constant(_V32, [0, 0, 0, 0, 4, 4, 4, 4]))
+        return builder.and_(builder.bitcast(shifted, _V8), _const(_V8, 15))
     return Bytes32(array, offset), codegen
 
 
