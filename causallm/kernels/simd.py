@@ -316,6 +316,15 @@ def bor(typingctx, a, b):
 
 
 @intrinsic
+def bandn(typingctx, a, b):
+    """Bytewise ~a & b (b a vector or a constant): one instruction."""
+    def codegen(context, builder, sig, args):
+        return builder.and_(builder.not_(args[0]),
+                            _bytes_operand(context, builder, args[1], sig.args[1]))
+    return Bytes32(a, b), codegen
+
+
+@intrinsic
 def bsub(typingctx, a, b):
     """Bytewise a - b (wrapping; b a vector or a constant)."""
     def codegen(context, builder, sig, args):
