@@ -74,12 +74,15 @@ from causallm.kernels.simd import (
     madd,
     prefetch,
     maddubs,
+    mul8,
     nibbles,
     round_f16,
     scales2,
+    shl32,
     splat16,
     splat16x2,
     store32,
+    sub32,
     table16,
     zero32,
     zerof,
@@ -496,13 +499,13 @@ def _block_q5_k(acc, mins, w, i, x, d, s, u):
 
 
 @njit(cache=True)
-def _q6_k_half(total, offset, w, o, x, xo, u, uo, h):
+def _q6_k_half(total, w, o, x, xo, h):
     """Half h (128 values) of a Q6_K block: four runs of 32 six-bit values, each two 16s with
-    their int8 scales; ``offset`` gathers sum scale * bsum (the -32 of every value)."""
+    their int8 scales (the values' -32 is taken off by the caller, through the bsums)."""
     q1 = load32(w, o + 64 * h)
     q2 = load32(w, o + 64 * h + 32)
     qh = load32(w, o + 128 + 32 * h)
-    so, xh, uh = o + 192 + 8 * h, xo + 128 * h, uo + 8 * h
+    so, xh = o + 192 + 8 * h, xo + 128 * h
     v0 = bor(band(q1, 15), bshl(band(qh, 3), 4))
     v1 = bor(band(q2, 15), bshl(band(qh, 12), 2))
     v2 = bor(bshr(q1, 4), band(qh, 48))
@@ -513,21 +516,19 @@ def _q6_k_half(total, offset, w, o, x, xo, u, uo, h):
     total = add32(total, madd(maddubs(v0, load32(x, xh)), splat16x2(s0, s1)))
     total = add32(total, madd(maddubs(v1, load32(x, xh + 32)), splat16x2(s2, s3)))
     total = add32(total, madd(maddubs(v2, load32(x, xh + 64)), splat16x2(s4, s5)))
-    total = add32(total, madd(maddubs(v3, load32(x, xh + 96)), splat16x2(s6, s7)))
-    return total, offset + (np.int32(s0) * u[uh] + np.int32(s1) * u[uh + 1]
-                            + np.int32(s2) * u[uh + 2] + np.int32(s3) * u[uh + 3]
-                            + np.int32(s4) * u[uh + 4] + np.int32(s5) * u[uh + 5]
-                            + np.int32(s6) * u[uh + 6] + np.int32(s7) * u[uh + 7])
+    return add32(total, madd(maddubs(v3, load32(x, xh + 96)), splat16x2(s6, s7)))
 
 
 @njit(cache=True, inline="always")
 def _block_q6_k(acc, mins, w, i, x, d, s, u):
+    # the values' offset, 32 * sum_j scale_j * bsum_j over the 16 runs of 16, in two vector
+    # multiplies of the scale bytes by the activations' bsums, taken off the integer sum (as
+    # ggml's AVX2 loop takes it off before its float multiply)
     o, xo, uo = 210 * i, 256 * i, 16 * i
-    total, offset = zero32(), np.int32(0)
-    total, offset = _q6_k_half(total, offset, w, o, x, xo, u, uo, 0)
-    total, offset = _q6_k_half(total, offset, w, o, x, xo, u, uo, 1)
-    dd = f16(w, o + 208) * d[i]
-    return fma(acc, total, dd), mins - dd * np.float32(32 * offset)
+    total = _q6_k_half(zero32(), w, o, x, xo, 0)
+    total = _q6_k_half(total, w, o, x, xo, 1)
+    offset = add32(mul8(w, o + 192, u, uo), mul8(w, o + 200, u, uo + 8))
+    return fma(acc, sub32(total, shl32(offset, 5)), f16(w, o + 208) * d[i]), mins
 
 
 @njit(cache=True)

@@ -489,6 +489,28 @@ def sub32(typingctx, a, b):
 
 
 @intrinsic
+def mul8(typingctx, a, ao, b, bo):
+    """8 int32 lanes: int8 a[ao + j] * int32 b[bo + j] (a of a 1-byte dtype read as signed, b
+    int32): eight sign-extended bytes times eight words, one multiply."""
+    def codegen(context, builder, sig, args):
+        bytes8 = builder.load(_pointer(context, builder, sig.args[0], args[0], args[1],
+                                       ir.VectorType(_I8, 8)), align=1)
+        words = builder.load(_pointer(context, builder, sig.args[2], args[2], args[3], _V32),
+                             align=4)
+        return builder.mul(builder.sext(bytes8, _V32), words)
+    return I32x8(a, ao, b, bo), codegen
+
+
+@intrinsic
+def shl32(typingctx, a, n):
+    """Each int32 lane shifted left by the constant ``n``."""
+    def codegen(context, builder, sig, args):
+        return builder.shl(args[0], _splat(builder, context.cast(builder, args[1], sig.args[1],
+                                                                 types.int32), 8))
+    return I32x8(a, n), codegen
+
+
+@intrinsic
 def hsum32(typingctx, v):
     """The sum of the 8 int32 lanes."""
     def codegen(context, builder, sig, args):
