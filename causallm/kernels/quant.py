@@ -74,6 +74,7 @@ from causallm.kernels.simd import (
     madd,
     prefetch,
     maddubs,
+    mins_k4_dot,
     mul8,
     nibbles,
     round_f16,
@@ -448,54 +449,50 @@ def _block_q5_1(acc, mins, w, b, x, d, s, u):
 # compile time).
 
 @njit(cache=True)
-def _q4_k_pair(total, msum, w, o, x, xo, u, uo, j):
-    """Sub-blocks 2j and 2j + 1 of a Q4_K block (the low and high nibbles of 32 bytes)."""
+def _q4_k_pair(total, w, o, x, xo, j):
+    """Sub-blocks 2j and 2j + 1 of a Q4_K block (the low and high nibbles of 32 bytes); their
+    mins are the caller's (``mins_k4_dot``)."""
     q = load32(w, o + 16 + 32 * j)
-    sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
-    sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+    sc0, _ = _scale_min_k4(w, o + 4, 2 * j)
+    sc1, _ = _scale_min_k4(w, o + 4, 2 * j + 1)
     total = add32(total, madd(maddubs(band(q, 15), load32(x, xo + 64 * j)), splat16(sc0)))
-    total = add32(total, madd(maddubs(bshr(q, 4), load32(x, xo + 64 * j + 32)), splat16(sc1)))
-    return total, msum + (m0 * (u[uo + 4 * j] + u[uo + 4 * j + 1])
-                          + m1 * (u[uo + 4 * j + 2] + u[uo + 4 * j + 3]))
+    return add32(total, madd(maddubs(bshr(q, 4), load32(x, xo + 64 * j + 32)), splat16(sc1)))
 
 
 @njit(cache=True, inline="always")
 def _block_q4_k(acc, mins, w, i, x, d, s, u):
     o, xo, uo = 144 * i, 256 * i, 16 * i
-    total, msum = zero32(), np.int32(0)
-    total, msum = _q4_k_pair(total, msum, w, o, x, xo, u, uo, 0)
-    total, msum = _q4_k_pair(total, msum, w, o, x, xo, u, uo, 1)
-    total, msum = _q4_k_pair(total, msum, w, o, x, xo, u, uo, 2)
-    total, msum = _q4_k_pair(total, msum, w, o, x, xo, u, uo, 3)
+    total = _q4_k_pair(zero32(), w, o, x, xo, 0)
+    total = _q4_k_pair(total, w, o, x, xo, 1)
+    total = _q4_k_pair(total, w, o, x, xo, 2)
+    total = _q4_k_pair(total, w, o, x, xo, 3)
     acc = fma(acc, total, f16(w, o) * d[i])
-    return acc, mins - f16(w, o + 2) * d[i] * np.float32(msum)
+    return acc, mins - f16(w, o + 2) * d[i] * np.float32(mins_k4_dot(w, o + 4, u, uo))
 
 
 @njit(cache=True)
-def _q5_k_pair(total, msum, w, o, hb, x, xo, u, uo, j):
-    """Sub-blocks 2j and 2j + 1 of a Q5_K block: nibbles and their high bits ``hb``."""
+def _q5_k_pair(total, w, o, hb, x, xo, j):
+    """Sub-blocks 2j and 2j + 1 of a Q5_K block: nibbles and their high bits ``hb``; their
+    mins are the caller's (``mins_k4_dot``)."""
     q = load32(w, o + 48 + 32 * j)
     lo = bor(band(q, 15), bshl(band(bshr(hb, 2 * j), 1), 4))
     hi = bor(bshr(q, 4), bshl(band(bshr(hb, 2 * j + 1), 1), 4))
-    sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
-    sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+    sc0, _ = _scale_min_k4(w, o + 4, 2 * j)
+    sc1, _ = _scale_min_k4(w, o + 4, 2 * j + 1)
     total = add32(total, madd(maddubs(lo, load32(x, xo + 64 * j)), splat16(sc0)))
-    total = add32(total, madd(maddubs(hi, load32(x, xo + 64 * j + 32)), splat16(sc1)))
-    return total, msum + (m0 * (u[uo + 4 * j] + u[uo + 4 * j + 1])
-                          + m1 * (u[uo + 4 * j + 2] + u[uo + 4 * j + 3]))
+    return add32(total, madd(maddubs(hi, load32(x, xo + 64 * j + 32)), splat16(sc1)))
 
 
 @njit(cache=True, inline="always")
 def _block_q5_k(acc, mins, w, i, x, d, s, u):
     o, xo, uo = 176 * i, 256 * i, 16 * i
     hb = load32(w, o + 16)
-    total, msum = zero32(), np.int32(0)
-    total, msum = _q5_k_pair(total, msum, w, o, hb, x, xo, u, uo, 0)
-    total, msum = _q5_k_pair(total, msum, w, o, hb, x, xo, u, uo, 1)
-    total, msum = _q5_k_pair(total, msum, w, o, hb, x, xo, u, uo, 2)
-    total, msum = _q5_k_pair(total, msum, w, o, hb, x, xo, u, uo, 3)
+    total = _q5_k_pair(zero32(), w, o, hb, x, xo, 0)
+    total = _q5_k_pair(total, w, o, hb, x, xo, 1)
+    total = _q5_k_pair(total, w, o, hb, x, xo, 2)
+    total = _q5_k_pair(total, w, o, hb, x, xo, 3)
     acc = fma(acc, total, f16(w, o) * d[i])
-    return acc, mins - f16(w, o + 2) * d[i] * np.float32(msum)
+    return acc, mins - f16(w, o + 2) * d[i] * np.float32(mins_k4_dot(w, o + 4, u, uo))
 
 
 @njit(cache=True)

@@ -502,6 +502,46 @@ def mul8(typingctx, a, ao, b, bo):
 
 
 @intrinsic
+def mins_k4_dot(typingctx, array, offset, b, bo):
+    """sum_k m_k * (b[bo + 2k] + b[bo + 2k + 1]), k < 8: the 6-bit mins m_k of a Q4_K / Q5_K
+    block's 12 scale bytes at ``offset`` (bytes 4-7 & 63; then bytes 8-11 >> 4 with bytes 4-7's
+    top two bits above them, as ggml's kmask words unpack them) times the pair sums of eight
+    pairs of int32 b (an activation block's bsums): the mins unpacked as two 32-bit words,
+    each byte doubled, two multiplies and one sum, where eight scalar products took forty
+    instructions."""
+    def codegen(context, builder, sig, args):
+        def word(k):
+            return builder.load(_pointer(context, builder, sig.args[0], args[0],
+                                         builder.add(args[1], ir.Constant(args[1].type, k)),
+                                         _I32), align=1)
+
+        def c(v):
+            return ir.Constant(_I32, v)
+
+        a1, a2 = word(4), word(8)
+        lo = builder.and_(a1, c(0x3F3F3F3F))
+        hi = builder.or_(builder.and_(builder.lshr(a2, c(4)), c(0x0F0F0F0F)),
+                         builder.shl(builder.and_(builder.lshr(a1, c(6)), c(0x03030303)), c(4)))
+        pair = builder.insert_element(builder.insert_element(
+            ir.Constant(ir.VectorType(_I32, 2), None), lo, c(0)), hi, c(1))
+        m8 = builder.bitcast(pair, ir.VectorType(_I8, 8))
+        total = None
+        for half in range(2):
+            dup = builder.shuffle_vector(m8, m8, ir.Constant(
+                ir.VectorType(_I32, 8), [4 * half + k // 2 for k in range(8)]))
+            words = builder.load(_pointer(context, builder, sig.args[2], args[2],
+                                          builder.add(args[3], ir.Constant(args[3].type,
+                                                                           8 * half)), _V32),
+                                 align=4)
+            prod = builder.mul(builder.zext(dup, _V32), words)
+            total = prod if total is None else builder.add(total, prod)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V32]),
+                                            "llvm.vector.reduce.add.v8i32")
+        return builder.call(fn, [total])
+    return types.int32(array, offset, b, bo), codegen
+
+
+@intrinsic
 def shl32(typingctx, a, n):
     """Each int32 lane shifted left by the constant ``n``."""
     def codegen(context, builder, sig, args):
