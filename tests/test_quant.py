@@ -166,6 +166,11 @@ def test_q5_0_prompt_unpacked_first_is_ggmls(threads):
             np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
     finally:
         kernels.set_num_threads(before)
+    # the room for the unpacked panels is one per row length, whatever the step's rows: calls
+    # kept for many step lengths (runner.BoundCalls) hold no room of their own
+    rooms = [quant.scratch(qt, quant.quantize_activations(qt.act, x, 0, t)[0])
+             for t in (quant.UNPACK_MIN_ROWS, T)]
+    assert rooms[0] is rooms[1] and rooms[0].shape[1:] == (quant.ROWS_PER_TASK, 34 * K // 32)
 
 
 @njit

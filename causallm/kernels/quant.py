@@ -72,11 +72,11 @@ from causallm.kernels.simd import (
     load32,
     lookup,
     madd,
-    prefetch,
     maddubs,
     mins_k4_dot,
     mul8,
     nibbles,
+    prefetch,
     round_f16,
     scales2,
     shl32,
@@ -1096,16 +1096,23 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
 
 
 NO_SCRATCH = np.zeros((numba_config.NUMBA_NUM_THREADS, 0, 0), dtype=np.uint8)
+_panels: dict[int, np.ndarray] = {}
 
 
 def scratch(qtype: QType, q):
     """Room for each thread's panel of unpacked weight rows (threads, ROWS_PER_TASK, bytes)
     when the product of the activation rows ``q`` unpacks them (a Q5_0 prompt of
-    UNPACK_MIN_ROWS rows or more), else NO_SCRATCH (``_entry_points``)."""
+    UNPACK_MIN_ROWS rows or more), else NO_SCRATCH (``_entry_points``). One room per row
+    length, shared: the kernels hold the GIL, so no two products use it at once, and calls
+    kept for many step lengths (runtime/runner.py, ``BoundCalls``) keep no room of their own."""
     if qtype.kind != Q5_0 or q.shape[0] < UNPACK_MIN_ROWS:
         return NO_SCRATCH
-    return np.empty((numba_config.NUMBA_NUM_THREADS, ROWS_PER_TASK, 34 * (q.shape[1] // 32)),
-                    dtype=np.uint8)
+    nbytes = 34 * (q.shape[1] // 32)
+    panels = _panels.get(nbytes)
+    if panels is None:
+        panels = _panels[nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, ROWS_PER_TASK,
+                                             nbytes), dtype=np.uint8)
+    return panels
 
 
 def _parallel(work_bytes: int) -> bool:

@@ -272,9 +272,9 @@ class BoundCalls:
     ``make(nrows)`` once and kept while the shared activation buffers and the thread count stay
     the same (the arguments are the entry's own buffers, views of those rows, and choices made
     from the thread count), so a decode step repeats its calls without the Python that found
-    them (docs/performance.md, "Kernel calls bound once"). When the buffers are made anew (a
-    longer step than any before) every kept call is dropped, with the views that held the old
-    buffers."""
+    them (docs/performance.md, "Attention in one call, kernel calls bound once, nibbles in
+    three instructions"). When the buffers are made anew (a longer step than any before) every
+    kept call is dropped, with the views that held the old buffers."""
 
     __slots__ = ("make", "stamp", "calls")
 
