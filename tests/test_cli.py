@@ -614,17 +614,18 @@ def test_out_of_memory_names_the_flag_that_set_the_context(capsys, monkeypatch):
 
 def _limited_run(*args, limit=3 << 30):
     """main.py under RLIMIT_AS ``limit`` bytes of address space: (CompletedProcess, the
-    child's peak RSS in KiB, from its own getrusage written to fd 3)."""
-    import resource
-
+    child's peak RSS in KiB, its VmHWM written last on stderr). Not getrusage's ru_maxrss:
+    Linux carries that over exec from the process that spawned the child, so a test worker
+    that had compiled many kernels read as the child's peak."""
     code = ("import resource, runpy, sys, os\n"
             f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
             "sys.argv = ['main.py', *sys.argv[1:]]\n"
             "try:\n"
             "    runpy.run_path('main.py', run_name='__main__')\n"
             "finally:\n"
-            "    sys.stderr.write(f'[rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}]\\n')\n")
-    del resource
+            "    hwm = next(line.split()[1] for line in open('/proc/self/status')\n"
+            "               if line.startswith('VmHWM:'))\n"
+            "    sys.stderr.write(f'[rss {hwm}]\\n')\n")
     p = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     lines = p.stderr.splitlines()
