@@ -4,7 +4,8 @@
 
 numba compiles each kernel at its first call and caches the machine code (kernels/jit_cache.py
 chooses where); the first run of a model on a machine pays that compile, seconds, before its
-first token. pip cannot run code when it installs a package, so an install that wants the
+first token (not the embedded model on a CPU a prebuilt folder serves: its kernels ship
+compiled, kernels/jit_cache.py). pip cannot run code when it installs a package, so an install that wants the
 user's first run to be warm runs this after ``pip install``: it loads each MODEL (a folder or a
 .gguf file; the embedded model, res/tiny-llama, when none is named) as ``causallm.load`` does,
 with the same weight and KV-cache formats as the run will use (kernels compile per format),

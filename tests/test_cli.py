@@ -746,7 +746,7 @@ def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
     """A regular (non-editable) install: the wheel holds one top-level package, ``causallm``,
     with the application's modules and the embedded model inside it; its console script's
     entry point runs that model from any directory, and no generic name (main, factory,
-    models, layers) is importable from it."""
+    models, layers) is importable from it; the prebuilt kernels are in it."""
     target = tmp_path / "site"
     p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                         "--no-build-isolation", "--no-cache-dir", "--target", str(target), ROOT],
@@ -757,6 +757,10 @@ def test_installed_copy_runs_with_only_the_causallm_name(tmp_path):
     for name in ("main.py", "factory.py", "models/causal_lm.py", "layers/rms_norm.py",
                  "res/tiny-llama/config.json", "res/tiny-llama/model.safetensors"):
         assert os.path.isfile(target / "causallm" / name), name
+    prebuilt = os.path.join("causallm", "kernels", "prebuilt")
+    shipped = {os.path.relpath(os.path.join(d, f), ROOT)
+               for d, _, fs in os.walk(os.path.join(ROOT, prebuilt)) for f in fs}
+    assert shipped and all(os.path.isfile(target / name) for name in shipped)
     entry = (next(target.glob("causallm-*.dist-info")) / "entry_points.txt").read_text()
     assert "causallm = causallm.main:main" in entry
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -5,12 +5,15 @@ the kernels are cached in the first writable folder of NUMBA_CACHE_DIR, the sour
 __pycache__, the user's cache folder and a private temporary folder, or not at all. A cache
 file cut short (a crash, a full disk) is compiled again, not an UnpicklingError.
 
-The runs go through the CLI in a subprocess on one copy of the package made read-only; each
-first run compiles the embedded model's kernels (seconds), so the tree and its runs are shared.
+The runs go through the CLI in a subprocess on one copy of the package made read-only, without
+its prebuilt kernels; each first run compiles the embedded model's kernels (seconds), so the
+tree and its runs are shared.
 
 A kernel computes the same bits whether it was just compiled or read from the cache: the
 embedded model generates in a process that compiles every kernel (an empty cache) and in one
-that loads them all, and the logits of every step must be equal to the bit.
+that loads them all, and the logits of every step must be equal to the bit. Those processes
+name this CPU as numba's target (``COMPILE_HERE``), which compiles for it instead of reading the
+prebuilt kernels; a first run that does read them compiles nothing and generates the same.
 """
 
 import json
@@ -31,6 +34,17 @@ PROMPT = "The for statement"
 NOBODY = 65534
 
 
+def _compile_here() -> dict:
+    import llvmlite.binding as llvm
+    return {"NUMBA_CPU_NAME": llvm.get_host_cpu_name(),
+            "NUMBA_CPU_FEATURES": llvm.get_host_cpu_features().flatten()}
+
+
+COMPILE_HERE = _compile_here()
+"""Environment naming this CPU as numba's target: numba's own key for it (so the same cache
+entries as a process that names none), and no prebuilt kernels (kernels/jit_cache.py)."""
+
+
 @pytest.fixture(scope="module")
 def tree():
     """The package (causallm, layers, models, factory.py, main.py, res/tiny-llama) copied to a
@@ -39,7 +53,7 @@ def tree():
     top = tempfile.mkdtemp(prefix="causallm-ro-")
     os.chmod(top, 0o755)
     base = os.path.join(top, "install")
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "prebuilt")
     for name in ("causallm", "layers", "models"):
         shutil.copytree(os.path.join(ROOT, name), os.path.join(base, name), ignore=skip)
     for name in ("factory.py", "main.py"):
@@ -239,8 +253,9 @@ logit rows and the SHA-256 of their float32 bytes, as one JSON line."""
 
 
 def generate_recorded(cache, model=os.path.join(ROOT, "res", "tiny-llama"), n=8):
-    """RECORD in a subprocess of this tree with NUMBA_CACHE_DIR=cache: (its record, stderr)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=ROOT)
+    """RECORD in a subprocess of this tree with NUMBA_CACHE_DIR=cache, compiling for this CPU:
+    (its record, stderr)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=ROOT, **COMPILE_HERE)
     p = subprocess.run([sys.executable, "-c", RECORD, model, LONG_PROMPT, str(n)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr
@@ -297,8 +312,9 @@ def test_a_cached_kernel_naming_a_registry_symbol_loads(tmp_path):
 @pytest.mark.slow
 def test_warmup_compiles_what_the_first_run_needs(tmp_path):
     """``python -m causallm.warmup`` on an empty cache compiles the embedded model's kernels
-    (and says so); the run after it, the default model and prompt, compiles nothing."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    (and says so); the run after it, the default model and prompt, compiles nothing. Both
+    compile for this CPU, without the prebuilt kernels."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), **COMPILE_HERE)
     warm = subprocess.run([sys.executable, "-m", "causallm.warmup"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert warm.returncode == 0, warm.stderr
@@ -331,7 +347,7 @@ def test_a_changed_helper_compiles_its_callers_again(tmp_path):
     caller computes with the new helper."""
     copy = tmp_path / "src"
     shutil.copytree(os.path.join(ROOT, "causallm"), copy / "causallm",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "prebuilt"))
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
 
     def norm_of_threes():
@@ -347,3 +363,45 @@ def test_a_changed_helper_compiles_its_callers_again(tmp_path):
     norm.write_text(text.replace("ys[j] = xs[j] * inv * gamma[j]",
                                  "ys[j] = 2 * xs[j] * inv * gamma[j]"))
     assert norm_of_threes() == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------- prebuilt kernels
+
+def _prebuilt_here() -> list[str]:
+    """The prebuilt folders that serve this CPU, Python and numba."""
+    import numba
+    from numba.core.registry import cpu_target
+    folders = []
+    for folder, _ in jit_cache.prebuilt_targets(cpu_target.target_context.codegen()):
+        with open(os.path.join(folder, "target.json")) as f:
+            target = json.load(f)
+        if (target["numba"] == numba.__version__
+                and target["python"] == "%d.%d" % sys.version_info[:2]):
+            folders.append(folder)
+    return folders
+
+
+@pytest.mark.slow
+def test_a_first_run_of_the_embedded_model_compiles_nothing(tmp_path):
+    """The embedded model's kernels ship compiled for CPU levels (causallm/kernels/prebuilt,
+    tools/prebuild_kernels.py): the README's first run, on an empty cache, reads them back,
+    compiles nothing and generates what a run that compiles them for this CPU generates. It
+    fails after a change to causallm/kernels/ until the tool makes them again; it is skipped
+    where no prebuilt folder serves this CPU, Python and numba."""
+    if not _prebuilt_here():
+        pytest.skip("no prebuilt kernels for this CPU, Python and numba")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+
+    def generate(cache, **more):
+        p = subprocess.run([sys.executable, "main.py", "-n", "8", "--json"], cwd=ROOT,
+                           env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / cache), **more),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])["generated_ids"], p.stderr
+
+    (prebuilt, err), (compiled, err_compiled) = generate("a"), generate("b", **COMPILE_HERE)
+    assert "[numba]" not in err, ("the prebuilt kernels are stale: run "
+                                  "tools/prebuild_kernels.py\n" + err)
+    assert not any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "a") for f in fs)
+    assert "[numba] compiling kernels" in err_compiled
+    assert prebuilt == compiled and len(prebuilt) == 8

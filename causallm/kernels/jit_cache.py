@@ -53,11 +53,24 @@ keys carry ``LINKING`` so code saved under the old rule is not read back. They a
 digest of every module of this package (``kernel_sources``): numba's own key is a kernel's
 code and its file's time stamp, which let a kernel be read back compiled from helpers in other
 files that had changed since.
+
+Kernels compiled ahead of time ship in ``prebuilt/<target>/`` (``tools/prebuild_kernels.py``
+writes them): each folder is a numba cache made by a run with ``NUMBA_CPU_NAME`` /
+``NUMBA_CPU_FEATURES`` naming a CPU level (``x86-64-v3``: AVX2, FMA, F16C), and its
+``target.json`` says which. A folder serves a process whose CPU has every feature of that level
+and whose vector operations lower the same way (``simd.LEVEL``, ``simd.F16C``), unless the
+process names a target itself. Such a kernel is looked up there first, by numba's own index key
+with the level in place of this CPU, and read back as any cached kernel, so the first run of
+the embedded model compiles nothing; a kernel the folder lacks, or holds for other sources, a
+Python or a numba, is compiled and cached as before. Either way the kernel a process runs is the
+same on every run: a prebuilt one is taken whenever there is one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
 import stat
 import sys
@@ -158,6 +171,74 @@ def kernel_sources() -> str:
         _sources = digest.hexdigest()[:16]
     return _sources
 
+PREBUILT = os.path.join(KERNELS, "prebuilt")
+"""Kernels compiled ahead of time, a folder per CPU level (module docstring)."""
+
+_targets: list | None = None
+
+
+def prebuilt_targets(codegen) -> list[tuple[str, tuple]]:
+    """The prebuilt folders this process can run, each with numba's ``magic_tuple`` of its
+    target (LLVM triple, CPU name, features): none when NUMBA_CPU_NAME names a target."""
+    global _targets
+    if _targets is None:
+        from numba.core import caching, config
+
+        from causallm.kernels import simd
+
+        _targets = []
+        names = sorted(os.listdir(PREBUILT)) if os.path.isdir(PREBUILT) else []
+        if not hasattr(caching, "_hash_source_file"):  # a numba before content stamps
+            names = []
+        host = simd.target_features()
+        triple = codegen.magic_tuple()[0]
+        for name in names if not config.CPU_NAME else []:
+            try:
+                with open(os.path.join(PREBUILT, name, "target.json"), "rb") as f:
+                    target = json.load(f)
+                needs = {f[1:] for f in target["features"].split(",") if f.startswith("+")}
+                usable = (target["triple"] == triple and needs <= host
+                          and target["level"] == simd.LEVEL and target["f16c"] == simd.F16C)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not a prebuilt folder this version can read
+            if usable:
+                _targets.append((os.path.join(PREBUILT, name),
+                                 (target["triple"], target["cpu"], target["features"])))
+    return _targets
+
+
+class Prebuilt:
+    """One kernel's entries in the prebuilt folders (module docstring), found as numba finds
+    them in its cache: the file names and source stamp numba's cache gives the kernel, and its
+    index key with the folder's target."""
+
+    def __init__(self, py_func):
+        self._py_func = py_func
+
+    def load(self, sig, target_context):
+        """The kernel's compile result for ``sig`` from a prebuilt folder, or None."""
+        from numba.core import caching, compiler
+
+        codegen = target_context.codegen()
+        targets = prebuilt_targets(codegen)
+        if not targets:
+            return None
+        source = inspect.getfile(self._py_func)
+        st = os.stat(source)
+        stamp = caching._hash_source_file(source, st.st_mtime, st.st_size)
+        name = (f"{os.path.splitext(os.path.basename(source))[0]}.{self._py_func.__qualname__}"
+                .replace("<", "").replace(">", ""))
+        base = (f"{name}-{self._py_func.__code__.co_firstlineno}.py{sys.version_info[0]}"
+                f"{sys.version_info[1]}{getattr(sys, 'abiflags', '')}")
+        key = caching.Cache._index_key(self, sig, codegen) + (LINKING, kernel_sources())
+        for folder, magic in targets:
+            data = caching.IndexDataCacheFile(folder, base, stamp).load(
+                key[:1] + (magic,) + key[2:])
+            if data is not None:
+                return compiler.CompileResult._rebuild(target_context, *data)
+        return None
+
+
 _said: set = set()
 
 
@@ -211,10 +292,14 @@ def install() -> None:
             super().__init__(py_func)
             self._cache_file = CheckedIndex(self._cache_path, self._impl.filename_base,
                                             self._impl.locator.get_source_stamp())
+            self._prebuilt = Prebuilt(py_func)
 
         def load_overload(self, sig, target_context):
+            rtsys.initialize(target_context)  # numba refreshes the whole context here
+            data = _load_prebuilt(self._prebuilt, sig, target_context)
+            if data is not None:
+                return data
             try:
-                rtsys.initialize(target_context)  # numba refreshes the whole context here
                 with self._guard_against_spurious_io_errors():
                     return self._load_overload(sig, target_context)
             except Exception as e:  # noqa: BLE001: any unreadable entry is a miss
@@ -233,14 +318,33 @@ def install() -> None:
                           f"{self._cache_path} ({e.strerror or e}); not cached")
                 self.disable()
 
+    class PrebuiltOnly(caching.NullCache):
+        """No cache folder: kernels come from the prebuilt folders or are compiled."""
+
+        def __init__(self, py_func):
+            self._prebuilt = Prebuilt(py_func)
+
+        def load_overload(self, sig, target_context):
+            rtsys.initialize(target_context)
+            return _load_prebuilt(self._prebuilt, sig, target_context)
+
     def enable_caching(self):
-        self._cache = CheckedCache(self.py_func) if CACHED else caching.NullCache()
+        self._cache = CheckedCache(self.py_func) if CACHED else PrebuiltOnly(self.py_func)
 
     dispatcher.Dispatcher.enable_caching = enable_caching
     # numba's extensions (the entry points of installed packages) load with the registries,
     # at the first compile, not at every kernel's first call: a scan of every installed
     # distribution's metadata that a cache hit does not need
     dispatcher.Dispatcher._compilation_chain_init_hook = lambda self: None
+
+
+def _load_prebuilt(prebuilt: Prebuilt, sig, target_context):
+    try:
+        return prebuilt.load(sig, target_context)
+    except Exception as e:  # noqa: BLE001: an unreadable entry is a miss
+        _say_once(f"[numba] prebuilt {prebuilt._py_func.__qualname__} in {PREBUILT} is "
+                  f"unreadable ({type(e).__name__}); compiling it")
+        return None
 
 
 def _import_numba() -> None:

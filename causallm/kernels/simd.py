@@ -59,7 +59,7 @@ from numba.core import cgutils, config, types
 from numba.extending import intrinsic, models, register_model
 
 
-def _target_features() -> set[str]:
+def target_features() -> set[str]:
     """The CPU features numba compiles for: the host's, or NUMBA_CPU_FEATURES when
     NUMBA_CPU_NAME asks for another target."""
     if config.CPU_NAME:
@@ -73,10 +73,10 @@ def _level(features: set[str]) -> str:
     return "avx2" if "avx2" in features else "generic"
 
 
-LEVEL = _level(_target_features())
+LEVEL = _level(target_features())
 """How the vector operations are lowered: "vnni", "avx2" or "generic" (module docstring)."""
 
-F16C = "f16c" in _target_features()
+F16C = "f16c" in target_features()
 """Half-precision conversions are instructions (else integer code: LLVM's libcalls for them are
 not in numba's JIT)."""
 

@@ -1,0 +1,153 @@
+"""Compile the embedded model's kernels ahead of time for CPU levels: causallm/kernels/prebuilt/.
+
+A first run of ``python main.py`` on a machine compiles the kernels it calls (about 10 s on a
+2-core VM), and numba caches them for later runs. A prebuilt folder is such a cache made here,
+once, for a CPU level rather than for this CPU: the runs below set ``NUMBA_CPU_NAME`` /
+``NUMBA_CPU_FEATURES`` to the level, so LLVM uses only its instructions and numba keys every
+entry by it; kernels/jit_cache.py looks there first on any machine whose CPU has the level's
+features and lowers the vector operations the same way (kernels/simd.py ``LEVEL``), so a user's
+first run reads them back instead of compiling.
+
+The runs: the README's ``python main.py``, a sampled one-thread run, a long two-thread greedy run
+(attention over many keys), a beam search, and ``python -m causallm.warmup``: every kernel the
+embedded model's usual commands call. They run with every kernel call replaced by a compile for
+its arguments' types (``COMPILE_ONLY``), so a level this machine cannot execute (AVX-512 on an
+AVX2 CPU) is built all the same: what a run compiles depends on the types it passes, never on
+the values it computes. A level the machine can execute is then checked: a run on an empty
+cache compiles nothing (tests/test_numba_cache.py also compares its tokens with a run that
+compiles for the machine). A level's entries are valid for the sources, Python and numba they
+were made with (the key and the file names carry them); jit_cache compiles whatever they do not
+hold. Run it after any change to causallm/kernels/ (tests/test_numba_cache.py fails until then):
+
+    python tools/prebuild_kernels.py [--level LEVEL ...]   # about 30 s a level
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREBUILT = os.path.join(ROOT, "causallm", "kernels", "prebuilt")
+
+# The levels kernels/simd.py lowers its vector operations for, each as an LLVM CPU name and the
+# features numba is told (NUMBA_CPU_FEATURES, which simd.LEVEL reads): x86-64-v3 (Haswell, Zen
+# and later) and x86-64-v4 with AVX-512 VNNI (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4).
+_V3 = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
+       "+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+LEVELS = {
+    "avx2": ("x86-64-v3", _V3),
+    "vnni": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"),
+}
+
+COMPILE_ONLY = """
+import runpy, sys
+import causallm.kernels  # noqa: F401  (the kernels' cache, jit_cache.install)
+from numba.core import dispatcher
+
+def compile_only(self, *args):
+    self.compile(tuple(self.typeof_pyval(a) for a in args))
+
+dispatcher.Dispatcher.__call__ = compile_only
+sys.argv = sys.argv[1:]
+if sys.argv[0] == "-m":
+    del sys.argv[0]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""Run a script (or ``-m module``) with every numba kernel call compiling for the arguments'
+types and running nothing: the buffers keep whatever they held, the generated tokens are
+nonsense, and the kernels a real run calls are compiled."""
+
+RUNS = [
+    ["main.py"],
+    ["main.py", "-n", "40", "--temp", "0.8", "--top-p", "0.9", "--seed", "1", "-t", "1"],
+    ["main.py", "res/tiny-llama", "word " * 300, "-n", "40", "--greedy", "-t", "2"],
+    ["main.py", "-n", "8", "--num-beams", "3"],
+    ["-m", "causallm.warmup"],
+]
+
+
+def build(level: str) -> str:
+    cpu, features = LEVELS[level]
+    cache = tempfile.mkdtemp(prefix="causallm-prebuild-")
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
+               PYTHONPATH=ROOT)
+    try:
+        for args in RUNS:
+            run = subprocess.run([sys.executable, "-c", COMPILE_ONLY, *args], cwd=ROOT,
+                                 env=env, capture_output=True, text=True)
+            if run.returncode:
+                sys.exit(f"prebuild_kernels: {' '.join(args)[:60]} failed:\n{run.stderr}")
+        files = sorted(glob.glob(os.path.join(cache, "*", "*.nb[ic]")))
+        magic = _magic(f for f in files if f.endswith(".nbi"))
+        out = os.path.join(PREBUILT, cpu)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        for f in files:
+            shutil.copy(f, out)
+        from numba import __version__ as numba_version
+        target = {"triple": magic[0], "cpu": magic[1], "features": magic[2], "level": level,
+                  "f16c": "+f16c" in magic[2].split(","), "numba": numba_version,
+                  "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+        with open(os.path.join(out, "target.json"), "w") as f:
+            json.dump(target, f, indent=1)
+            f.write("\n")
+        return out
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _magic(indexes) -> tuple:
+    """The one target (numba's magic tuple) every entry of the index files is keyed by."""
+    seen = set()
+    for path in indexes:
+        with open(path, "rb") as f:
+            pickle.load(f)  # numba's version
+            _, overloads = pickle.loads(f.read())
+        seen.update(key[1] for key in overloads)
+    if len(seen) != 1:
+        sys.exit(f"prebuild_kernels: expected one target in the built cache, found {seen}")
+    return seen.pop()
+
+
+def check() -> str:
+    """Run ``main.py -n 1`` with an empty cache: stderr, which names any kernel compiled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+        run = subprocess.run([sys.executable, "main.py", "-n", "1"], cwd=ROOT, capture_output=True,
+                             text=True, env=dict(env, NUMBA_CACHE_DIR=cache, PYTHONPATH=ROOT))
+        return run.stderr
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--level", choices=sorted(LEVELS), nargs="+", default=sorted(LEVELS))
+    args = p.parse_args()
+    import llvmlite.binding as llvm
+    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    for level in args.level:
+        out = build(level)
+        n = len(glob.glob(os.path.join(out, "*.nbi")))
+        needs = {f[1:] for f in LEVELS[level][1].split(",")}
+        if not needs <= host:
+            print(f"{os.path.relpath(out, ROOT)}: {n} kernels (not run: this CPU lacks "
+                  f"{', '.join(sorted(needs - host))})")
+            continue
+        stderr = check()
+        print(f"{os.path.relpath(out, ROOT)}: {n} kernels")
+        if "compiling kernels" in stderr:
+            print("note: a first run here still compiles (this CPU lowers the vector operations "
+                  "at another level):\n" + stderr)
+
+
+if __name__ == "__main__":
+    main()
