@@ -82,8 +82,10 @@ def test_a_gguf_without_a_chat_template_is_refused_before_its_weights_are_read(t
         rc = main.main(args)
         out, err = capsys.readouterr()
         assert rc == 2 and out == "", err
-        assert err == (f"error: {flag}: {path} has no chat template (no tokenizer.chat_template "
-                       f"in the GGUF's metadata); give one with --chat-template-file FILE\n")
+        # the vocabulary's kernels may compile first in this process, which says so
+        said = "".join(line for line in err.splitlines(True) if not line.startswith("[numba]"))
+        assert said == (f"error: {flag}: {path} has no chat template (no tokenizer.chat_template "
+                        f"in the GGUF's metadata); give one with --chat-template-file FILE\n")
     rc = main.main([str(path), "hi", "-n", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "blk.1.attn_v.weight" in err and "NaN" in err, err
