@@ -70,11 +70,13 @@ from causallm.kernels.simd import (
     fma,
     hsum,
     load32,
+    load8f,
     lookup,
     madd,
     maddubs,
     mins_k4_dot,
     mul8,
+    mulf,
     nibbles,
     prefetch,
     round_f16,
@@ -82,7 +84,9 @@ from causallm.kernels.simd import (
     shl32,
     splat16,
     splat16x2,
+    splatf,
     store32,
+    store8f,
     sub32,
     table16,
     zero32,
@@ -649,17 +653,23 @@ def _dot_x4(kind, qk, w, x0, x1, x2, x3, d0, d1, d2, d3, s0, s1, s2, s3, u0, u1,
 
 
 @njit(cache=True, inline="always")
-def _dot_w4(kind, qk, w0, w1, w2, w3, x, d, s, u):
-    """Rows w0..w3 times activation row x: four independent sums, block by block, each block
-    of x loaded once for the four rows."""
+def _dot_w4_q8_0(w0, w1, w2, w3, ws, x, d):
+    """Q8_0 rows w0..w3 times activation row x: four independent sums, block by block, each
+    block of x loaded once for the four rows. ws holds the rows' scales widened to float32,
+    each in 8 lanes, four rows a block (``_four_weight_rows``): a block-row's scale is one
+    multiply by x's, where widening the row's half and broadcasting it took five instructions
+    for every activation row. 128-row prompts, one thread, 2048 x 640: 13.7 -> 10.5
+    instructions per 32 values, 0.84 of the time."""
     a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
-    m0 = m1 = m2 = m3 = np.float32(0.0)
-    for b in range(x.shape[0] // qk):
-        a0, m0 = _block(kind, a0, m0, w0, b, x, d, s, u)
-        a1, m1 = _block(kind, a1, m1, w1, b, x, d, s, u)
-        a2, m2 = _block(kind, a2, m2, w2, b, x, d, s, u)
-        a3, m3 = _block(kind, a3, m3, w3, b, x, d, s, u)
-    return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
+    for b in range(x.shape[0] // 32):
+        db = splatf(d[b])
+        xb = load32(x, 32 * b)
+        o = 34 * b + 2
+        a0 = fma(a0, dot_signed(zero32(), load32(w0, o), xb), mulf(load8f(ws, 32 * b), db))
+        a1 = fma(a1, dot_signed(zero32(), load32(w1, o), xb), mulf(load8f(ws, 32 * b + 8), db))
+        a2 = fma(a2, dot_signed(zero32(), load32(w2, o), xb), mulf(load8f(ws, 32 * b + 16), db))
+        a3 = fma(a3, dot_signed(zero32(), load32(w3, o), xb), mulf(load8f(ws, 32 * b + 24), db))
+    return hsum(a0), hsum(a1), hsum(a2), hsum(a3)
 
 
 @njit(cache=True, inline="always")
@@ -867,14 +877,22 @@ def _row_widen_of(kind, w, out):
 
 @njit(cache=True, inline="always")
 def _four_weight_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    """Outputs [n0, n1) of every activation row t: four weight rows against one activation row
-    at a time (each activation block loaded once for the four)."""
+    """Q8_0 outputs [n0, n1) of every activation row t: four weight rows against one activation
+    row at a time (each activation block loaded once for the four), their scales widened once
+    for all the activation rows."""
     has_bias = bias.shape[0] > 0
+    nb = q.shape[1] // 32
+    ws = np.empty(32 * nb, dtype=np.float32)  # each row's scale in 8 lanes, four rows a block
     for n in range(n0, n1, 4):
         r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
         w0, w1, w2, w3 = w[n], w[r1], w[r2], w[r3]
+        for b in range(nb):
+            store8f(ws, 32 * b, splatf(f16(w0, 34 * b)))
+            store8f(ws, 32 * b + 8, splatf(f16(w1, 34 * b)))
+            store8f(ws, 32 * b + 16, splatf(f16(w2, 34 * b)))
+            store8f(ws, 32 * b + 24, splatf(f16(w3, 34 * b)))
         for t in range(q.shape[0]):
-            v0, v1, v2, v3 = _dot_w4(kind, qk, w0, w1, w2, w3, q[t], d[t], s[t], u[t])
+            v0, v1, v2, v3 = _dot_w4_q8_0(w0, w1, w2, w3, ws, q[t], d[t])
             out = y[t // nrows, y_row + t % nrows]
             if has_bias:
                 v0, v1, v2, v3 = v0 + bias[n], v1 + bias[r1], v2 + bias[r2], v3 + bias[r3]
@@ -905,6 +923,45 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
             y[t3 // nrows, y_row + t3 % nrows, n] = v3 + b
 
 
+@njit(cache=True, inline="always")
+def _q8_0_four_activation_rows(w, wn, q, d, bias, y, y_row, nrows, n0, n1):
+    """_four_activation_rows of Q8_0 weights (a Q5_0 prompt's unpacked panel): the four
+    activation rows' block scales spread over 8 lanes once for the weight rows [n0, n1), so
+    each of a block's four scales is one multiply by the weight's (``_dot_w4_q8_0`` the other
+    way round). Q5_0 128-row prompts, one thread, 2048 x 640: 0.90 of the time."""
+    T = q.shape[0]
+    nb = q.shape[1] // 32
+    has_bias = bias.shape[0] > 0
+    xs = np.empty(32 * nb, dtype=np.float32)
+    for t in range(0, T, 4):
+        t1, t2, t3 = min(t + 1, T - 1), min(t + 2, T - 1), min(t + 3, T - 1)
+        x0, x1, x2, x3 = q[t], q[t1], q[t2], q[t3]
+        for b in range(nb):
+            store8f(xs, 32 * b, splatf(d[t, b]))
+            store8f(xs, 32 * b + 8, splatf(d[t1, b]))
+            store8f(xs, 32 * b + 16, splatf(d[t2, b]))
+            store8f(xs, 32 * b + 24, splatf(d[t3, b]))
+        for n in range(n0, n1):
+            wr = w[n - wn]
+            a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
+            for b in range(nb):
+                sw = splatf(f16(wr, 34 * b))
+                v = load32(wr, 34 * b + 2)
+                a0 = fma(a0, dot_signed(zero32(), v, load32(x0, 32 * b)),
+                         mulf(load8f(xs, 32 * b), sw))
+                a1 = fma(a1, dot_signed(zero32(), v, load32(x1, 32 * b)),
+                         mulf(load8f(xs, 32 * b + 8), sw))
+                a2 = fma(a2, dot_signed(zero32(), v, load32(x2, 32 * b)),
+                         mulf(load8f(xs, 32 * b + 16), sw))
+                a3 = fma(a3, dot_signed(zero32(), v, load32(x3, 32 * b)),
+                         mulf(load8f(xs, 32 * b + 24), sw))
+            bn = bias[n] if has_bias else np.float32(0.0)
+            y[t // nrows, y_row + t % nrows, n] = hsum(a0) + bn
+            y[t1 // nrows, y_row + t1 % nrows, n] = hsum(a1) + bn
+            y[t2 // nrows, y_row + t2 % nrows, n] = hsum(a2) + bn
+            y[t3 // nrows, y_row + t3 % nrows, n] = hsum(a3) + bn
+
+
 UNPACK_MIN_ROWS = 16
 """Activation rows from which a Q5_0 product unpacks its weight rows first (``_entry_points``):
 16 rows took 0.87 of the time; unpacking for 4 rows cost more than it saved (1.1-1.24)."""
@@ -930,8 +987,7 @@ def _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, n0, n1, panel):
         c1 = min(c0 + ROWS_PER_TASK, n1)
         for n in range(c0, c1):
             _unpack_q5_0(w[n], panel[n - c0])
-        _four_activation_rows(Q8_0, 32, panel, c0, q, d, s, u, bias, y, y_row, nrows, c0,
-                              c1)
+        _q8_0_four_activation_rows(panel, c0, q, d, bias, y, y_row, nrows, c0, c1)
 
 
 # -- entry points -----------------------------------------------------------------------------------

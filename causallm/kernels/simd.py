@@ -31,11 +31,12 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     scales2(a, o, x, k)     (f16(a, o) * x[k], f16(a, o + 2) * x[k + 1]): two halves widened
                             and multiplied as one 2-lane vector (a block's d and m by the
                             activations' d and s)
-    fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32)
+    fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32 or an F32x8)
     zerof(), hsum(f), hsum32(v)
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
                             of half bits
     store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
+    mulf(a, b) = a * b
 
 maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
 16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
@@ -575,11 +576,12 @@ def zerof(typingctx):
 
 @intrinsic
 def fma(typingctx, acc, v, x):
-    """acc + float32(v) * x: v an I32x8, x one float32 for every lane."""
+    """acc + float32(v) * x: v an I32x8, x one float32 for every lane or an F32x8."""
     def codegen(context, builder, sig, args):
         acc, v, x = args
-        s = _splat(builder, context.cast(builder, x, sig.args[2], types.float32), 8)
-        return builder.fadd(acc, builder.fmul(builder.sitofp(v, _VF), s, flags=_FLAGS),
+        if not isinstance(sig.args[2], SimdVector):
+            x = _splat(builder, context.cast(builder, x, sig.args[2], types.float32), 8)
+        return builder.fadd(acc, builder.fmul(builder.sitofp(v, _VF), x, flags=_FLAGS),
                             flags=_FLAGS)
     return F32x8(acc, v, x), codegen
 
@@ -695,6 +697,14 @@ def fmaf(typingctx, acc, a, b):
         acc, a, b = args
         return builder.fadd(acc, builder.fmul(a, b, flags=_FLAGS), flags=_FLAGS)
     return F32x8(acc, a, b), codegen
+
+
+@intrinsic
+def mulf(typingctx, a, b):
+    """a * b, lane by lane."""
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1], flags=_FLAGS)
+    return F32x8(a, b), codegen
 
 
 # -- scalars ---------------------------------------------------------------------------------------
