@@ -405,3 +405,22 @@ def test_a_first_run_of_the_embedded_model_compiles_nothing(tmp_path):
     assert not any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "a") for f in fs)
     assert "[numba] compiling kernels" in err_compiled
     assert prebuilt == compiled and len(prebuilt) == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2_gguf", "gemma3_gguf"])
+def test_a_first_run_of_a_real_gguf_file_compiles_nothing(name, request, tmp_path):
+    """The prebuilt folders also hold the kernels of the real GGUF files the tests use (their
+    vocabulary's and their block types'): a first run of each, on an empty cache, compiles
+    nothing (stale after a change to causallm/kernels/ until tools/prebuild_kernels.py runs
+    again with their packages installed). Skipped without the file or a folder for this CPU."""
+    if not _prebuilt_here():
+        pytest.skip("no prebuilt kernels for this CPU, Python and numba")
+    path = request.getfixturevalue(name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    p = subprocess.run([sys.executable, "main.py", path, "What is a tuple?", "-n", "4"],
+                       cwd=ROOT, env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "[numba]" not in p.stderr, ("the prebuilt kernels are stale: run "
+                                       "tools/prebuild_kernels.py\n" + p.stderr)

@@ -10,16 +10,23 @@ first run reads them back instead of compiling.
 
 The runs: the README's ``python main.py``, a sampled one-thread run, a long two-thread greedy run
 (attention over many keys), a beam search, and ``python -m causallm.warmup``: every kernel the
-embedded model's usual commands call. They run with every kernel call replaced by a compile for
-its arguments' types (``COMPILE_ONLY``), so a level this machine cannot execute (AVX-512 on an
-AVX2 CPU) is built all the same: what a run compiles depends on the types it passes, never on
-the values it computes. A level the machine can execute is then checked: a run on an empty
+embedded model's usual commands call. For a level this machine can execute, they run as they
+are, and so do runs of the real GGUF files the tests use when their packages are installed
+(tests/real_files.py: SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M; short and long prompts, one and
+two threads): their vocabulary's kernels serve any GGUF file's first run, and their block types'
+products (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) any file of those types. For a level it cannot execute
+(AVX-512 on an AVX2 CPU), the embedded model's runs go with every kernel call replaced by a
+compile for its arguments' types (``COMPILE_ONLY``): what a run compiles depends on the types it
+passes, never on the values it computes (the x86-64-v3 folder made that way held exactly the
+entries of real runs). A GGUF run cannot go that way (its vocabulary is built by kernels whose
+results it reads), so such a level holds the embedded model's kernels alone until the tool runs
+on a machine of that level. A level the machine can execute is then checked: a run on an empty
 cache compiles nothing (tests/test_numba_cache.py also compares its tokens with a run that
 compiles for the machine). A level's entries are valid for the sources, Python and numba they
 were made with (the key and the file names carry them); jit_cache compiles whatever they do not
 hold. Run it after any change to causallm/kernels/ (tests/test_numba_cache.py fails until then):
 
-    python tools/prebuild_kernels.py [--level LEVEL ...]   # about 30 s a level
+    python tools/prebuild_kernels.py [--level LEVEL ...]   # 30 s to 3 min a level
 """
 
 from __future__ import annotations
@@ -76,15 +83,35 @@ RUNS = [
 ]
 
 
-def build(level: str) -> str:
+def real_file_runs(folder: str) -> list[list[str]]:
+    """Runs of the real GGUF files whose packages are installed (their parts joined into
+    ``folder``)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import real_files
+
+    files = []
+    if not real_files.SMOLLM2_MISSING:
+        files.append(real_files.smollm2_path())
+    if not real_files.GEMMA3_MISSING:
+        files.append(real_files.join_gemma3(folder))
+    long = "The history of the city is long and full of events. " * 12
+    return [args for f in files for args in (
+        ["main.py", f, "What is a tuple?", "-n", "16"],
+        ["main.py", f, long, "-n", "4", "-t", "1"],
+        ["main.py", f, long, "-n", "4", "-t", "2"])]
+
+
+def build(level: str, runnable: bool) -> str:
     cpu, features = LEVELS[level]
     cache = tempfile.mkdtemp(prefix="causallm-prebuild-")
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
                PYTHONPATH=ROOT)
     try:
-        for args in RUNS:
-            run = subprocess.run([sys.executable, "-c", COMPILE_ONLY, *args], cwd=ROOT,
-                                 env=env, capture_output=True, text=True)
+        runs = RUNS + real_file_runs(cache) if runnable else RUNS
+        for args in runs:
+            how = [] if runnable else ["-c", COMPILE_ONLY]
+            run = subprocess.run([sys.executable, *how, *args], cwd=ROOT, env=env,
+                                 capture_output=True, text=True)
             if run.returncode:
                 sys.exit(f"prebuild_kernels: {' '.join(args)[:60]} failed:\n{run.stderr}")
         files = sorted(glob.glob(os.path.join(cache, "*", "*.nb[ic]")))
@@ -135,9 +162,9 @@ def main() -> None:
     import llvmlite.binding as llvm
     host = {name for name, on in llvm.get_host_cpu_features().items() if on}
     for level in args.level:
-        out = build(level)
-        n = len(glob.glob(os.path.join(out, "*.nbi")))
         needs = {f[1:] for f in LEVELS[level][1].split(",")}
+        out = build(level, needs <= host)
+        n = len(glob.glob(os.path.join(out, "*.nbi")))
         if not needs <= host:
             print(f"{os.path.relpath(out, ROOT)}: {n} kernels (not run: this CPU lacks "
                   f"{', '.join(sorted(needs - host))})")
