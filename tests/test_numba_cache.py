@@ -24,6 +24,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -424,3 +425,36 @@ def test_a_first_run_of_a_real_gguf_file_compiles_nothing(name, request, tmp_pat
     assert p.returncode == 0, p.stderr
     assert "[numba]" not in p.stderr, ("the prebuilt kernels are stale: run "
                                        "tools/prebuild_kernels.py\n" + p.stderr)
+
+
+@pytest.mark.slow
+def test_a_damaged_prebuilt_file_is_compiled_instead(tmp_path):
+    """A prebuilt data file cut short (a broken install) is a miss: one stderr line names the
+    kernel, which is compiled (and cached) instead, and the run generates what an intact
+    install does."""
+    if not _prebuilt_here():
+        pytest.skip("no prebuilt kernels for this CPU, Python and numba")
+    copy = tmp_path / "install"
+    for name in ("causallm", "layers", "models"):
+        shutil.copytree(os.path.join(ROOT, name), copy / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("factory.py", "main.py"):
+        shutil.copy(os.path.join(ROOT, name), copy)
+    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), copy / "res" / "tiny-llama")
+    folder = os.path.relpath(_prebuilt_here()[0], ROOT)
+    damaged = sorted((copy / folder).glob("quant._row_kernels.locals.norm_rows-*.1.nbc"))
+    assert len(damaged) == 1
+    os.truncate(damaged[0], os.path.getsize(damaged[0]) // 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+
+    def generate(base, cache):
+        p = subprocess.run([sys.executable, str(base / "main.py"), "-n", "6", "--json"],
+                           cwd=tmp_path, env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / cache)),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])["generated_ids"], p.stderr
+
+    (ids, err), (intact, _) = generate(copy, "a"), generate(Path(ROOT), "b")
+    assert re.search(r"\[numba\] prebuilt _row_kernels\.<locals>\.norm_rows in \S+ is unreadable "
+                     r"\(\w+\); compiling it", err), err
+    assert "[numba] compiled" in err and ids == intact

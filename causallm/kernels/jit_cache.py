@@ -10,7 +10,7 @@ any kernel is declared, ``install()`` picks the first writable folder of:
 3. ``$XDG_CACHE_HOME/causallm/numba``, else ``~/.cache/causallm/numba``;
 4. ``<temp dir>/causallm-numba-<uid>``, kept only if this user owns it and nobody else may
    write to it (compiled code from a folder another user controls would run as ours);
-5. none: every run compiles its kernels again.
+5. none: every run compiles the kernels the prebuilt folders (below) do not hold.
 
 Writable means numba's own test: the folder can be made and a file created in it. The choice
 (3 or 4) goes to ``NUMBA_CACHE_DIR``, so numba and any child process use it, and one stderr
@@ -170,6 +170,7 @@ def kernel_sources() -> str:
                     digest.update(name.encode() + b"\0" + f.read())
         _sources = digest.hexdigest()[:16]
     return _sources
+
 
 PREBUILT = os.path.join(KERNELS, "prebuilt")
 """Kernels compiled ahead of time, a folder per CPU level (module docstring)."""
