@@ -4,15 +4,15 @@
 
 numba compiles each kernel at its first call and caches the machine code (kernels/jit_cache.py
 chooses where); the first run of a model on a machine pays that compile, seconds, before its
-first token (not the embedded model on a CPU a prebuilt folder serves: its kernels ship
-compiled, kernels/jit_cache.py). pip cannot run code when it installs a package, so an install that wants the
-user's first run to be warm runs this after ``pip install``: it loads each MODEL (a folder or a
-.gguf file; the embedded model, res/tiny-llama, when none is named) as ``causallm.load`` does,
-with the same weight and KV-cache formats as the run will use (kernels compile per format),
-which runs the model's warm-up step (``Model.warmup``: every stage's kernels, compiled or
-loaded), and generates nothing. It prints the compile notice on stderr as a first run would,
-and one line per model with its seconds. Exit status 0, or 2 with the one-line error of a model
-that cannot be loaded.
+first token, less where the package's prebuilt kernels serve this CPU (kernels/jit_cache.py:
+none for the embedded model). pip cannot run code when it installs a package, so an install
+that wants the user's first run to be warm runs this after ``pip install``: it loads each MODEL
+(a folder or a .gguf file; the embedded model, res/tiny-llama, when none is named) as
+``causallm.load`` does, with the same weight and KV-cache formats as the run will use (kernels
+compile per format), which runs the model's warm-up step (``Model.warmup``: every stage's
+kernels, compiled or loaded), and generates nothing. It prints the compile notice on stderr as
+a first run would, and one line per model with its seconds. Exit status 0, or 2 with the
+one-line error of a model that cannot be loaded.
 """
 
 from __future__ import annotations

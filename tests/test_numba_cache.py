@@ -45,6 +45,20 @@ COMPILE_HERE = _compile_here()
 """Environment naming this CPU as numba's target: numba's own key for it (so the same cache
 entries as a process that names none), and no prebuilt kernels (kernels/jit_cache.py)."""
 
+NO_TARGET = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+"""This environment without a target named to numba: the prebuilt kernels serve."""
+
+
+def copy_install(base, *skip):
+    """The package (causallm, layers, models, factory.py, main.py, res/tiny-llama) copied to
+    ``base``, without numba's caches and the names ``skip``."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", *skip)
+    for name in ("causallm", "layers", "models"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(base, name), ignore=ignore)
+    for name in ("factory.py", "main.py"):
+        shutil.copy(os.path.join(ROOT, name), base)
+    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), os.path.join(base, "res", "tiny-llama"))
+
 
 @pytest.fixture(scope="module")
 def tree():
@@ -54,12 +68,7 @@ def tree():
     top = tempfile.mkdtemp(prefix="causallm-ro-")
     os.chmod(top, 0o755)
     base = os.path.join(top, "install")
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "prebuilt")
-    for name in ("causallm", "layers", "models"):
-        shutil.copytree(os.path.join(ROOT, name), os.path.join(base, name), ignore=skip)
-    for name in ("factory.py", "main.py"):
-        shutil.copy(os.path.join(ROOT, name), base)
-    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), os.path.join(base, "res", "tiny-llama"))
+    copy_install(base, "prebuilt")
     tmp = os.path.join(top, "tmp")
     os.mkdir(tmp)
     os.chmod(tmp, 0o1777)
@@ -391,11 +400,10 @@ def test_a_first_run_of_the_embedded_model_compiles_nothing(tmp_path):
     where no prebuilt folder serves this CPU, Python and numba."""
     if not _prebuilt_here():
         pytest.skip("no prebuilt kernels for this CPU, Python and numba")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
 
     def generate(cache, **more):
         p = subprocess.run([sys.executable, "main.py", "-n", "8", "--json"], cwd=ROOT,
-                           env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / cache), **more),
+                           env=dict(NO_TARGET, NUMBA_CACHE_DIR=str(tmp_path / cache), **more),
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout.splitlines()[-1])["generated_ids"], p.stderr
@@ -418,9 +426,8 @@ def test_a_first_run_of_a_real_gguf_file_compiles_nothing(name, request, tmp_pat
     if not _prebuilt_here():
         pytest.skip("no prebuilt kernels for this CPU, Python and numba")
     path = request.getfixturevalue(name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
     p = subprocess.run([sys.executable, "main.py", path, "What is a tuple?", "-n", "4"],
-                       cwd=ROOT, env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
+                       cwd=ROOT, env=dict(NO_TARGET, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert "[numba]" not in p.stderr, ("the prebuilt kernels are stale: run "
@@ -435,21 +442,15 @@ def test_a_damaged_prebuilt_file_is_compiled_instead(tmp_path):
     if not _prebuilt_here():
         pytest.skip("no prebuilt kernels for this CPU, Python and numba")
     copy = tmp_path / "install"
-    for name in ("causallm", "layers", "models"):
-        shutil.copytree(os.path.join(ROOT, name), copy / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("factory.py", "main.py"):
-        shutil.copy(os.path.join(ROOT, name), copy)
-    shutil.copytree(os.path.join(ROOT, "res", "tiny-llama"), copy / "res" / "tiny-llama")
+    copy_install(copy)
     folder = os.path.relpath(_prebuilt_here()[0], ROOT)
     damaged = sorted((copy / folder).glob("quant._row_kernels.locals.norm_rows-*.1.nbc"))
     assert len(damaged) == 1
     os.truncate(damaged[0], os.path.getsize(damaged[0]) // 2)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
 
     def generate(base, cache):
         p = subprocess.run([sys.executable, str(base / "main.py"), "-n", "6", "--json"],
-                           cwd=tmp_path, env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / cache)),
+                           cwd=tmp_path, env=dict(NO_TARGET, NUMBA_CACHE_DIR=str(tmp_path / cache)),
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout.splitlines()[-1])["generated_ids"], p.stderr

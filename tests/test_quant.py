@@ -214,29 +214,20 @@ def test_the_vector_path_is_the_cpus():
     assert simd.LEVEL == simd._level(features)
 
 
-PATHS = {  # NUMBA_CPU_NAME, NUMBA_CPU_FEATURES, the host features it needs
-    "generic": ("x86-64", "+sse2", set()),
-    "avx2": ("haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi2", {"avx2", "fma", "f16c"}),
-    "vnni": ("icelake-server", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi2,+avx512f,+avx512bw,"
-             "+avx512vl,+avx512dq,+avx512vnni", {"avx512f", "avx512bw", "avx512vl",
-                                                  "avx512vnni"}),
-}
-
-
 PATH_TYPES = ("Q4_1", "IQ4_NL", "Q6_K")
 """Types whose kernels use every operation simd.py lowers per path: dot (Q4_1), lookup and
 dot_signed (IQ4_NL), maddubs and madd (Q6_K)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", simd.TARGETS)
 def test_each_vector_path_the_cpu_can_run(path, tmp_path):
     """numba told to compile for a CPU with (or without) AVX2 / AVX-512 VNNI lowers the vector
     operations that way; the products of types that between them use every operation lowered
     per path still equal their twins. The host's own path is the in-process tests'; a path
     whose instructions this CPU lacks is skipped."""
     import llvmlite.binding as llvm
-    cpu, features, needs = PATHS[path]
+    (cpu, features), needs = simd.TARGETS[path], simd.target_needs(path)
     host = {name for name, on in llvm.get_host_cpu_features().items() if on}
     if not needs <= host:
         pytest.skip(f"this CPU cannot run the {path} path ({', '.join(sorted(needs - host))})")

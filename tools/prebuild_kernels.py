@@ -44,15 +44,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREBUILT = os.path.join(ROOT, "causallm", "kernels", "prebuilt")
 
-# The levels kernels/simd.py lowers its vector operations for, each as an LLVM CPU name and the
-# features numba is told (NUMBA_CPU_FEATURES, which simd.LEVEL reads): x86-64-v3 (Haswell, Zen
-# and later) and x86-64-v4 with AVX-512 VNNI (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4).
-_V3 = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
-       "+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
-LEVELS = {
-    "avx2": ("x86-64-v3", _V3),
-    "vnni": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"),
-}
+sys.path.insert(0, ROOT)
+from causallm.kernels.simd import TARGETS, target_needs  # noqa: E402
+
+LEVELS = ("avx2", "vnni")
+"""The levels built: kernels/simd.py's TARGETS, x86-64-v3 and x86-64-v4 with AVX-512 VNNI."""
 
 COMPILE_ONLY = """
 import runpy, sys
@@ -102,7 +98,7 @@ def real_file_runs(folder: str) -> list[list[str]]:
 
 
 def build(level: str, runnable: bool) -> str:
-    cpu, features = LEVELS[level]
+    cpu, features = TARGETS[level]
     cache = tempfile.mkdtemp(prefix="causallm-prebuild-")
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
                PYTHONPATH=ROOT)
@@ -157,12 +153,12 @@ def check() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--level", choices=sorted(LEVELS), nargs="+", default=sorted(LEVELS))
+    p.add_argument("--level", choices=LEVELS, nargs="+", default=LEVELS)
     args = p.parse_args()
     import llvmlite.binding as llvm
     host = {name for name, on in llvm.get_host_cpu_features().items() if on}
     for level in args.level:
-        needs = {f[1:] for f in LEVELS[level][1].split(",")}
+        needs = target_needs(level)
         out = build(level, needs <= host)
         n = len(glob.glob(os.path.join(out, "*.nbi")))
         if not needs <= host:

@@ -20,13 +20,17 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
     bits32(a, o)            the 32 bits of a[o : o + 4] (little-endian) as bytes 0xFF / 0x00
     band, bor, bsub         bytewise and, or, subtract (another vector or a constant)
+    bandn(a, b)             bytewise ~a & b
     bshr, bshl              bytewise shifts
     lookup(t, i)            t[i] for each byte i < 16 (a table16)
     maddubs(u, s)           16 lanes: u[2j] s[2j] + u[2j+1] s[2j+1]
     madd(a, b)              8 lanes: a[2j] b[2j] + a[2j+1] b[2j+1] of two I16x16
     dot(acc, u, s)          acc + 8 lanes of sum_k<4 u[4j+k] s[4j+k]
     dot_signed(acc, a, b)   the same with both operands signed (|a| moved onto b's sign)
-    splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, zero32
+    splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, shl32(a, n), zero32
+    mul8(a, o, b, p)        8 lanes: int8 a[o + j] * int32 b[p + j]
+    mins_k4_dot(a, o, b, p) a Q4_K / Q5_K block's 6-bit mins (scale bytes at o) times the
+                            pair sums of b[p : p + 16] (the activations' bsums)
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
     scales2(a, o, x, k)     (f16(a, o) * x[k], f16(a, o + 2) * x[k + 1]): two halves widened
                             and multiplied as one 2-lane vector (a block's d and m by the
@@ -36,7 +40,7 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
                             of half bits
     store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
-    mulf(a, b) = a * b
+    addf(a, b), mulf(a, b), store_hsum4(a, o, v0, v1, v2, v3)  a[o + i] = hsum(vi)
 
 maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
 16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
@@ -72,6 +76,23 @@ def _level(features: set[str]) -> str:
     if {"avx2", "avx512vnni", "avx512vl"} <= features or {"avx2", "avxvnni"} <= features:
         return "vnni"
     return "avx2" if "avx2" in features else "generic"
+
+
+_V3 = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
+       "+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+TARGETS = {
+    "generic": ("x86-64", "+64bit,+sse,+sse2"),
+    "avx2": ("x86-64-v3", _V3),
+    "vnni": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"),
+}
+"""A CPU of each level, as NUMBA_CPU_NAME and NUMBA_CPU_FEATURES tell numba: x86-64-v3 (Haswell,
+every Zen), x86-64-v4 with AVX-512 VNNI (Cascade Lake and later Xeons, Zen 4 and 5). The tests
+that force a path and tools/prebuild_kernels.py compile for them."""
+
+
+def target_needs(level: str) -> set[str]:
+    """The CPU features a level's target uses: what a host must have to run its code."""
+    return {f[1:] for f in TARGETS[level][1].split(",") if f.startswith("+")}
 
 
 LEVEL = _level(target_features())
