@@ -170,7 +170,51 @@ def test_q5_0_prompt_unpacked_first_is_ggmls(threads):
     # kept for many step lengths (runner.BoundCalls) hold no room of their own
     rooms = [quant.scratch(qt, quant.quantize_activations(qt.act, x, 0, t)[0])
              for t in (quant.UNPACK_MIN_ROWS, T)]
-    assert rooms[0] is rooms[1] and rooms[0].shape[1:] == (quant.ROWS_PER_TASK, 34 * K // 32)
+    assert rooms[0] is rooms[1]
+    if simd.LEVEL != "amx":  # there a Q5_0 prompt runs on tiles instead
+        assert rooms[0].shape[1:] == (quant.ROWS_PER_TASK, 34 * K // 32)
+
+
+@pytest.mark.skipif(simd.LEVEL != "amx", reason="this CPU has no AMX tiles (or may not use them)")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", quant.AMX_KINDS)
+def test_prompt_on_amx_tiles_is_ggmls(kind, threads):
+    """A prompt of AMX_MIN_ROWS rows or more multiplies tiles: one tile of 16 rows, a last tile
+    of fewer, several, weight rows not a multiple of 16, a bias, two batches,
+    through linear() (one thread and parallel) and a table of two matrices: the twin's
+    products."""
+    from causallm import kernels
+
+    name = next(n for n, t in quant.QTYPES.items() if t.kind == kind)
+    qt = quant.QTYPES[name]
+    N, K = 45, 512
+    rng = np.random.default_rng(7)
+    mats = [ref.random_blocks(name, N + 16 * i, K, seed=8 + i) for i in range(2)]
+    before = kernels.threads.threads()
+    try:
+        kernels.set_num_threads(threads)
+        for B, T in ((1, quant.AMX_MIN_ROWS), (1, quant.AMX_MIN_ROWS + 5), (2, 19)):
+            x = rng.standard_normal((B, T + 1, K)).astype(np.float32)
+            rows = x[:, 1:].reshape(-1, K)
+            q = quant.quantize_activations(qt.act, x, 1, T)[0]
+            assert quant.scratch(qt, q).shape[1:] == (1, quant.amx_room_bytes(K))  # the tiles'
+            for w in mats:
+                bias = rng.standard_normal(w.shape[0]).astype(np.float32)
+                want = ref.linear(name, w, rows).reshape(B, T, -1) + bias
+                y = np.full((B, T + 2, w.shape[0]), np.nan, np.float32)
+                quant.linear(qt, w, x, bias, y, 1, 1, T)
+                np.testing.assert_allclose(y[:, 1:1 + T], want, rtol=0,
+                                           atol=2e-6 * np.abs(want).max())
+                assert np.isnan(y[:, 0]).all() and np.isnan(y[:, 1 + T:]).all()
+            ys = [np.full((B, T, w.shape[0]), np.nan, np.float32) for w in mats]
+            table = quant.MatrixTable(qt, [(w, np.zeros(0, np.float32), y)
+                                           for w, y in zip(mats, ys)])
+            table.run(*quant.quantize_activations(qt.act, x, 1, T), T)
+            for w, y in zip(mats, ys):
+                want = ref.linear(name, w, rows).reshape(B, T, -1)
+                np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+    finally:
+        kernels.set_num_threads(before)
 
 
 @njit

@@ -47,8 +47,10 @@ PREBUILT = os.path.join(ROOT, "causallm", "kernels", "prebuilt")
 sys.path.insert(0, ROOT)
 from causallm.kernels.simd import TARGETS, target_needs  # noqa: E402
 
-LEVELS = ("avx2", "vnni")
-"""The levels built: kernels/simd.py's TARGETS, x86-64-v3 and x86-64-v4 with AVX-512 VNNI."""
+FOLDERS = {"avx2": "x86-64-v3", "vnni": "x86-64-v4", "amx": "x86-64-v4-amx"}
+"""The levels built (kernels/simd.py's TARGETS: x86-64-v3, x86-64-v4 with AVX-512 VNNI, and that
+with AMX's int8 tiles), each with its folder."""
+LEVELS = tuple(FOLDERS)
 
 COMPILE_ONLY = """
 import runpy, sys
@@ -112,7 +114,7 @@ def build(level: str, runnable: bool) -> str:
                 sys.exit(f"prebuild_kernels: {' '.join(args)[:60]} failed:\n{run.stderr}")
         files = sorted(glob.glob(os.path.join(cache, "*", "*.nb[ic]")))
         magic = _magic(f for f in files if f.endswith(".nbi"))
-        out = os.path.join(PREBUILT, cpu)
+        out = os.path.join(PREBUILT, FOLDERS[level])
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         for f in files:

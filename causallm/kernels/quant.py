@@ -52,6 +52,7 @@ from numba.core import config as numba_config
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
+from causallm.kernels import amx, simd
 from causallm.kernels.elementwise import swiglu_row
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.norm import rms_segment
@@ -68,8 +69,10 @@ from causallm.kernels.simd import (
     dot_signed,
     f16,
     fma,
+    fmaf,
     hsum,
     load32,
+    load1f,
     load8f,
     lookup,
     madd,
@@ -990,6 +993,215 @@ def _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, n0, n1, panel):
         _q8_0_four_activation_rows(panel, c0, q, d, bias, y, y_row, nrows, c0, c1)
 
 
+# -- prompts on AMX tiles ---------------------------------------------------------------------------
+# Where the CPU has AMX (simd.LEVEL "amx"), a prompt of AMX_MIN_ROWS rows or more multiplies each
+# panel of 16 weight rows by the activations 16 rows at a time in tiles (amx.py): the panel's
+# values unpacked once into bytes, in the layout a tile product reads (``_amx_panel``), each
+# sub-block of 32 values one tile product of exact integer sums C[t, n], then
+#
+#     y[t, n] += C[t, n] * (ws[b, n] * dx[t, b]) + wm[b, n] * sx[t, b]
+#
+# ws the weights' scale of the sub-block (d, or d * its sub-scale), wm their offset (Q4_1's m,
+# Q4_K's -dmin * min; 0 for the symmetric types), dx the activations' scale and sx their scaled
+# sum over the sub-block (Q8_1's s; Q8_K's d times two bsums).
+
+AMX_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K)
+"""The types whose prompts run on AMX tiles (the others as on any CPU). Q6_K, whose scales
+come a 16 values, took 2.7-3.5x the time of its vector loop on tiles of 16 (bench_quant_ab,
+one thread, 1536 x 576 at 8 to 128 rows), so it stays with the vector loop."""
+AMX_MIN_ROWS = 16
+"""Activation rows from which a prompt's product runs on AMX tiles: one full tile. Against the
+vector loops (one thread, 1536 x 576): 16 rows 0.49-0.78 of the time, 128 rows 0.25-0.45; at 8
+rows Q4_K was 1.09."""
+
+
+@njit(cache=True, inline="always")
+def _amx_values(kind, w, b, tmp):
+    """Block b of row w: its values as bytes into tmp[32 b : 32 b + 32] (signed, or unsigned
+    for the types with an offset), and (d, m) (m 0 without an offset)."""
+    zero = np.float32(0.0)
+    if kind == Q8_0:
+        store32(tmp, 32 * b, load32(w, 34 * b + 2))
+        return f16(w, 34 * b), zero
+    if kind == Q4_0:
+        store32(tmp, 32 * b, bsub(nibbles(w, 18 * b + 2), 8))
+        return f16(w, 18 * b), zero
+    if kind == Q5_0:
+        store32(tmp, 32 * b, _values_q5_0(w, 22 * b))
+        return f16(w, 22 * b), zero
+    if kind == IQ4_NL:
+        store32(tmp, 32 * b, lookup(table16(IQ4_LEVELS, 0), nibbles(w, 18 * b + 2)))
+        return f16(w, 18 * b), zero
+    if kind == Q4_1:
+        store32(tmp, 32 * b, nibbles(w, 20 * b + 4))
+        return f16(w, 20 * b), f16(w, 20 * b + 2)
+    # Q5_1
+    store32(tmp, 32 * b, bor(nibbles(w, 24 * b + 8), band(bits32(w, 24 * b + 4), 16)))
+    return f16(w, 24 * b), f16(w, 24 * b + 2)
+
+
+@njit(cache=True, inline="always")
+def _amx_row(kind, w, tmp, ws, wm, r):
+    """Row w's values into tmp (K bytes) and its sub-blocks' ws / wm into column r of (K / 32,
+    16) tables."""
+    if kind == Q4_K:
+        for i in range(tmp.shape[0] // 256):
+            o = 144 * i
+            dd, dmin = f16(w, o), f16(w, o + 2)
+            for j in range(4):
+                v = load32(w, o + 16 + 32 * j)
+                store32(tmp, 256 * i + 64 * j, band(v, 15))
+                store32(tmp, 256 * i + 64 * j + 32, bshr(v, 4))
+                sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
+                sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
+                k = 8 * i + 2 * j
+                ws[k, r], wm[k, r] = dd * np.float32(sc0), -dmin * np.float32(m0)
+                ws[k + 1, r], wm[k + 1, r] = dd * np.float32(sc1), -dmin * np.float32(m1)
+    else:
+        for b in range(tmp.shape[0] // 32):
+            ws[b, r], wm[b, r] = _amx_values(kind, w, b, tmp)
+
+
+@njit(cache=True, inline="always")
+def _amx_panel(kind, w, n0, n1, tmp, panel, ws, wm):
+    """Weight rows [n0, n1) (at most 16; the rest zeros) as a tile product's B operand: panel
+    (K / 4, 16) int32 words of 4 consecutive values, row r in column r; their sub-blocks'
+    scales and offsets ws, wm (K / 32, 16)."""
+    words = tmp.view(np.int32)
+    for r in range(16):
+        if n0 + r < n1:
+            _amx_row(kind, w[n0 + r], tmp, ws, wm, r)
+            for k in range(words.shape[0]):
+                panel[k, r] = words[k]
+        else:
+            for k in range(words.shape[0]):
+                panel[k, r] = 0
+            for k in range(ws.shape[0]):
+                ws[k, r] = wm[k, r] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _amx_act(kind, d, s, u, t, b):
+    """(dx, sx) of activation row t's sub-block b (module comment above)."""
+    if kind == Q4_1 or kind == Q5_1:
+        o = t * s.shape[1] + 2 * b
+        return load1f(s, o), load1f(s, o + 1)
+    if kind == Q4_K:
+        dx = load1f(d, t * d.shape[1] + b // 8)
+        return dx, dx * np.float32(u[t, 2 * b] + u[t, 2 * b + 1])
+    return load1f(d, t * d.shape[1] + b), np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _amx_configure(cfg, R):
+    """Tile shapes: C (tiles 0 and 3) R rows of 16 int32; A (1, 4) R activation rows of 32
+    bytes; B (2, 5) 8 rows of 16 x 4 bytes."""
+    cfg[:] = 0
+    cfg[0] = 1  # palette 1
+    for c in (0, 3):
+        cfg[16 + 2 * c], cfg[18 + 2 * c], cfg[20 + 2 * c] = 64, 32, 64
+        cfg[48 + c], cfg[49 + c], cfg[50 + c] = R, R, 8
+    amx.tile_config(cfg)
+
+
+@njit(cache=True, inline="always")
+def _amx_block(offset, flat_q, qo, K, flat_p, po, sums, so, first):
+    """One sub-block's tile product into sums[so:so + 256]: tiles 0-2 when ``first``, else
+    3-5 (two products in flight)."""
+    if first:
+        amx.tile_zero(0)
+        amx.tile_load(1, flat_q, qo, K)
+        amx.tile_load(2, flat_p, po, 64)
+        if offset:
+            amx.tile_dot_su(0, 1, 2)
+        else:
+            amx.tile_dot_ss(0, 1, 2)
+        amx.tile_store(0, sums, so, 64)
+    else:
+        amx.tile_zero(3)
+        amx.tile_load(4, flat_q, qo, K)
+        amx.tile_load(5, flat_p, po, 64)
+        if offset:
+            amx.tile_dot_su(3, 4, 5)
+        else:
+            amx.tile_dot_ss(3, 4, 5)
+        amx.tile_store(3, sums, so, 64)
+
+
+@njit(cache=True, inline="always")
+def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
+    """Outputs [n0, n1) of every activation row t = b * nrows + i on AMX tiles (module comment
+    above), 16 weight rows at a time; ``room`` this thread's bytes (``amx_room_bytes``). The
+    tile products of all sub-blocks of 16 activation rows go first (into ``sums``), then each
+    row's scaled sum is made in registers."""
+    T, K = q.shape
+    nsub = K // 32
+    cfg = room[:64]
+    o = 64
+    sums = room[o:o + 1024 * nsub].view(np.int32)
+    o += 1024 * nsub
+    panel = room[o:o + 16 * K].view(np.int32).reshape(K // 4, 16)
+    o += 16 * K
+    tmp = room[o:o + K]
+    o += K
+    ws = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
+    o += 64 * nsub
+    wm = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
+    o += 64 * nsub
+    out = room[o:o + 64].view(np.float32)
+    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K
+    has_bias = bias.shape[0] > 0
+    flat_q = q.reshape(T * K)
+    flat_p = panel.reshape(K * 4)
+    flat_ws, flat_wm = ws.reshape(16 * nsub), wm.reshape(16 * nsub)
+    for c0 in range(n0, n1, 16):
+        c1 = min(c0 + 16, n1)
+        _amx_panel(kind, w, c0, c1, tmp, panel, ws, wm)
+        R = 0
+        yb, yr = 0, y_row  # where row t's outputs go: y[yb, yr] (t = yb * nrows + yr - y_row)
+        for t0 in range(0, T, 16):
+            if min(16, T - t0) != R:
+                R = min(16, T - t0)
+                _amx_configure(cfg, R)
+            # sub-block b: activations q[t0:, 32 b:], panel words [128 b, 128 b + 128)
+            for b in range(0, nsub - 1, 2):
+                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
+                           True)
+                _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, flat_p, 128 * b + 128, sums,
+                           256 * b + 256, False)
+            if nsub % 2:
+                b = nsub - 1
+                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
+                           True)
+            for i in range(R):
+                t = t0 + i
+                a0, a1 = zerof(), zerof()
+                for b in range(nsub):
+                    dx, sx = _amx_act(kind, d, s, u, t, b)
+                    x = splatf(dx)
+                    c = 256 * b + 16 * i
+                    a0 = fmaf(a0, load8f(sums, c), mulf(load8f(flat_ws, 16 * b), x))
+                    a1 = fmaf(a1, load8f(sums, c + 8), mulf(load8f(flat_ws, 16 * b + 8), x))
+                    if offset:
+                        m = splatf(sx)
+                        a0 = fmaf(a0, load8f(flat_wm, 16 * b), m)
+                        a1 = fmaf(a1, load8f(flat_wm, 16 * b + 8), m)
+                store8f(out, 0, a0)
+                store8f(out, 8, a1)
+                for n in range(c0, c1):
+                    v = out[n - c0]
+                    y[yb, yr, n] = v + bias[n] if has_bias else v
+                yr += 1
+                if yr == y_row + nrows:
+                    yb, yr = yb + 1, y_row
+
+
+def amx_room_bytes(K: int) -> int:
+    """Bytes of one thread's room for ``_amx_rows`` over rows of K values: the tile shapes, the
+    sums of a tile's sub-blocks, the panel, a row's values, ws, wm and a row's outputs."""
+    return 64 + 1024 * (K // 32) + 16 * K + K + 2 * 64 * (K // 32) + 64
+
+
 # -- entry points -----------------------------------------------------------------------------------
 
 def _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
@@ -1052,12 +1264,17 @@ def _entry_points(kind: int, qk: int):
     or more runs ``_q5_0_as_q8_0`` in a parallel loop of its own, on ``scratch``; the one-row
     loop is left as it was (picking a thread's scratch in it, or allocating one in the row
     function, made the one-row products inside the parallel tasks 1.5x slower)."""
-    unpacks = kind == Q5_0
+    tiles = simd.LEVEL == "amx" and kind in AMX_KINDS
+    unpacks = kind == Q5_0 and not tiles
 
     @njit(cache=True)
     def rows(w, q, d, s, u, bias, y, y_row, nrows, scratch):
         # n0 a typed int64, not the literal 0: the signature rows_parallel's tasks call _rows
         # with, so one compile of _rows serves both
+        if tiles and q.shape[0] >= AMX_MIN_ROWS:
+            _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0],
+                      scratch[0, 0])
+            return
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0],
                           scratch[0])
@@ -1067,6 +1284,12 @@ def _entry_points(kind: int, qk: int):
     @njit(cache=True, parallel=True)
     def rows_parallel(w, q, d, s, u, bias, y, y_row, nrows, scratch):
         N = w.shape[0]
+        if tiles and q.shape[0] >= AMX_MIN_ROWS:
+            for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+                _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
+                          min(N, task * ROWS_PER_TASK + ROWS_PER_TASK),
+                          scratch[get_thread_id(), 0])
+            return
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
                 _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
@@ -1088,6 +1311,13 @@ def _entry_points(kind: int, qk: int):
         tasks = 0
         for m in range(table.shape[0]):
             tasks += (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+        if tiles and q.shape[0] >= AMX_MIN_ROWS:
+            for task in prange(tasks):
+                w, y, bias, t = _table_task(table, task)
+                _amx_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
+                          min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK),
+                          scratch[get_thread_id(), 0])
+            return
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             for task in prange(tasks):
                 w, y, bias, t = _table_task(table, task)
@@ -1152,7 +1382,7 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
 
 
 NO_SCRATCH = np.zeros((numba_config.NUMBA_NUM_THREADS, 0, 0), dtype=np.uint8)
-_panels: dict[int, np.ndarray] = {}
+_panels: dict[tuple[int, int], np.ndarray] = {}
 
 
 def scratch(qtype: QType, q):
@@ -1161,13 +1391,18 @@ def scratch(qtype: QType, q):
     UNPACK_MIN_ROWS rows or more), else NO_SCRATCH (``_entry_points``). One room per row
     length, shared: the kernels hold the GIL, so no two products use it at once, and calls
     kept for many step lengths (runtime/runner.py, ``BoundCalls``) keep no room of their own."""
-    if qtype.kind != Q5_0 or q.shape[0] < UNPACK_MIN_ROWS:
+    if simd.LEVEL == "amx" and qtype.kind in AMX_KINDS:
+        if q.shape[0] < AMX_MIN_ROWS:
+            return NO_SCRATCH
+        rows, nbytes = 1, amx_room_bytes(q.shape[1])
+    elif qtype.kind == Q5_0 and q.shape[0] >= UNPACK_MIN_ROWS:
+        rows, nbytes = ROWS_PER_TASK, 34 * (q.shape[1] // 32)
+    else:
         return NO_SCRATCH
-    nbytes = 34 * (q.shape[1] // 32)
-    panels = _panels.get(nbytes)
+    panels = _panels.get((rows, nbytes))
     if panels is None:
-        panels = _panels[nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, ROWS_PER_TASK,
-                                             nbytes), dtype=np.uint8)
+        panels = _panels[rows, nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, rows, nbytes),
+                                            dtype=np.uint8)
     return panels
 
 

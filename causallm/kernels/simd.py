@@ -38,16 +38,18 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32 or an F32x8)
     zerof(), hsum(f), hsum32(v)
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
-                            of half bits
+                            of half bits (load8f: or of int32, converted)
     store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
     addf(a, b), mulf(a, b), store_hsum4(a, o, v0, v1, v2, v3)  a[o + i] = hsum(vi)
 
 maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u * |s| below
 16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
 
-How an operation is lowered depends on the CPU numba compiles for (``LEVEL``): "vnni" (AVX-512
-VNNI with VL, or AVX-VNNI: ``dot`` is one ``vpdpbusd``), "avx2" (``pmaddubsw`` / ``pmaddwd`` /
-``psignb`` / ``pshufb``), else "generic" (plain vector IR, exact, slower). The CPU is the host's,
+How an operation is lowered depends on the CPU numba compiles for (``LEVEL``): "amx" and
+"vnni" (AVX-512 VNNI with VL, or AVX-VNNI: ``dot`` is one ``vpdpbusd``), "avx2"
+(``pmaddubsw`` / ``pmaddwd`` / ``psignb`` / ``pshufb``), else "generic" (plain vector IR,
+exact, slower); "amx" is "vnni" where the CPU also has AMX's int8 tiles and Linux lets the
+process use them (amx.py; prompts multiply on them, quant.py). The CPU is the host's,
 or the one NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name (numba keys its kernel cache by that target,
 so a cached kernel always matches its path). Arrays are addressed by flat element offsets from
 their first element, so they must be C-contiguous; loads are unaligned.
@@ -63,6 +65,8 @@ from llvmlite import ir
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic, models, register_model
 
+from causallm.kernels import amx
+
 
 def target_features() -> set[str]:
     """The CPU features numba compiles for: the host's, or NUMBA_CPU_FEATURES when
@@ -73,6 +77,8 @@ def target_features() -> set[str]:
 
 
 def _level(features: set[str]) -> str:
+    if {"avx2", "avx512vnni", "avx512vl", "amx-tile", "amx-int8"} <= features:
+        return "amx"
     if {"avx2", "avx512vnni", "avx512vl"} <= features or {"avx2", "avxvnni"} <= features:
         return "vnni"
     return "avx2" if "avx2" in features else "generic"
@@ -84,10 +90,13 @@ TARGETS = {
     "generic": ("x86-64", "+64bit,+sse,+sse2"),
     "avx2": ("x86-64-v3", _V3),
     "vnni": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"),
+    "amx": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"
+            ",+amx-tile,+amx-int8"),
 }
 """A CPU of each level, as NUMBA_CPU_NAME and NUMBA_CPU_FEATURES tell numba: x86-64-v3 (Haswell,
-every Zen), x86-64-v4 with AVX-512 VNNI (Cascade Lake and later Xeons, Zen 4 and 5). The tests
-that force a path and tools/prebuild_kernels.py compile for them."""
+every Zen), x86-64-v4 with AVX-512 VNNI (Cascade Lake and later Xeons, Zen 4 and 5), and that
+with AMX's int8 tiles (Sapphire Rapids and later Xeons). The tests that force a path and
+tools/prebuild_kernels.py compile for them."""
 
 
 def target_needs(level: str) -> set[str]:
@@ -95,8 +104,17 @@ def target_needs(level: str) -> set[str]:
     return {f[1:] for f in TARGETS[level][1].split(",") if f.startswith("+")}
 
 
-LEVEL = _level(target_features())
-"""How the vector operations are lowered: "vnni", "avx2" or "generic" (module docstring)."""
+def _usable_level(features: set[str]) -> str:
+    level = _level(features)
+    if level == "amx" and not amx.permitted():  # a Linux that keeps the tiles' state (< 5.16)
+        return _level(features - {"amx-tile"})
+    return level
+
+
+LEVEL = _usable_level(target_features())
+"""How the vector operations are lowered: "amx", "vnni", "avx2" or "generic" (module
+docstring); "amx" lowers them as "vnni" does, and its prompt products multiply tiles
+(quant.py)."""
 
 F16C = "f16c" in target_features()
 """Half-precision conversions are instructions (else integer code: LLVM's libcalls for them are
@@ -411,7 +429,7 @@ def _madd(builder, a, b):
 
 
 def _dot(builder, acc, u, s):
-    if LEVEL == "vnni":
+    if LEVEL in ("vnni", "amx"):
         return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V32, acc,
                     builder.bitcast(u, _V32), builder.bitcast(s, _V32))
     return builder.add(acc, _madd(builder, _maddubs(builder, u, s), _const(_V16, 1)))
@@ -659,13 +677,18 @@ def store_hsum4(typingctx, array, offset, a, b, c, d):
 @intrinsic
 def load8f(typingctx, array, offset):
     """The 8 values of ``array`` from element ``offset`` as float32 lanes: a float32 array's as
-    they are, a uint16 array's as IEEE half bits widened (an FP16 KV cache)."""
-    if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16):
+    they are, a uint16 array's as IEEE half bits widened (an FP16 KV cache), an int32 array's
+    converted (a tile's sums)."""
+    if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16,
+                                                                 types.int32):
         return None
 
     def codegen(context, builder, sig, args):
         if sig.args[0].dtype == types.float32:
             return builder.load(_pointer(context, builder, sig.args[0], *args, _VF), align=4)
+        if sig.args[0].dtype == types.int32:
+            return builder.sitofp(
+                builder.load(_pointer(context, builder, sig.args[0], *args, _V32), align=4), _VF)
         bits = builder.load(_pointer(context, builder, sig.args[0], *args,
                                      ir.VectorType(_I16, 8)), align=2)
         if F16C:
