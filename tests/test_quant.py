@@ -94,6 +94,39 @@ def test_rows_rounded_where_they_are_made(act):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_K"])
+def test_rows_of_a_prompt_divided_between_threads_are_the_same(act):
+    """For PARALLEL_MIN_ROWS rows or more on two threads, row_kernels gives the kernels whose
+    rows are divided between the threads: the same bits as the serial ones."""
+    from causallm import kernels
+
+    code = {"Q8_0": quant.ACT_Q8_0, "Q8_K": quant.ACT_Q8_K}[act]
+    rng = np.random.default_rng(4)
+    T = quant.PARALLEL_MIN_ROWS + 3
+    a, b, up = (rng.standard_normal((2, T, 512)).astype(np.float32) for _ in range(3))
+    gamma = rng.standard_normal(512).astype(np.float32)
+    before = kernels.threads.threads()
+    try:
+        kernels.set_num_threads(2)
+        serial, parallel = quant.row_kernels(code), quant.row_kernels(code, 2 * T)
+        assert parallel[0] is not serial[0] and parallel[1] is not serial[1]
+        got = []
+        for norm_rows, glu_rows in (serial, parallel):
+            total, y, out = (np.full_like(a, np.nan) for _ in range(3))
+            bufs = quant.Activations()
+            q, d, s, u = bufs.take(2 * T, 512)
+            for v in (q, d, s, u):
+                v[...] = 0  # what a format leaves unwritten compares equal
+            norm_rows(a, b, total, gamma, y, T, 1e-5, q, d, s, u)
+            rounded = [v.copy() for v in (q, d, s, u)]
+            glu_rows(quant.GLU_SWIGLU, a, up, out, T, q, d, s, u)
+            got.append([total, y, out, *rounded, q, d, s, u])
+        for one, two in zip(*got):
+            np.testing.assert_array_equal(one, two)
+    finally:
+        kernels.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("N,K,B,nrows", [(37, 512, 1, 1), (11, 768, 2, 3), (300, 1024, 1, 5),
                                          (29, 256, 2, 9)])

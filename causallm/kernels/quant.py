@@ -306,48 +306,73 @@ NO_ACT = -1
 GLU_SWIGLU, GLU_MULTIPLY = 0, 1
 
 
+@njit(cache=True, inline="always")
+def _norm_row(act, a, b, total, gamma, y, nrows, eps, q, d, s, u, t):
+    """Row t of ``norm_rows`` (``row_kernels``)."""
+    i, r = t // nrows, t % nrows
+    eps32 = np.float32(eps)
+    size32 = np.float32(gamma.shape[0])
+    if b.shape[0] > 0:
+        ar, br, tr = a[i, r], b[i, r], total[i, r]
+        for j in range(tr.shape[0]):
+            tr[j] = ar[j] + br[j]
+        rms_segment(tr, gamma, y[i, r], eps32, size32)
+    else:
+        rms_segment(a[i, r], gamma, y[i, r], eps32, size32)
+    if act >= 0:
+        _quantize_row(act, y[i, r], q[t], d[t], s[t], u[t])
+
+
+@njit(cache=True, inline="always")
+def _glu_row(act, kind, gate, up, out, nrows, q, d, s, u, t):
+    """Row t of ``glu_rows`` (``row_kernels``)."""
+    i, r = t // nrows, t % nrows
+    g, v, o = gate[i, r], up[i, r], out[i, r]
+    if kind == GLU_SWIGLU:
+        swiglu_row(g, v, o)
+    else:
+        for j in range(o.shape[0]):
+            o[j] = g[j] * v[j]
+    if act >= 0:
+        _quantize_row(act, o, q[t], d[t], s[t], u[t])
+
+
 def _row_kernels(act: int):
     """``norm_rows`` and ``glu_rows`` rounding to ``act`` blocks (NO_ACT: not at all), a
-    constant of each, so a model compiles only the rounding it uses."""
+    constant of each, so a model compiles only the rounding it uses; and the same two with
+    the rows in a parallel loop. (The row functions are module-level: a kernel that closes over
+    another numba function gets a cache key of its own in every process.)"""
 
     @njit(cache=True)
     def norm_rows(a, b, total, gamma, y, nrows, eps, q, d, s, u):
-        eps32 = np.float32(eps)
-        size32 = np.float32(gamma.shape[0])
-        for i in range(a.shape[0]):
-            for r in range(nrows):
-                if b.shape[0] > 0:
-                    ar, br, tr = a[i, r], b[i, r], total[i, r]
-                    for j in range(tr.shape[0]):
-                        tr[j] = ar[j] + br[j]
-                    rms_segment(tr, gamma, y[i, r], eps32, size32)
-                else:
-                    rms_segment(a[i, r], gamma, y[i, r], eps32, size32)
-                if act >= 0:
-                    t = i * nrows + r
-                    _quantize_row(act, y[i, r], q[t], d[t], s[t], u[t])
+        for t in range(a.shape[0] * nrows):
+            _norm_row(act, a, b, total, gamma, y, nrows, eps, q, d, s, u, t)
+
+    @njit(cache=True, parallel=True)
+    def norm_rows_parallel(a, b, total, gamma, y, nrows, eps, q, d, s, u):
+        for t in prange(a.shape[0] * nrows):
+            _norm_row(act, a, b, total, gamma, y, nrows, eps, q, d, s, u, t)
 
     @njit(cache=True)
     def glu_rows(kind, gate, up, out, nrows, q, d, s, u):
-        for i in range(gate.shape[0]):
-            for r in range(nrows):
-                g, v, o = gate[i, r], up[i, r], out[i, r]
-                if kind == GLU_SWIGLU:
-                    swiglu_row(g, v, o)
-                else:
-                    for j in range(o.shape[0]):
-                        o[j] = g[j] * v[j]
-                if act >= 0:
-                    t = i * nrows + r
-                    _quantize_row(act, o, q[t], d[t], s[t], u[t])
+        for t in range(gate.shape[0] * nrows):
+            _glu_row(act, kind, gate, up, out, nrows, q, d, s, u, t)
 
-    return norm_rows, glu_rows
+    @njit(cache=True, parallel=True)
+    def glu_rows_parallel(kind, gate, up, out, nrows, q, d, s, u):
+        for t in prange(gate.shape[0] * nrows):
+            _glu_row(act, kind, gate, up, out, nrows, q, d, s, u, t)
+
+    return (norm_rows, glu_rows), (norm_rows_parallel, glu_rows_parallel)
 
 
 _ROW_KERNELS: dict = {}
+PARALLEL_MIN_ROWS = 8
+"""Rows from which ``row_kernels`` gives the kernels with a parallel loop over them (a
+prompt's; a decode step's one row would pay a parallel region's start for nothing)."""
 
 
-def row_kernels(act: int = NO_ACT):
+def row_kernels(act: int = NO_ACT, rows: int = 1):
     """(norm_rows, glu_rows) for ``act`` (made at the first use of each)::
 
         norm_rows(a, b, total, gamma, y, nrows, eps, q, d, s, u)
@@ -359,11 +384,12 @@ def row_kernels(act: int = NO_ACT):
 
     and, unless act is NO_ACT, each output row (y, out) rounded to ``act`` blocks as row
     i * nrows + r of (q, d, s, u), as ``quantize_activations`` rounds it. Outputs may be
-    inputs."""
+    inputs. For ``rows`` rows in all (batches times nrows) of PARALLEL_MIN_ROWS or more, on
+    more than one thread, the rows are divided between the threads (the same values)."""
     kernels = _ROW_KERNELS.get(act)
     if kernels is None:
         kernels = _ROW_KERNELS[act] = _row_kernels(act)
-    return kernels
+    return kernels[rows >= PARALLEL_MIN_ROWS and threads() > 1]
 
 
 # -- one row of weights with one row of activations ----------------------------------------------

@@ -22,6 +22,7 @@ from causallm.kernels.packed import PackedMatrix
 from causallm.kernels.quant import (
     GLU_MULTIPLY,
     GLU_SWIGLU,
+    NO_ACT,
     NO_D,
     NO_Q,
     NO_ROWS,
@@ -354,7 +355,6 @@ class NormRows:
             self.a, self.b = add[1].inputs
             self.total = add[1].outputs[0]
         self.name = ctx.name if add is None else f"{add[1].name}+{ctx.name}"
-        self.kernel = row_kernels()[0]
         self._calls = BoundCalls(self._make_calls)
 
     def getType(self) -> str:
@@ -362,14 +362,16 @@ class NormRows:
 
     def feed(self, group: LinearGroup) -> None:
         self.group, group.quantized = group, True
-        self.kernel = row_kernels(group.act)[0]
         self._calls = BoundCalls(self._make_calls)
 
     def _make_calls(self, nrows: int) -> list:
-        q, d, s, u = (NO_Q, NO_D, NO_D, NO_U) if self.group is None else \
-            self.group.activations(nrows)
-        return [(self.kernel, (self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
-                               self.layer.eps, q, d, s, u))]
+        if self.group is None:
+            act, (q, d, s, u) = NO_ACT, (NO_Q, NO_D, NO_D, NO_U)
+        else:
+            act, (q, d, s, u) = self.group.act, self.group.activations(nrows)
+        kernel = row_kernels(act, self.y.shape[0] * nrows)[0]
+        return [(kernel, (self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
+                          self.layer.eps, q, d, s, u))]
 
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         for kernel, args in self._calls(min(to - from_, self.y.shape[1])):
@@ -388,7 +390,6 @@ class GluRows:
         self.gate, self.up = ctx.inputs
         self.out = ctx.outputs[0]
         self.group, group.quantized = group, True
-        self.kernel = row_kernels(group.act)[1]
         self._calls = BoundCalls(self._make_calls)
 
     def getType(self) -> str:
@@ -396,7 +397,8 @@ class GluRows:
 
     def _make_calls(self, nrows: int) -> list:
         q, d, s, u = self.group.activations(nrows)
-        return [(self.kernel, (self.kind, self.gate, self.up, self.out, nrows, q, d, s, u))]
+        kernel = row_kernels(self.group.act, self.out.shape[0] * nrows)[1]
+        return [(kernel, (self.kind, self.gate, self.up, self.out, nrows, q, d, s, u))]
 
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         for kernel, args in self._calls(min(to - from_, self.out.shape[1])):
