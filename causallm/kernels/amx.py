@@ -1,9 +1,9 @@
 """AMX tiles (Intel Xeon from Sapphire Rapids on): eight registers of up to 16 rows x 64 bytes
 and one instruction that multiplies two of them into a third.
 
-A tile product ``C += A B`` takes A as rows x K bytes (here 16 activation rows x 32 or 16
+A tile product ``C += A B`` takes A as rows x K bytes (here up to 16 activation rows x 32
 values, int8) and B in the "VNNI" layout, K / 4 rows of 16 columns x 4 consecutive K values
-(here one sub-block of 16 weight rows), and adds to C's 16 x 16 int32 the exact sums
+(here a 32-value sub-block of 16 weight rows), and adds to C's 16 x 16 int32 the exact sums
 ``C[i, j] += sum_k A[i, k] B[k, j]``: 16 x 16 x 32 multiply-adds in one instruction, where a
 256-bit ``vpdpbusd`` does 32. The operations, each one instruction; ``t`` is a tile number,
 a constant::

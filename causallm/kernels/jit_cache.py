@@ -160,10 +160,15 @@ def kernel_sources() -> str:
     """Part of every cache key: a digest of every module of this package. numba keys a kernel
     by its own code and its own file's time stamp, so a kernel whose helpers (an intrinsic in
     simd.py, a block function in another file) changed was read back compiled from the old
-    ones; with the digest, any change to the kernels compiles them all again."""
+    ones; with the digest, any change to the kernels compiles them all again. It also carries
+    how the vector operations are lowered (``simd.LEVEL``), which is not only the CPU numba
+    keys a kernel by: AMX's tiles also need Linux's leave, and a kernel compiled to use them
+    must not be read back by a process that may not."""
     global _sources
     if _sources is None:
-        digest = hashlib.sha256()
+        from causallm.kernels import simd
+
+        digest = hashlib.sha256(simd.LEVEL.encode())
         for name in sorted(os.listdir(KERNELS)):
             if name.endswith(".py"):
                 with open(os.path.join(KERNELS, name), "rb") as f:

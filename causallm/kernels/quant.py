@@ -1286,10 +1286,12 @@ stays in cache gains nothing (1.03x)."""
 
 def _entry_points(kind: int, qk: int):
     """The compiled entry points of one type: ``kind`` is a constant of each (numba compiles
-    only that type's code, and caches each type's apart). A Q5_0 prompt of UNPACK_MIN_ROWS rows
-    or more runs ``_q5_0_as_q8_0`` in a parallel loop of its own, on ``scratch``; the one-row
-    loop is left as it was (picking a thread's scratch in it, or allocating one in the row
-    function, made the one-row products inside the parallel tasks 1.5x slower)."""
+    only that type's code, and caches each type's apart). Where the CPU has AMX tiles, a prompt
+    of AMX_MIN_ROWS rows or more of AMX_KINDS runs ``_amx_rows``, on ``scratch``; elsewhere a
+    Q5_0 prompt of UNPACK_MIN_ROWS rows or more runs ``_q5_0_as_q8_0`` in a parallel loop of
+    its own, on ``scratch``; the one-row loop is left as it was (picking a thread's scratch in
+    it, or allocating one in the row function, made the one-row products inside the parallel
+    tasks 1.5x slower)."""
     tiles = simd.LEVEL == "amx" and kind in AMX_KINDS
     unpacks = kind == Q5_0 and not tiles
 
@@ -1412,10 +1414,11 @@ _panels: dict[tuple[int, int], np.ndarray] = {}
 
 
 def scratch(qtype: QType, q):
-    """Room for each thread's panel of unpacked weight rows (threads, ROWS_PER_TASK, bytes)
-    when the product of the activation rows ``q`` unpacks them (a Q5_0 prompt of
-    UNPACK_MIN_ROWS rows or more), else NO_SCRATCH (``_entry_points``). One room per row
-    length, shared: the kernels hold the GIL, so no two products use it at once, and calls
+    """Room for each thread's work on a prompt's weight rows, when the product of the
+    activation rows ``q`` needs it (``_entry_points``): on AMX tiles (AMX_KINDS, AMX_MIN_ROWS
+    rows or more), (threads, 1, ``amx_room_bytes``); else for a Q5_0 prompt of UNPACK_MIN_ROWS
+    rows or more, its panel of unpacked rows (threads, ROWS_PER_TASK, bytes); else
+    NO_SCRATCH. One room per shape, shared: the kernels hold the GIL, so no two products use it at once, and calls
     kept for many step lengths (runtime/runner.py, ``BoundCalls``) keep no room of their own."""
     if simd.LEVEL == "amx" and qtype.kind in AMX_KINDS:
         if q.shape[0] < AMX_MIN_ROWS:
