@@ -80,8 +80,9 @@ def compare(new, old, name: str, N: int, K: int, T: int, pairs: int, rng) -> dic
         rows = qt.kernels[1] if m.threads() > 1 else qt.kernels[0]
         # the room for unpacked weight panels, in revisions whose kernels take it
         extra = (m.scratch(qt, q),) if hasattr(m, "scratch") else ()
-        rows(w, q, d, s, u, bias, y, 0, T, *extra)  # compile or load
-        sides.append((rows, (w, q, d, s, u, bias, y, 0, T, *extra), y))
+        held = m.held(qt, w) if hasattr(m, "held") else w  # the layout the kernels read
+        rows(held, q, d, s, u, bias, y, 0, T, *extra)  # compile or load
+        sides.append((rows, (held, q, d, s, u, bias, y, 0, T, *extra), y))
 
     def timed(side):
         rows, args, _ = side

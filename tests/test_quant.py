@@ -33,7 +33,8 @@ def test_widening_is_gguf_pys_dequantize(name):
     R, C = 7, 512
     blocks = ref.random_blocks(name, R, C, seed=1)
     out = np.empty((3, C), np.float32)
-    quant.dequantize_rows(quant.QTYPES[name], blocks, np.array([6, 0, 3]), out)
+    qt = quant.QTYPES[name]
+    quant.dequantize_rows(qt, quant.held(qt, blocks), np.array([6, 0, 3]), out)
     np.testing.assert_array_equal(out, ref.dequantize(name, blocks, C)[[6, 0, 3]])
 
 
@@ -142,7 +143,7 @@ def test_product_is_ggmls(name, N, K, B, nrows):
     x[0, 1, :256] = 0.0
     for bias in (np.zeros(0, np.float32), rng.standard_normal(N).astype(np.float32)):
         y = np.full((B, nrows + 3, N), np.nan, np.float32)
-        quant.linear(qt, blocks, x, bias, y, 1, 2, nrows)
+        quant.linear(qt, quant.held(qt, blocks), x, bias, y, 1, 2, nrows)
         want = ref.linear(name, blocks, x[:, 1:1 + nrows].reshape(-1, K)).reshape(B, nrows, N)
         if bias.size:
             want = want + bias
@@ -152,13 +153,13 @@ def test_product_is_ggmls(name, N, K, B, nrows):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_large_q8_0_decode_with_prefetch_is_ggmls(threads):
-    """A Q8_0 matrix of PREFETCH_MIN_BYTES or more (a tied head) asks for the rows ahead of the
-    one it multiplies, past its last row too: the twin's products all the same."""
+def test_large_q8_0_decode_is_ggmls(threads):
+    """A Q8_0 matrix of 16 MiB (a tied head, past the caches), its rows not a multiple of a
+    panel: the twin's products."""
     from causallm import kernels
 
     K = 512
-    N = quant.PREFETCH_MIN_BYTES // quant.QTYPES["Q8_0"].row_bytes(K) + 37
+    N = (1 << 24) // quant.QTYPES["Q8_0"].row_bytes(K) + 37
     w = ref.random_blocks("Q8_0", N, K, seed=8)
     x = np.random.default_rng(9).standard_normal((1, 1, K)).astype(np.float32)
     want = ref.linear("Q8_0", w, x[0])
@@ -166,10 +167,24 @@ def test_large_q8_0_decode_with_prefetch_is_ggmls(threads):
     try:
         kernels.set_num_threads(threads)
         y = np.full((1, 1, N), np.nan, np.float32)
-        quant.linear(quant.QTYPES["Q8_0"], w, x, np.zeros(0, np.float32), y, 0, 0, 1)
+        qt = quant.QTYPES["Q8_0"]
+        quant.linear(qt, quant.held(qt, w), x, np.zeros(0, np.float32), y, 0, 0, 1)
     finally:
         kernels.set_num_threads(before)
     np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", [t.name for t in quant.QTYPES.values() if t.panelled])
+def test_panels_hold_the_rows_exactly(name):
+    """A matrix held as panels gives back the rows a file stores, byte for byte, for row
+    counts that fill no panel, one, and one and a bit; its padding is whole panels."""
+    qt = quant.QTYPES[name]
+    for N in (3, 16, 37):
+        rows = ref.random_blocks(name, N, 256, seed=N)
+        held = quant.held(qt, rows)
+        assert held.shape == (quant.panel_rows(N), rows.shape[1]) and held.shape[0] % 16 == 0
+        assert not held.flags.writeable
+        np.testing.assert_array_equal(quant.panels_rows(qt, held, N), rows)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -235,12 +250,12 @@ def test_prompt_on_amx_tiles_is_ggmls(kind, threads):
                 bias = rng.standard_normal(w.shape[0]).astype(np.float32)
                 want = ref.linear(name, w, rows).reshape(B, T, -1) + bias
                 y = np.full((B, T + 2, w.shape[0]), np.nan, np.float32)
-                quant.linear(qt, w, x, bias, y, 1, 1, T)
+                quant.linear(qt, quant.held(qt, w), x, bias, y, 1, 1, T)
                 np.testing.assert_allclose(y[:, 1:1 + T], want, rtol=0,
                                            atol=2e-6 * np.abs(want).max())
                 assert np.isnan(y[:, 0]).all() and np.isnan(y[:, 1 + T:]).all()
             ys = [np.full((B, T, w.shape[0]), np.nan, np.float32) for w in mats]
-            table = quant.MatrixTable(qt, [(w, np.zeros(0, np.float32), y)
+            table = quant.MatrixTable(qt, [(quant.held(qt, w), np.zeros(0, np.float32), y)
                                            for w, y in zip(mats, ys)])
             table.run(*quant.quantize_activations(qt.act, x, 1, T), T)
             for w, y in zip(mats, ys):

@@ -95,21 +95,25 @@ _madvise = _libc_madvise()
 _byte_bounds = getattr(np.lib, "array_utils", np).byte_bounds  # numpy 2 moved it
 
 
+def is_file_view(a) -> bool:
+    """Whether array ``a`` is a view of a read-only file mapping (an ``np.memmap`` opened
+    "r"): its bytes can be read again from the file at any time."""
+    base = a
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    return base is not None and base.mode == "r"
+
+
 def release_pages(*arrays) -> None:
     """Drop from this process's resident memory the pages under each array that a read-only
-    file mapping (an ``np.memmap`` opened "r") holds, e.g. a BF16 weight once converted to Q4_0.
+    file mapping (``is_file_view``) holds, e.g. a BF16 weight once converted to Q4_0.
     The file's pages stay in the OS page cache and a later read maps them again, so the array
     stays valid; an array of other memory is left alone. Whole pages inside the array's bytes
     only (a neighbour sharing an edge page keeps it)."""
     if _madvise is None:
         return
     for a in arrays:
-        if not isinstance(a, np.ndarray) or a.size == 0:
-            continue
-        base = a
-        while base is not None and not isinstance(base, np.memmap):
-            base = getattr(base, "base", None)
-        if base is None or base.mode != "r":
+        if not isinstance(a, np.ndarray) or a.size == 0 or not is_file_view(a):
             continue
         lo, hi = _byte_bounds(a)
         page = mmap.PAGESIZE

@@ -8,7 +8,9 @@ A packed matrix has R rows of C values along C, as ggml and PyTorch store a Line
     Q4_0, Q8_0, Q4_K, ... (quant.QTYPES)  uint8 (R, C / QK * block bytes): each row's ggml
                                           blocks, exactly as a GGUF file stores them
 
-so a memory-mapped tensor is held without a copy. A float matrix is quantized by ggml's
+so a memory-mapped tensor is held without a copy; a type that its kernels read as panels of 16
+rows (quant.PANEL_KINDS) is reordered into them when the matrix is first multiplied
+(``blocks``), and the file's pages are given back. A float matrix is quantized by ggml's
 reference quantizers (kernels/quantize.py), so a model quantized here equals one quantized by
 llama.cpp.
 
@@ -28,8 +30,13 @@ float32 weights (``linear.BLAS_MIN_ROWS``).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numba import njit, prange
+
+from causallm.io.files import is_file_view, release_pages
+from causallm.kernels.jit_cache import read_only
 
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
@@ -155,15 +162,46 @@ def _widened(w: "PackedMatrix") -> np.ndarray:
     return out
 
 
+class _Held:
+    """A quantized matrix's bytes: the rows as a file stores them, and, for a panelled type,
+    its panels, made on first use (quant.panels). Once the panels exist the rows are no longer
+    held: a view of a read-only mapped file stays a view (its pages given back to the OS), rows
+    of our own are dropped and made again from the panels when asked for."""
+
+    def __init__(self, qtype, rows: np.ndarray) -> None:
+        self.qtype, self._rows, self._panels, self.R = qtype, rows, None, rows.shape[0]
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is not None:
+            return self._rows
+        return read_only(quant.panels_rows(self.qtype, self._panels, self.R))
+
+    @property
+    def blocks(self) -> np.ndarray:
+        if not self.qtype.panelled:
+            return self._rows
+        if self._panels is None:
+            rows = self._rows
+            if is_file_view(rows):
+                self._panels = quant.panels(self.qtype, rows,
+                                            lambda r0, r1: release_pages(rows[r0:r1]))
+            else:
+                self._panels = quant.panels(self.qtype, rows)
+                self._rows = None
+        return self._panels
+
+
 class PackedMatrix:
     """A matrix of R rows of C values in one of FORMATS (module docstring), its logical shape
     (C, R) when ``transposed`` (a Linear weight [in, out]), else (R, C) (an embedding table).
-    ``data`` is read-only: often a view of a memory-mapped file."""
+    ``data`` is read-only: often a view of a memory-mapped file; ``blocks`` is what the
+    kernels read (the same, or its panels)."""
 
     def __init__(self, fmt: str, data: np.ndarray, transposed: bool = True) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown packed format {fmt!r}")
-        self.format, self.data, self.transposed = fmt, data, transposed
+        self.format, self.transposed = fmt, transposed
         self.qtype = quant.QTYPES.get(fmt)
         want = "uint16 bits" if self.qtype is None else "uint8 rows of whole blocks"
         if data.ndim != 2 or data.dtype != (np.uint16 if self.qtype is None else np.uint8) \
@@ -173,8 +211,9 @@ class PackedMatrix:
         if self.qtype is not None:
             C = C // self.qtype.nbytes * self.qtype.qk
         if data.flags.writeable:  # one compiled kernel for file views and arrays of our own
-            self.data = data = data.view()
-            data.flags.writeable = False
+            data = read_only(data)
+        self._held = _Held(self.qtype, data) if self.qtype is not None else None
+        self._bits = data if self.qtype is None else None
         self.rows_shape = (R, C)
         self.shape = (C, R) if transposed else (R, C)
         self.dtype = fmt
@@ -192,11 +231,25 @@ class PackedMatrix:
         R, C = self.rows_shape
         return PackedMatrix(fmt, pack_rows(fmt, R, C, self.rowsFloat), self.transposed)
 
+    @property
+    def data(self) -> np.ndarray:
+        """The rows as a file stores them (module docstring)."""
+        return self._bits if self._held is None else self._held.rows
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """The bytes the kernels read: a block type's ``quant.held`` layout, else ``data``."""
+        return self._bits if self._held is None else self._held.blocks
+
     def oriented(self, transposed: bool) -> "PackedMatrix":
-        """The same rows read as a Linear weight (``transposed``) or as a table."""
+        """The same rows read as a Linear weight (``transposed``) or as a table (one held copy
+        for both: a tied embedding's head and table)."""
         if transposed == self.transposed:
             return self
-        return PackedMatrix(self.format, self.data, transposed)
+        other = copy.copy(self)
+        other.transposed = transposed
+        other.shape = self.shape[::-1]
+        return other
 
     def takeRows(self, index: np.ndarray) -> "PackedMatrix":
         """A new matrix of rows ``index`` (a copy of their bytes, as stored)."""
@@ -208,7 +261,9 @@ class PackedMatrix:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes
+        """The bytes of the rows as a file stores them."""
+        R, C = self.rows_shape
+        return R * (C * 2 if self.qtype is None else self.qtype.row_bytes(C))
 
     def rowsFloat(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """The rows [r0, r1) (all by default) as a new float32 array."""
@@ -217,7 +272,7 @@ class PackedMatrix:
         if self.qtype is None:
             _widen_bits(self.format, self.data[r0:r1], out)
         else:
-            quant.dequantize_rows(self.qtype, self.data, np.arange(r0, r1), out)
+            quant.dequantize_rows(self.qtype, self.blocks, np.arange(r0, r1), out)
         return out
 
     def toFloat(self) -> np.ndarray:
@@ -237,13 +292,13 @@ class PackedMatrix:
         if self.qtype is None:
             _widen_bits(self.format, self.data[index], out)
         else:
-            quant.dequantize_rows(self.qtype, self.data, index, out)
+            quant.dequantize_rows(self.qtype, self.blocks, index, out)
 
 
 def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     """``linear`` for a transposed packed weight (module docstring)."""
     N = w.rows_shape[0]
-    fmt, a = w.format, w.data
+    fmt, a = w.format, w.blocks
     if w.qtype is not None:
         quant.linear(w.qtype, a, x, bias, y, x_row, y_row, nrows)
         return

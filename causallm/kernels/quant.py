@@ -2,7 +2,8 @@
 
 A quantized matrix of R rows of C values is a uint8 array (R, C / QK * BYTES): each row is
 C / QK blocks of one ggml type (ggml-common.h), laid out as in the file, so a memory-mapped
-tensor is used without a copy. The types (QK values and BYTES bytes a block; the activation
+tensor is used without a copy; the types of PANEL_KINDS are multiplied as panels of 16 rows
+instead, the same bytes reordered once (``held``, the section on panels below). The types (QK values and BYTES bytes a block; the activation
 blocks each is multiplied with)::
 
     type    QK   BYTES  value of element j of a block                         activations
@@ -57,7 +58,9 @@ from causallm.kernels.elementwise import swiglu_row
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.norm import rms_segment
 from causallm.kernels.simd import (
+    add16,
     add32,
+    addf16,
     band,
     bandn,
     bits32,
@@ -66,13 +69,19 @@ from causallm.kernels.simd import (
     bshr,
     bsub,
     dot,
+    dot16_wide,
     dot_signed,
     f16,
     fma,
+    fma16,
     fmaf,
+    halves16,
     hsum,
+    lane16,
+    load16f,
     load32,
     load1f,
+    load64,
     load8f,
     lookup,
     madd,
@@ -81,19 +90,24 @@ from causallm.kernels.simd import (
     mul8,
     mulf,
     nibbles,
-    prefetch,
     round_f16,
+    scale16,
     scales2,
     shl32,
     splat16,
     splat16x2,
     splatf,
+    spread4,
+    store16f,
     store32,
     store8f,
+    sub16,
     sub32,
     table16,
+    zero16,
     zero32,
     zerof,
+    zerof16,
 )
 from causallm.kernels.threads import threads
 
@@ -122,6 +136,11 @@ class QType:
         self.name, self.kind, self.qk, self.nbytes, self.act = name, kind, qk, nbytes, act
         self.halves = halves
         self._kernels = None
+
+    @property
+    def panelled(self) -> bool:
+        """Whether a matrix of this type is held as panels of 16 rows (``panels``)."""
+        return self.kind in PANEL_KINDS
 
     @property
     def kernels(self):
@@ -682,26 +701,6 @@ def _dot_x4(kind, qk, w, x0, x1, x2, x3, d0, d1, d2, d3, s0, s1, s2, s3, u0, u1,
 
 
 @njit(cache=True, inline="always")
-def _dot_w4_q8_0(w0, w1, w2, w3, ws, x, d):
-    """Q8_0 rows w0..w3 times activation row x: four independent sums, block by block, each
-    block of x loaded once for the four rows. ws holds the rows' scales widened to float32,
-    each in 8 lanes, four rows a block (``_q8_0_four_weight_rows``): a block-row's scale is one
-    multiply by x's, where widening the row's half and broadcasting it took five instructions
-    for every activation row. 128-row prompts, one thread, 2048 x 640: 13.7 -> 10.5
-    instructions per 32 values, 0.84 of the time."""
-    a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
-    for b in range(x.shape[0] // 32):
-        db = splatf(d[b])
-        xb = load32(x, 32 * b)
-        o = 34 * b + 2
-        a0 = fma(a0, dot_signed(zero32(), load32(w0, o), xb), mulf(load8f(ws, 32 * b), db))
-        a1 = fma(a1, dot_signed(zero32(), load32(w1, o), xb), mulf(load8f(ws, 32 * b + 8), db))
-        a2 = fma(a2, dot_signed(zero32(), load32(w2, o), xb), mulf(load8f(ws, 32 * b + 16), db))
-        a3 = fma(a3, dot_signed(zero32(), load32(w3, o), xb), mulf(load8f(ws, 32 * b + 24), db))
-    return hsum(a0), hsum(a1), hsum(a2), hsum(a3)
-
-
-@njit(cache=True, inline="always")
 def _dot1(kind, qk, w, x, d, s, u):
     """Row w times activation row x, its blocks in order."""
     a0 = zerof()
@@ -905,33 +904,6 @@ def _row_widen_of(kind, w, out):
 
 
 @njit(cache=True, inline="always")
-def _q8_0_four_weight_rows(w, q, d, bias, y, y_row, nrows, n0, n1):
-    """Q8_0 outputs [n0, n1) of every activation row t: four weight rows against one activation
-    row at a time (each activation block loaded once for the four), their scales widened once
-    for all the activation rows."""
-    has_bias = bias.shape[0] > 0
-    nb = q.shape[1] // 32
-    ws = np.empty(32 * nb, dtype=np.float32)  # each row's scale in 8 lanes, four rows a block
-    for n in range(n0, n1, 4):
-        r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
-        w0, w1, w2, w3 = w[n], w[r1], w[r2], w[r3]
-        for b in range(nb):
-            store8f(ws, 32 * b, splatf(f16(w0, 34 * b)))
-            store8f(ws, 32 * b + 8, splatf(f16(w1, 34 * b)))
-            store8f(ws, 32 * b + 16, splatf(f16(w2, 34 * b)))
-            store8f(ws, 32 * b + 24, splatf(f16(w3, 34 * b)))
-        for t in range(q.shape[0]):
-            v0, v1, v2, v3 = _dot_w4_q8_0(w0, w1, w2, w3, ws, q[t], d[t])
-            out = y[t // nrows, y_row + t % nrows]
-            if has_bias:
-                v0, v1, v2, v3 = v0 + bias[n], v1 + bias[r1], v2 + bias[r2], v3 + bias[r3]
-            out[n] = v0
-            out[r1] = v1
-            out[r2] = v2
-            out[r3] = v3
-
-
-@njit(cache=True, inline="always")
 def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0, n1):
     """Outputs [n0, n1) of every activation row t, weight row n at w[n - wn]: four activation
     rows at a time against every weight row of [n0, n1), a panel that stays in L1 (each weight
@@ -956,8 +928,7 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 def _q8_0_four_activation_rows(w, wn, q, d, bias, y, y_row, nrows, n0, n1):
     """_four_activation_rows of Q8_0 weights (a Q5_0 prompt's unpacked panel): the four
     activation rows' block scales spread over 8 lanes once for the weight rows [n0, n1), so
-    each of a block's four scales is one multiply by the weight's (``_dot_w4_q8_0`` the other
-    way round). Q5_0 128-row prompts, one thread, 2048 x 640: 0.90 of the time."""
+    each of a block's four scales is one multiply by the weight's. Q5_0 128-row prompts, one thread, 2048 x 640: 0.90 of the time."""
     T = q.shape[0]
     nb = q.shape[1] // 32
     has_bias = bias.shape[0] > 0
@@ -1017,6 +988,192 @@ def _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, n0, n1, panel):
         for n in range(c0, c1):
             _unpack_q5_0(w[n], panel[n - c0])
         _q8_0_four_activation_rows(panel, c0, q, d, bias, y, y_row, nrows, c0, c1)
+
+
+# -- panels: sixteen rows side by side ----------------------------------------------------------------
+# A matrix of a type in PANEL_KINDS is held as panels of PANEL rows (``panels``, once, when it
+# is first multiplied): the 16 rows' blocks b side by side, so that one 64-byte load holds four
+# consecutive values of each of the 16 rows, the layout of a ``vpdpbusd`` whose other operand
+# is four activation bytes spread to every lane (and of an AMX tile's B operand). A Q8_0 panel
+# block (544 bytes, as its 16 rows' blocks):
+#
+#     bytes 0..31                 the 16 rows' d (fp16), row r at 2 r
+#     bytes 32 + 64 c + 4 r + i   value 4 c + i of row r (c < 8, i < 4), plus 128 (unsigned)
+#
+# The panels of N rows are a uint8 array (16 ceil(N / 16), row bytes): panel p is the bytes of
+# its rows [16 p, 16 p + 16) as stored, reordered (the last one padded with zeros). A block's
+# 16 outputs are then one vector:
+#
+#     y[t, 16 p : 16 p + 16] += (sum_c dot(values_c, x[t, 32 b + 4 c : + 4]) - 128 sum_j qx[t, b, j])
+#                               * d[16 p : 16 p + 16] * dx[t, b]
+#
+# the per-row work of the row layout (a scale widened and a horizontal sum per row) done once
+# for 16 rows.
+
+PANEL = 16
+PANEL_KINDS = (Q8_0,)
+"""The types held as panels (the others as the rows a file stores)."""
+
+
+def panel_rows(N: int) -> int:
+    """Rows of the panels of an N-row matrix: N rounded up to a whole panel."""
+    return -(-N // PANEL) * PANEL
+
+
+@njit(cache=True)
+def _panel_block_bytes(kind, rb, nb):
+    return PANEL * (rb // nb)
+
+
+@njit(cache=True, parallel=True)
+def _to_panels(kind, rows, out):
+    N, rb = rows.shape
+    nb = rb // 34
+    flat = out.reshape(out.shape[0] * rb)
+    for p in prange(out.shape[0] // PANEL):
+        for r in range(min(PANEL, N - PANEL * p)):
+            w = rows[PANEL * p + r]
+            for b in range(nb):
+                o = PANEL * rb * p + 544 * b
+                flat[o + 2 * r] = w[34 * b]
+                flat[o + 2 * r + 1] = w[34 * b + 1]
+                for c in range(8):
+                    for i in range(4):
+                        flat[o + 32 + 64 * c + 4 * r + i] = w[34 * b + 2 + 4 * c + i] ^ 0x80
+
+
+@njit(cache=True, parallel=True)
+def _from_panels(kind, panels, out):
+    N, rb = out.shape
+    nb = rb // 34
+    flat = panels.reshape(panels.shape[0] * rb)
+    for p in prange(panels.shape[0] // PANEL):
+        for r in range(min(PANEL, N - PANEL * p)):
+            w = out[PANEL * p + r]
+            for b in range(nb):
+                o = PANEL * rb * p + 544 * b
+                w[34 * b] = flat[o + 2 * r]
+                w[34 * b + 1] = flat[o + 2 * r + 1]
+                for c in range(8):
+                    for i in range(4):
+                        w[34 * b + 2 + 4 * c + i] = flat[o + 32 + 64 * c + 4 * r + i] ^ 0x80
+
+
+PANELS_CHUNK = 1 << 14
+"""Rows reordered into panels at a time (``panels``)."""
+
+
+def panels(qtype: QType, rows: np.ndarray, done=None) -> np.ndarray:
+    """The panels (read-only) of a matrix's rows (N, row bytes) of a type in PANEL_KINDS,
+    made PANELS_CHUNK rows at a time, ``done(r0, r1)`` called after each (a file's pages given
+    back as they are read: a 180 MB table never held twice)."""
+    N = rows.shape[0]
+    out = np.zeros((panel_rows(N), rows.shape[1]), dtype=np.uint8)
+    for r0 in range(0, N, PANELS_CHUNK):
+        r1 = min(N, r0 + PANELS_CHUNK)
+        _to_panels(qtype.kind, np.ascontiguousarray(rows[r0:r1]), out[r0:panel_rows(r1)])
+        if done is not None:
+            done(r0, r1)
+    return read_only(out)
+
+
+def panels_rows(qtype: QType, blocks: np.ndarray, N: int) -> np.ndarray:
+    """The N rows of ``panels``, as a file stores them (a new array)."""
+    out = np.empty((N, blocks.shape[1]), dtype=np.uint8)
+    _from_panels(qtype.kind, blocks, out)
+    return out
+
+
+def held(qtype: QType, rows: np.ndarray) -> np.ndarray:
+    """A matrix's rows as this type's kernels read them: its panels, or the rows as they are."""
+    return panels(qtype, rows) if qtype.panelled else rows
+
+
+@njit(cache=True, inline="always")
+def _panel_block(kind, acc, wf, o, x, d, s, u, b):
+    """acc + the 16 outputs of the panel block at byte o of wf times block b of activation
+    row x (d, s, u as rounded for the type)."""
+    xo = 32 * b
+    v0 = dot16_wide(zero16(), load64(wf, o + 32), spread4(x, xo))
+    v1 = dot16_wide(zero16(), load64(wf, o + 96), spread4(x, xo + 4))
+    v0 = dot16_wide(v0, load64(wf, o + 160), spread4(x, xo + 8))
+    v1 = dot16_wide(v1, load64(wf, o + 224), spread4(x, xo + 12))
+    v0 = dot16_wide(v0, load64(wf, o + 288), spread4(x, xo + 16))
+    v1 = dot16_wide(v1, load64(wf, o + 352), spread4(x, xo + 20))
+    v0 = dot16_wide(v0, load64(wf, o + 416), spread4(x, xo + 24))
+    v1 = dot16_wide(v1, load64(wf, o + 480), spread4(x, xo + 28))
+    return fma16(acc, sub16(add16(v0, v1), 128 * u[b]), scale16(halves16(wf, o), d[b]))
+
+
+@njit(cache=True, inline="always")
+def _panel_store(y, t, y_row, nrows, n0, N, acc, bias):
+    """y[t's batch and row, n0 : n0 + 16] = acc + bias, the lanes below N."""
+    out = y[t // nrows, y_row + t % nrows]
+    if bias.shape[0] > 0:
+        if n0 + PANEL <= N:
+            acc = addf16(acc, load16f(bias, n0))
+        else:
+            for n in range(n0, N):
+                out[n] = lane16(acc, n - n0) + bias[n]
+            return
+    if n0 + PANEL <= N:
+        store16f(out, n0, acc)
+    else:
+        for n in range(n0, N):
+            out[n] = lane16(acc, n - n0)
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
+    """Panels [p0, p1) of w times every activation row t = b * nrows + i: four activation rows
+    at a time against a panel that stays in L1 (its bytes loaded and widened once for the
+    four), then one at a time."""
+    T, K = q.shape
+    N = y.shape[2]
+    rb = w.shape[1]
+    nb = K // 32
+    bb = _panel_block_bytes(kind, rb, nb)
+    wf = w.reshape(w.shape[0] * rb)
+    for p in range(p0, p1):
+        base = PANEL * rb * p
+        t = 0
+        while t + 4 <= T:
+            x0, x1, x2, x3 = q[t], q[t + 1], q[t + 2], q[t + 3]
+            a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
+            for b in range(nb):
+                o = base + bb * b
+                a0 = _panel_block(kind, a0, wf, o, x0, d[t], s[t], u[t], b)
+                a1 = _panel_block(kind, a1, wf, o, x1, d[t + 1], s[t + 1], u[t + 1], b)
+                a2 = _panel_block(kind, a2, wf, o, x2, d[t + 2], s[t + 2], u[t + 2], b)
+                a3 = _panel_block(kind, a3, wf, o, x3, d[t + 3], s[t + 3], u[t + 3], b)
+            _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
+            _panel_store(y, t + 1, y_row, nrows, PANEL * p, N, a1, bias)
+            _panel_store(y, t + 2, y_row, nrows, PANEL * p, N, a2, bias)
+            _panel_store(y, t + 3, y_row, nrows, PANEL * p, N, a3, bias)
+            t += 4
+        while t < T:
+            x0, d0, s0, u0 = q[t], d[t], s[t], u[t]
+            a0 = zerof16()
+            for b in range(nb):
+                a0 = _panel_block(kind, a0, wf, base + bb * b, x0, d0, s0, u0, b)
+            _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
+            t += 1
+
+
+@njit(cache=True)
+def _panel_widen(kind, w, n, out):
+    """Row n of the panels w as float32 into out (K,), as ggml's ``dequantize_row_q8_0``."""
+    rb = w.shape[1]
+    nb = out.shape[0] // 32
+    wf = w.reshape(w.shape[0] * rb)
+    p, r = n // PANEL, n % PANEL
+    for b in range(nb):
+        o = PANEL * rb * p + 544 * b
+        dd = f16(wf, o + 2 * r)
+        for c in range(8):
+            for i in range(4):
+                out[32 * b + 4 * c + i] = dd * np.float32(
+                    np.int32(wf[o + 32 + 64 * c + 4 * r + i]) - 128)
 
 
 # -- prompts on AMX tiles ---------------------------------------------------------------------------
@@ -1115,6 +1272,9 @@ def _amx_act(kind, d, s, u, t, b):
     if kind == Q4_K:
         dx = load1f(d, t * d.shape[1] + b // 8)
         return dx, dx * np.float32(u[t, 2 * b] + u[t, 2 * b + 1])
+    if kind == Q8_0:  # panels: values plus 128
+        dx = load1f(d, t * d.shape[1] + b)
+        return dx, dx * np.float32(u[t, b])
     return load1f(d, t * d.shape[1] + b), np.float32(0.0)
 
 
@@ -1175,14 +1335,23 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     wm = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
     o += 64 * nsub
     out = room[o:o + 64].view(np.float32)
-    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K
+    panelled = kind == Q8_0  # its panels are B operands as they are (PANEL_KINDS)
+    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K or panelled
     has_bias = bias.shape[0] > 0
     flat_q = q.reshape(T * K)
     flat_p = panel.reshape(K * 4)
     flat_ws, flat_wm = ws.reshape(16 * nsub), wm.reshape(16 * nsub)
+    wf = w.reshape(w.shape[0] * w.shape[1])
     for c0 in range(n0, n1, 16):
         c1 = min(c0 + 16, n1)
-        _amx_panel(kind, w, c0, c1, tmp, panel, ws, wm)
+        base = c0 * w.shape[1]  # panel c0 / 16
+        if panelled:
+            for b in range(nsub):
+                h = halves16(wf, base + 544 * b)
+                store16f(flat_ws, 16 * b, h)
+                store16f(flat_wm, 16 * b, scale16(h, np.float32(-128.0)))
+        else:
+            _amx_panel(kind, w, c0, c1, tmp, panel, ws, wm)
         R = 0
         yb, yr = 0, y_row  # where row t's outputs go: y[yb, yr] (t = yb * nrows + yr - y_row)
         for t0 in range(0, T, 16):
@@ -1191,14 +1360,24 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
                 _amx_configure(cfg, R)
             # sub-block b: activations q[t0:, 32 b:], panel words [128 b, 128 b + 128)
             for b in range(0, nsub - 1, 2):
-                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
-                           True)
-                _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, flat_p, 128 * b + 128, sums,
-                           256 * b + 256, False)
+                if panelled:
+                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, wf, base + 544 * b + 32,
+                               sums, 256 * b, True)
+                    _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, wf,
+                               base + 544 * b + 576, sums, 256 * b + 256, False)
+                else:
+                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums,
+                               256 * b, True)
+                    _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, flat_p, 128 * b + 128,
+                               sums, 256 * b + 256, False)
             if nsub % 2:
                 b = nsub - 1
-                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
-                           True)
+                if panelled:
+                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, wf, base + 544 * b + 32,
+                               sums, 256 * b, True)
+                else:
+                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums,
+                               256 * b, True)
             for i in range(R):
                 t = t0 + i
                 a0, a1 = zerof(), zerof()
@@ -1230,58 +1409,23 @@ def amx_room_bytes(K: int) -> int:
 
 # -- entry points -----------------------------------------------------------------------------------
 
-def _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    """Outputs [n0, n1) of several activation rows t = b * nrows + i (a prompt), the work of
-    one weight block shared by four products: Q8_0, whose weights need no unpacking, takes four
-    weight rows for one activation row (each activation block loaded once for the four); every
-    other type one weight row for four activation rows (its blocks unpacked once for the
-    four), the rows [n0, n1) in turn for each four. The last group repeats its last row.
-    (From UNPACK_MIN_ROWS rows the entry points run Q5_0 as ``_q5_0_as_q8_0`` instead.)"""
-
-
-@overload(_prompt_rows)
-def _prompt_rows_of(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    if not isinstance(kind, types.IntegerLiteral):
-        return None
-
-    def four_weight_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-        _q8_0_four_weight_rows(w, q, d, bias, y, y_row, nrows, n0, n1)
-
-    def four_activation_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-        _four_activation_rows(kind, qk, w, 0, q, d, s, u, bias, y, y_row, nrows, n0, n1)
-
-    if kind.literal_value == Q8_0:
-        return four_weight_rows
-    return four_activation_rows
-
-
 @njit(cache=True, fastmath=_FASTMATH)
 def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
-    """Outputs [n0, n1) of every activation row t = b * nrows + i: for one (decode) each weight
-    row read once, in order (one memory stream); for several, ``_prompt_rows``."""
+    """Outputs [n0, n1) of every activation row t = b * nrows + i of a type held as rows: for
+    one (decode) each weight row read once, in order (one memory stream); for several (a
+    prompt), one weight row for four activation rows (its blocks unpacked once for the four),
+    the rows [n0, n1) in turn for each four, the last group repeating its last row. (From
+    UNPACK_MIN_ROWS rows the entry points run Q5_0 as ``_q5_0_as_q8_0`` instead.)"""
     if q.shape[0] > 1:
-        _prompt_rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1)
+        _four_activation_rows(kind, qk, w, 0, q, d, s, u, bias, y, y_row, nrows, n0, n1)
         return
     has_bias = bias.shape[0] > 0
-    rb = w.shape[1]
-    ahead = kind == Q8_0 and w.shape[0] * rb >= PREFETCH_MIN_BYTES
     for n in range(n0, n1):
-        if ahead:
-            for c in range(0, rb, 64):
-                prefetch(w[0], (n + PREFETCH_ROWS) * rb + c)
         v = _dot1(kind, qk, w[n], q[0], d[0], s[0], u[0])
         y[0, y_row, n] = v + bias[n] if has_bias else v
 
 
-ROWS_PER_TASK = 16
-PREFETCH_ROWS = 8
-PREFETCH_MIN_BYTES = 1 << 24
-"""A one-row Q8_0 product over a matrix of this many bytes or more (a tied head: Gemma 3's
-178 MB, SmolLM2's 30 MB) asks for the cache lines of the row PREFETCH_ROWS ahead of the one it
-multiplies: its Q8_0 loop outruns memory, and the hint took Gemma 3's head from 15 to 19 GB/s
-(0.76-0.83 of the time, paired; the machine's plain read 21 GB/s). The other types' loops are
-slower than memory here (a 64 MB Q4_K matrix: 1.1x the time with the hint), and a matrix that
-stays in cache gains nothing (1.03x)."""
+ROWS_PER_TASK = PANEL
 
 
 def _entry_points(kind: int, qk: int):
@@ -1293,30 +1437,39 @@ def _entry_points(kind: int, qk: int):
     it, or allocating one in the row function, made the one-row products inside the parallel
     tasks 1.5x slower)."""
     tiles = simd.LEVEL == "amx" and kind in AMX_KINDS
+    panelled = kind in PANEL_KINDS
     unpacks = kind == Q5_0 and not tiles
 
     @njit(cache=True)
     def rows(w, q, d, s, u, bias, y, y_row, nrows, scratch):
         # n0 a typed int64, not the literal 0: the signature rows_parallel's tasks call _rows
         # with, so one compile of _rows serves both
+        N = y.shape[2]
         if tiles and q.shape[0] >= AMX_MIN_ROWS:
-            _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0],
+            _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), N,
                       scratch[0, 0])
             return
-        if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
-            _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0],
-                          scratch[0])
+        if panelled:
+            _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0),
+                        (N + PANEL - 1) // PANEL)
             return
-        _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), w.shape[0])
+        if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
+            _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), N, scratch[0])
+            return
+        _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), N)
 
     @njit(cache=True, parallel=True)
     def rows_parallel(w, q, d, s, u, bias, y, y_row, nrows, scratch):
-        N = w.shape[0]
+        N = y.shape[2]
         if tiles and q.shape[0] >= AMX_MIN_ROWS:
             for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
                 _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
                           min(N, task * ROWS_PER_TASK + ROWS_PER_TASK),
                           scratch[get_thread_id(), 0])
+            return
+        if panelled:
+            for task in prange((N + PANEL - 1) // PANEL):
+                _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task, task + 1)
             return
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -1331,7 +1484,10 @@ def _entry_points(kind: int, qk: int):
     @njit(cache=True)
     def widen(w, index, out):
         for r in range(index.shape[0]):
-            _row_widen(kind, w[index[r]], out[r])
+            if panelled:
+                _panel_widen(kind, w, index[r], out[r])
+            else:
+                _row_widen(kind, w[index[r]], out[r])
 
     @njit(cache=True, parallel=True)
     def rows_table(table, q, d, s, u, nrows, scratch):
@@ -1341,20 +1497,25 @@ def _entry_points(kind: int, qk: int):
             tasks += (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
         if tiles and q.shape[0] >= AMX_MIN_ROWS:
             for task in prange(tasks):
-                w, y, bias, t = _table_task(table, task)
+                w, y, bias, t = _table_task(table, task, panelled)
                 _amx_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                          min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK),
+                          min(y.shape[2], t * ROWS_PER_TASK + ROWS_PER_TASK),
                           scratch[get_thread_id(), 0])
+            return
+        if panelled:
+            for task in prange(tasks):
+                w, y, bias, t = _table_task(table, task, panelled)
+                _panel_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t, t + 1)
             return
         if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
             for task in prange(tasks):
-                w, y, bias, t = _table_task(table, task)
+                w, y, bias, t = _table_task(table, task, panelled)
                 _q5_0_as_q8_0(w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
                               min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK),
                               scratch[get_thread_id()])
             return
         for task in prange(tasks):
-            w, y, bias, t = _table_task(table, task)
+            w, y, bias, t = _table_task(table, task, panelled)
             _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
                   min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK))
 
@@ -1362,12 +1523,13 @@ def _entry_points(kind: int, qk: int):
 
 
 @njit(cache=True, inline="always")
-def _table_task(table, task):
-    """The arrays of the member whose task ``task`` is (MatrixTable's row: w, y, bias), and
-    the task's number within the member."""
+def _table_task(table, task, panelled):
+    """The arrays of the member whose task ``task`` is (MatrixTable's row: w, y, bias; w's
+    panels when ``panelled``), and the task's number within the member."""
     m, t = _member_task(table, task)
     e = table[m]
-    return (carray(_pointer(e[0]), (e[1], e[2]), np.uint8),
+    wrows = (e[1] + PANEL - 1) // PANEL * PANEL if panelled else e[1]
+    return (carray(_pointer(e[0]), (wrows, e[2]), np.uint8),
             carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32),
             carray(_pointer(e[6]), (e[7],), np.float32), t)
 
@@ -1402,7 +1564,8 @@ unchanged."""
 
 def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> None:
     """y[b, y_row + i] = x[b, x_row + i] @ W + bias for the W (K, N) whose N rows of K values
-    are ``w``'s blocks (uint8 (N, row bytes)), every batch b and i < nrows."""
+    are ``w``'s blocks as the type's kernels hold them (``held``: uint8 (N, row bytes), or its
+    panels), every batch b and i < nrows."""
     q, d, s, u = quantize_activations(qtype.act, x, x_row, nrows)
     rows, rows_parallel = qtype.kernels[:2]
     (rows_parallel if _parallel(w.nbytes * q.shape[0]) else rows)(
@@ -1460,11 +1623,13 @@ class MatrixTable:
         self.nbytes = sum(w.nbytes for w, _, _ in self.members)
         rows = []
         for w, bias, y in self.members:
+            N = y.shape[-1]
             if not (w.flags.c_contiguous and y.flags.c_contiguous and bias.flags.c_contiguous
-                    and y.dtype == np.float32 and y.ndim == 3 and y.shape[2] == w.shape[0]):
-                raise ValueError("MatrixTable: C-contiguous blocks, bias and (B, H, N) float32 "
-                                 "output expected")
-            rows.append([w.ctypes.data, w.shape[0], w.shape[1], y.ctypes.data, y.shape[0],
+                    and y.dtype == np.float32 and y.ndim == 3
+                    and w.shape[0] == (panel_rows(N) if qtype.panelled else N)):
+                raise ValueError("MatrixTable: C-contiguous blocks (the type's held layout), "
+                                 "bias and (B, H, N) float32 output expected")
+            rows.append([w.ctypes.data, N, w.shape[1], y.ctypes.data, y.shape[0],
                          y.shape[1], bias.ctypes.data, bias.shape[0]])
         self.table = read_only(np.array(rows, dtype=np.int64).reshape(-1, 8))
 
@@ -1485,5 +1650,5 @@ class MatrixTable:
 
 
 def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:
-    """Rows ``index`` of the blocks ``w`` as float32 into ``out`` (len(index), C)."""
+    """Rows ``index`` of the blocks ``w`` (``held``) as float32 into ``out`` (len(index), C)."""
     qtype.kernels[2](read_only(w), np.asarray(index, dtype=np.int64), out)

@@ -14,7 +14,6 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
 
     load32(a, o)            the 32 bytes a[o : o + 32]
     store32(a, o, v)        a[o : o + 32] = v (32 bytes)
-    prefetch(a, o)          ask for the cache line of a[o] (a hint; never faults)
     nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
                             their high nibbles (ggml's order in a block of 32)
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
@@ -53,6 +52,23 @@ process use them (amx.py; prompts multiply on them, quant.py). The CPU is the ho
 or the one NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name (numba keys its kernel cache by that target,
 so a cached kernel always matches its path). Arrays are addressed by flat element offsets from
 their first element, so they must be C-contiguous; loads are unaligned.
+
+Sixteen weight rows at once (the panels of quant.py: 16 rows' values of one group of four side
+by side), in 512-bit vectors that LLVM splits into halves or quarters on a CPU without
+AVX-512::
+
+    Bytes64   <64 x i8>     I32x16   <16 x i32>     F32x16   <16 x float>
+
+    load64(a, o)            the 64 bytes a[o : o + 64]
+    spread4(a, o)           the 4 bytes a[o : o + 4] in each of the 16 lanes
+    low4(v), high4(v)       each byte's low / high nibble
+    dot16(acc, u, s)        acc + 16 lanes of sum_k<4 u[4j+k] s[4j+k] (u < 128 unsigned)
+    dot16_wide(acc, u, s)   the same for any unsigned u (one more product without VNNI)
+    add16(a, b), sub16(a, x)    int32 lanes; x one int32 for every lane
+    halves16(a, o)          the 16 IEEE halves at bytes a[o : o + 32] as float32 lanes
+    zero16(), zerof16(), scale16(f, x) = f * x, fma16(acc, v, f) = acc + float32(v) * f,
+    fmaf16(acc, f, x) = acc + f * x (x one float32), addf16(a, b), load16f(a, o),
+    store16f(a, o, v), lane16(v, i)
 
 ``bf16_to_f32`` and ``f16_to_f32`` widen one scalar (the BF16 / F16 kernels, packed.py);
 ``round_f16`` rounds one to half precision (ggml's fp16 scales).
@@ -142,6 +158,9 @@ class _SimdVectorModel(models.PrimitiveModel):
 
 
 Bytes32 = SimdVector("i", 8, 32)
+Bytes64 = SimdVector("i", 8, 64)
+I32x16 = SimdVector("i", 32, 16)
+F32x16 = SimdVector("f", 32, 16)
 I16x16 = SimdVector("i", 16, 16)
 I32x8 = SimdVector("i", 32, 8)
 F32x8 = SimdVector("f", 32, 8)
@@ -233,18 +252,6 @@ def store32(typingctx, array, offset, v):
                       align=1)
         return context.get_dummy_value()
     return types.none(array, offset, v), codegen
-
-
-@intrinsic
-def prefetch(typingctx, array, offset):
-    """Ask for the cache line of element ``offset`` of ``array`` (never faults)."""
-    def codegen(context, builder, sig, args):
-        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], _I8)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 0), ir.Constant(_I32, 1)])
-        return context.get_dummy_value()
-    return types.none(array, offset), codegen
 
 
 def _load16(context, builder, sig, args):
@@ -749,6 +756,203 @@ def mulf(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fmul(args[0], args[1], flags=_FLAGS)
     return F32x8(a, b), codegen
+
+
+# -- sixteen rows (panels) -------------------------------------------------------------------------
+
+_W8, _W32, _WF = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_WIDE_DOT = LEVEL in ("vnni", "amx") and {"avx512vnni", "avx512f"} <= target_features()
+
+
+@intrinsic
+def load64(typingctx, array, offset):
+    """The 64 bytes of ``array`` (a 1-byte dtype) from element ``offset``."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], *args, _W8), align=1)
+    return Bytes64(array, offset), codegen
+
+
+@intrinsic
+def spread4(typingctx, array, offset):
+    """The 4 bytes of ``array`` from element ``offset`` repeated in each 32-bit lane."""
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], *args, _I32), align=1)
+        return builder.bitcast(_splat(builder, word, 16), _W8)
+    return Bytes64(array, offset), codegen
+
+
+@intrinsic
+def low4(typingctx, v):
+    """Each byte's low nibble."""
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _const(_W8, 15))
+    return Bytes64(v), codegen
+
+
+@intrinsic
+def high4(typingctx, v):
+    """Each byte's high nibble (a 32-bit shift, then a mask)."""
+    def codegen(context, builder, sig, args):
+        shifted = builder.lshr(builder.bitcast(args[0], _W32), _const(_W32, 4))
+        return builder.and_(builder.bitcast(shifted, _W8), _const(_W8, 15))
+    return Bytes64(v), codegen
+
+
+def _halves(builder, v, lanes):
+    """The two halves of a 2 * lanes vector."""
+    return [builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes),
+                                                     list(range(h * lanes, (h + 1) * lanes))))
+            for h in range(2)]
+
+
+def _dot16(builder, acc, u, s):
+    if _WIDE_DOT:
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, acc, builder.bitcast(u, _W32),
+                    builder.bitcast(s, _W32))
+    parts = [_dot(builder, a, b, c) for a, b, c in zip(_halves(builder, acc, 8),
+                                                        _halves(builder, u, 32),
+                                                        _halves(builder, s, 32))]
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(_W32, list(range(16))))
+
+
+@intrinsic
+def dot16(typingctx, acc, u, s):
+    """acc + 16 lanes of sum_k<4 u[4j + k] * s[4j + k] (u unsigned below 128, s signed): one
+    ``vpdpbusd`` with AVX-512 VNNI, else ``dot`` on each half."""
+    def codegen(context, builder, sig, args):
+        return _dot16(builder, *args)
+    return I32x16(acc, u, s), codegen
+
+
+@intrinsic
+def dot16_wide(typingctx, acc, u, s):
+    """``dot16`` for unsigned u of any value: with VNNI the same instruction; else u's low seven
+    bits and its top bit times 128 in two products (``pmaddubsw`` saturates its pair sums)."""
+    def codegen(context, builder, sig, args):
+        acc, u, s = args
+        if LEVEL in ("vnni", "amx"):
+            return _dot16(builder, acc, u, s)
+        low = _dot16(builder, acc, builder.and_(u, _const(_W8, 127)), s)
+        top = _dot16(builder, ir.Constant(_W32, None), builder.lshr(u, _const(_W8, 7)), s)
+        return builder.add(low, builder.shl(top, _const(_W32, 7)))
+    return I32x16(acc, u, s), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(*args)
+    return I32x16(a, b), codegen
+
+
+@intrinsic
+def sub16(typingctx, a, x):
+    """a - x in each int32 lane, x one int32."""
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _splat(builder, context.cast(builder, args[1], sig.args[1],
+                                                                 types.int32), 16))
+    return I32x16(a, x), codegen
+
+
+@intrinsic
+def zero16(typingctx):
+    """0 in all 16 int32 lanes."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_W32, None)
+    return I32x16(), codegen
+
+
+@intrinsic
+def zerof16(typingctx):
+    """0.0 in all 16 float lanes."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_WF, None)
+    return F32x16(), codegen
+
+
+@intrinsic
+def halves16(typingctx, array, offset):
+    """The 16 IEEE halves at bytes ``offset`` .. ``offset + 31`` of a uint8 array as float32."""
+    def codegen(context, builder, sig, args):
+        bits = builder.load(_pointer(context, builder, sig.args[0], *args,
+                                     ir.VectorType(_I16, 16)), align=1)
+        if F16C:
+            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), _WF)
+        out = ir.Constant(_WF, None)
+        for k in range(16):
+            lane = _half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, k)))
+            out = builder.insert_element(out, lane, ir.Constant(_I32, k))
+        return out
+    return F32x16(array, offset), codegen
+
+
+def _float_operand(context, builder, value, typ):
+    if isinstance(typ, SimdVector):
+        return value
+    return _splat(builder, context.cast(builder, value, typ, types.float32), 16)
+
+
+@intrinsic
+def scale16(typingctx, f, x):
+    """f * x, x an F32x16 or one float32."""
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], _float_operand(context, builder, args[1], sig.args[1]),
+                            flags=_FLAGS)
+    return F32x16(f, x), codegen
+
+
+@intrinsic
+def fma16(typingctx, acc, v, f):
+    """acc + float32(v) * f, v an I32x16, f an F32x16."""
+    def codegen(context, builder, sig, args):
+        acc, v, f = args
+        return builder.fadd(acc, builder.fmul(builder.sitofp(v, _WF), f, flags=_FLAGS),
+                            flags=_FLAGS)
+    return F32x16(acc, v, f), codegen
+
+
+@intrinsic
+def fmaf16(typingctx, acc, f, x):
+    """acc + f * x, x an F32x16 or one float32."""
+    def codegen(context, builder, sig, args):
+        acc, f, x = args
+        x = _float_operand(context, builder, x, sig.args[2])
+        return builder.fadd(acc, builder.fmul(f, x, flags=_FLAGS), flags=_FLAGS)
+    return F32x16(acc, f, x), codegen
+
+
+@intrinsic
+def addf16(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1], flags=_FLAGS)
+    return F32x16(a, b), codegen
+
+
+@intrinsic
+def load16f(typingctx, array, offset):
+    """array[offset : offset + 16] of a float32 array."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], *args, _WF), align=4)
+    return F32x16(array, offset), codegen
+
+
+@intrinsic
+def store16f(typingctx, array, offset, v):
+    """array[offset : offset + 16] = v, array float32."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _WF),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(array, offset, v), codegen
+
+
+@intrinsic
+def lane16(typingctx, v, i):
+    """Lane i of an F32x16."""
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1],
+                                                             types.int32))
+    return types.float32(v, i), codegen
 
 
 # -- scalars ---------------------------------------------------------------------------------------

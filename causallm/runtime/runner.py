@@ -311,7 +311,7 @@ class LinearGroup:
         self.quantized = False
         by_type: dict = {}
         for _, w, bias, y, _ in members:
-            by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.data, bias, y))
+            by_type.setdefault(w.qtype.name, (w.qtype, []))[1].append((w.blocks, bias, y))
         self.tables = [MatrixTable(qtype, m) for qtype, m in by_type.values()]
         self._calls = BoundCalls(self._make_calls)
 
