@@ -187,42 +187,6 @@ def test_panels_hold_the_rows_exactly(name):
         np.testing.assert_array_equal(quant.panels_rows(qt, held, N), rows)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q5_0_prompt_unpacked_first_is_ggmls(threads):
-    """A Q5_0 prompt of UNPACK_MIN_ROWS rows or more unpacks its weight rows into Q8_0 blocks
-    first (the one-thread entry point, the parallel one, and a table of two matrices): the
-    twin's products all the same."""
-    from causallm import kernels
-
-    N, K, T = 45, 512, quant.UNPACK_MIN_ROWS + 3
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, T, K)).astype(np.float32)
-    mats = [ref.random_blocks("Q5_0", N + 16 * i, K, seed=6 + i) for i in range(2)]
-    wants = [ref.linear("Q5_0", w, x[0]) for w in mats]
-    before = kernels.threads.threads()
-    try:
-        kernels.set_num_threads(threads)
-        qt = quant.QTYPES["Q5_0"]
-        for w, want in zip(mats, wants):
-            y = np.full((1, T, w.shape[0]), np.nan, np.float32)
-            quant.linear(qt, w, x, np.zeros(0, np.float32), y, 0, 0, T)
-            np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
-        ys = [np.full((1, T, w.shape[0]), np.nan, np.float32) for w in mats]
-        table = quant.MatrixTable(qt, [(w, np.zeros(0, np.float32), y) for w, y in zip(mats, ys)])
-        table.run(*quant.quantize_activations(qt.act, x, 0, T), T)
-        for y, want in zip(ys, wants):
-            np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-6 * np.abs(want).max())
-    finally:
-        kernels.set_num_threads(before)
-    # the room for the unpacked panels is one per row length, whatever the step's rows: calls
-    # kept for many step lengths (runner.BoundCalls) hold no room of their own
-    rooms = [quant.scratch(qt, quant.quantize_activations(qt.act, x, 0, t)[0])
-             for t in (quant.UNPACK_MIN_ROWS, T)]
-    assert rooms[0] is rooms[1]
-    if simd.LEVEL != "amx":  # there a Q5_0 prompt runs on tiles instead
-        assert rooms[0].shape[1:] == (quant.ROWS_PER_TASK, 34 * K // 32)
-
-
 @pytest.mark.skipif(simd.LEVEL != "amx", reason="this CPU has no AMX tiles (or may not use them)")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", quant.AMX_KINDS)

@@ -61,21 +61,24 @@ from causallm.kernels.simd import (
     add16,
     add32,
     addf16,
+    bor64,
+    bsub64,
     band,
-    bandn,
-    bits32,
     bor,
     bshl,
     bshr,
-    bsub,
-    dot,
+    dot16,
     dot16_wide,
     dot_signed,
     f16,
     fma,
     fma16,
+    fmaf16,
     fmaf,
     halves16,
+    high4,
+    high_bit_high,
+    high_bit_low,
     hsum,
     lane16,
     load16f,
@@ -84,6 +87,7 @@ from causallm.kernels.simd import (
     load64,
     load8f,
     lookup,
+    low4,
     madd,
     maddubs,
     mins_k4_dot,
@@ -92,7 +96,6 @@ from causallm.kernels.simd import (
     nibbles,
     round_f16,
     scale16,
-    scales2,
     shl32,
     splat16,
     splat16x2,
@@ -100,6 +103,7 @@ from causallm.kernels.simd import (
     spread4,
     store16f,
     store32,
+    store64,
     store8f,
     sub16,
     sub32,
@@ -443,54 +447,10 @@ def _scale_q3(w, o, k):
 # ``vec_dot_<type>_<activation>`` sums it; the row's product is hsum(acc) + mins.
 
 @njit(cache=True, inline="always")
-def _block_q8_0(acc, mins, w, b, x, d, s, u):
-    o = 34 * b
-    return fma(acc, dot_signed(zero32(), load32(w, o + 2), load32(x, 32 * b)),
-               f16(w, o) * d[b]), mins
-
-
-@njit(cache=True, inline="always")
-def _block_q4_0(acc, mins, w, b, x, d, s, u):
-    o = 18 * b
-    qw = bsub(nibbles(w, o + 2), 8)
-    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
-
-
-@njit(cache=True, inline="always")
-def _values_q5_0(w, o):
-    """The 32 signed values of the Q5_0 block at byte o: a nibble whose fifth bit is clear
-    gets the bits 0xF0 (as a signed byte, the nibble minus 16), as ggml's AVX2 loop does: two
-    instructions where setting bit 4 and subtracting 16 took three."""
-    return bor(nibbles(w, o + 6), bandn(bits32(w, o + 2), -16))
-
-
-@njit(cache=True, inline="always")
-def _block_q5_0(acc, mins, w, b, x, d, s, u):
-    o = 22 * b
-    return fma(acc, dot_signed(zero32(), _values_q5_0(w, o), load32(x, 32 * b)),
-               f16(w, o) * d[b]), mins
-
-
-@njit(cache=True, inline="always")
 def _block_iq4_nl(acc, mins, w, b, x, d, s, u):
     o = 18 * b
     qw = lookup(table16(IQ4_LEVELS, 0), nibbles(w, o + 2))
     return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
-
-
-@njit(cache=True, inline="always")
-def _block_q4_1(acc, mins, w, b, x, d, s, u):
-    o = 20 * b
-    dd, mm = scales2(w, o, s, 2 * b)
-    return fma(acc, dot(zero32(), nibbles(w, o + 4), load32(x, 32 * b)), dd), mins + mm
-
-
-@njit(cache=True, inline="always")
-def _block_q5_1(acc, mins, w, b, x, d, s, u):
-    o = 24 * b
-    qw = bor(nibbles(w, o + 8), band(bits32(w, o + 4), 16))
-    dd, mm = scales2(w, o, s, 2 * b)
-    return fma(acc, dot(zero32(), qw, load32(x, 32 * b)), dd), mins + mm
 
 
 # A 256-value block is written out as calls of a sub-block helper with constant indices, not a
@@ -665,9 +625,8 @@ def _block_iq4_xs(acc, mins, w, i, x, d, s, u):
     return acc, mins
 
 
-_BLOCKS = {Q4_0: _block_q4_0, Q4_1: _block_q4_1, Q5_0: _block_q5_0, Q5_1: _block_q5_1,
-           Q8_0: _block_q8_0, IQ4_NL: _block_iq4_nl, Q2_K: _block_q2_k, Q3_K: _block_q3_k,
-           Q4_K: _block_q4_k, Q5_K: _block_q5_k, Q6_K: _block_q6_k, IQ4_XS: _block_iq4_xs}
+_BLOCKS = {IQ4_NL: _block_iq4_nl, Q2_K: _block_q2_k, Q3_K: _block_q3_k, Q4_K: _block_q4_k,
+           Q5_K: _block_q5_k, Q6_K: _block_q6_k, IQ4_XS: _block_iq4_xs}
 
 
 def _block(kind, acc, mins, w, b, x, d, s, u):
@@ -924,94 +883,37 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
             y[t3 // nrows, y_row + t3 % nrows, n] = v3 + b
 
 
-@njit(cache=True, inline="always")
-def _q8_0_four_activation_rows(w, wn, q, d, bias, y, y_row, nrows, n0, n1):
-    """_four_activation_rows of Q8_0 weights (a Q5_0 prompt's unpacked panel): the four
-    activation rows' block scales spread over 8 lanes once for the weight rows [n0, n1), so
-    each of a block's four scales is one multiply by the weight's. Q5_0 128-row prompts, one thread, 2048 x 640: 0.90 of the time."""
-    T = q.shape[0]
-    nb = q.shape[1] // 32
-    has_bias = bias.shape[0] > 0
-    xs = np.empty(32 * nb, dtype=np.float32)
-    for t in range(0, T, 4):
-        t1, t2, t3 = min(t + 1, T - 1), min(t + 2, T - 1), min(t + 3, T - 1)
-        x0, x1, x2, x3 = q[t], q[t1], q[t2], q[t3]
-        for b in range(nb):
-            store8f(xs, 32 * b, splatf(d[t, b]))
-            store8f(xs, 32 * b + 8, splatf(d[t1, b]))
-            store8f(xs, 32 * b + 16, splatf(d[t2, b]))
-            store8f(xs, 32 * b + 24, splatf(d[t3, b]))
-        for n in range(n0, n1):
-            wr = w[n - wn]
-            a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
-            for b in range(nb):
-                sw = splatf(f16(wr, 34 * b))
-                v = load32(wr, 34 * b + 2)
-                a0 = fma(a0, dot_signed(zero32(), v, load32(x0, 32 * b)),
-                         mulf(load8f(xs, 32 * b), sw))
-                a1 = fma(a1, dot_signed(zero32(), v, load32(x1, 32 * b)),
-                         mulf(load8f(xs, 32 * b + 8), sw))
-                a2 = fma(a2, dot_signed(zero32(), v, load32(x2, 32 * b)),
-                         mulf(load8f(xs, 32 * b + 16), sw))
-                a3 = fma(a3, dot_signed(zero32(), v, load32(x3, 32 * b)),
-                         mulf(load8f(xs, 32 * b + 24), sw))
-            bn = bias[n] if has_bias else np.float32(0.0)
-            y[t // nrows, y_row + t % nrows, n] = hsum(a0) + bn
-            y[t1 // nrows, y_row + t1 % nrows, n] = hsum(a1) + bn
-            y[t2 // nrows, y_row + t2 % nrows, n] = hsum(a2) + bn
-            y[t3 // nrows, y_row + t3 % nrows, n] = hsum(a3) + bn
-
-
-UNPACK_MIN_ROWS = 16
-"""Activation rows from which a Q5_0 product unpacks its weight rows first (``_entry_points``):
-16 rows took 0.87 of the time; unpacking for 4 rows cost more than it saved (1.1-1.24)."""
-
-
-@njit(cache=True)
-def _unpack_q5_0(w, out):
-    """Row w of Q5_0 blocks as Q8_0 blocks into out: the same d bytes, the values as signed
-    bytes."""
-    for b in range(out.shape[0] // 34):
-        out[34 * b] = w[22 * b]
-        out[34 * b + 1] = w[22 * b + 1]
-        store32(out, 34 * b + 2, _values_q5_0(w, 22 * b))
-
-
-@njit(cache=True, inline="always")
-def _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, n0, n1, panel):
-    # a panel of up to ROWS_PER_TASK weight rows unpacked once into Q8_0 blocks and
-    # multiplied four activation rows at a time: the same sums, without unpacking the five-bit
-    # values again for every four activation rows (Gemma 3's 2048 x 640, 128 rows: 0.82 of the
-    # time on two threads, 0.88 on one; Q4_0's and IQ4_NL's cheaper unpacking gained nothing)
-    for c0 in range(n0, n1, ROWS_PER_TASK):
-        c1 = min(c0 + ROWS_PER_TASK, n1)
-        for n in range(c0, c1):
-            _unpack_q5_0(w[n], panel[n - c0])
-        _q8_0_four_activation_rows(panel, c0, q, d, bias, y, y_row, nrows, c0, c1)
-
-
 # -- panels: sixteen rows side by side ----------------------------------------------------------------
 # A matrix of a type in PANEL_KINDS is held as panels of PANEL rows (``panels``, once, when it
 # is first multiplied): the 16 rows' blocks b side by side, so that one 64-byte load holds four
 # consecutive values of each of the 16 rows, the layout of a ``vpdpbusd`` whose other operand
-# is four activation bytes spread to every lane (and of an AMX tile's B operand). A Q8_0 panel
-# block (544 bytes, as its 16 rows' blocks):
+# is four activation bytes spread to every lane (and of an AMX tile's B operand). A panel block
+# is the 16 rows' blocks, reordered (byte offsets; r the row in the panel, i < 4):
 #
-#     bytes 0..31                 the 16 rows' d (fp16), row r at 2 r
-#     bytes 32 + 64 c + 4 r + i   value 4 c + i of row r (c < 8, i < 4), plus 128 (unsigned)
+#     type    fp16 scales, row r at 2 r     high bits (32-bit words)   values
+#     Q8_0    d at 0                        -                          chunks at 32
+#     Q4_0    d at 0                        -                          chunks at 32
+#     Q4_1    d at 0, m at 32               -                          chunks at 64
+#     Q5_0    d at 0                        H at 32 + 4 r              chunks at 96
+#     Q5_1    d at 0, m at 32               H at 64 + 4 r              chunks at 128
 #
-# The panels of N rows are a uint8 array (16 ceil(N / 16), row bytes): panel p is the bytes of
-# its rows [16 p, 16 p + 16) as stored, reordered (the last one padded with zeros). A block's
-# 16 outputs are then one vector:
+# Q8_0 has 8 chunks of 64 bytes, chunk c byte 4 r + i value 4 c + i of row r plus 128
+# (unsigned); the 4- and 5-bit types 4 chunks, chunk c byte 4 r + i byte 4 c + i of row r's
+# nibbles (so value 4 c + i in its low nibble, value 16 + 4 c + i in its high one, as ggml packs
+# them), and row r's 32 high bits as H_r, bit 8 i + c the high bit of value 4 c + i and bit
+# 8 i + 4 + c that of value 16 + 4 c + i (a chunk's high bits are then two shifts and a mask
+# for 16 rows). The panels of N rows are a uint8 array (16 ceil(N / 16), row bytes): panel p is
+# the bytes of its rows [16 p, 16 p + 16), reordered (the last one padded with zeros). A
+# block's 16 outputs are one vector:
 #
-#     y[t, 16 p : 16 p + 16] += (sum_c dot(values_c, x[t, 32 b + 4 c : + 4]) - 128 sum_j qx[t, b, j])
-#                               * d[16 p : 16 p + 16] * dx[t, b]
+#     y[t, 16 p : 16 p + 16] += (sum_c dot(values_c, x[t, 32 b + 4 c : + 4]) - z sum_j qx[t, b, j])
+#                               * d * dx[t, b]  (+ m * sx[t, b])
 #
-# the per-row work of the row layout (a scale widened and a horizontal sum per row) done once
-# for 16 rows.
+# z the values' offset (128, 8, 16; 0 with an m), sx Q8_1's scaled sum: the per-row work of
+# the row layout (scales widened and a horizontal sum per row) done once for 16 rows.
 
 PANEL = 16
-PANEL_KINDS = (Q8_0,)
+PANEL_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
 """The types held as panels (the others as the rows a file stores)."""
 
 
@@ -1020,43 +922,105 @@ def panel_rows(N: int) -> int:
     return -(-N // PANEL) * PANEL
 
 
-@njit(cache=True)
-def _panel_block_bytes(kind, rb, nb):
-    return PANEL * (rb // nb)
+@njit(cache=True, inline="always")
+def _panel_form(kind):
+    """(block bytes, its fp16 scales, where its high bits are (-1: none), where its nibbles or
+    values are, their bytes; where the panel block's high bits and values start)."""
+    if kind == Q8_0:
+        return 34, 1, -1, 2, 32, -1, 32
+    if kind == Q4_0:
+        return 18, 1, -1, 2, 16, -1, 32
+    if kind == Q4_1:
+        return 20, 2, -1, 4, 16, -1, 64
+    if kind == Q5_0:
+        return 22, 1, 2, 6, 16, 32, 96
+    return 24, 2, 4, 8, 16, 64, 128  # Q5_1
+
+
+@njit(cache=True, inline="always")
+def _spread_high_bits(qh):
+    """H (the panel's word) of a row's 32 high bits qh (table above)."""
+    h = np.uint32(0)
+    for c in range(4):
+        for i in range(4):
+            h |= ((qh >> np.uint32(4 * c + i)) & np.uint32(1)) << np.uint32(8 * i + c)
+            h |= ((qh >> np.uint32(16 + 4 * c + i)) & np.uint32(1)) << np.uint32(8 * i + 4 + c)
+    return h
+
+
+@njit(cache=True, inline="always")
+def _gather_high_bits(h):
+    """The 32 high bits of the word H (the inverse of ``_spread_high_bits``)."""
+    qh = np.uint32(0)
+    for c in range(4):
+        for i in range(4):
+            qh |= ((h >> np.uint32(8 * i + c)) & np.uint32(1)) << np.uint32(4 * c + i)
+            qh |= ((h >> np.uint32(8 * i + 4 + c)) & np.uint32(1)) << np.uint32(16 + 4 * c + i)
+    return qh
+
+
+@njit(cache=True, inline="always")
+def _panel_put(kind, row, flat, base, r, nb):
+    """Row ``row`` (a file's blocks) into the panel at byte ``base`` of flat, as its row r."""
+    nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    for b in range(nb):
+        src, o = nbytes * b, base + PANEL * nbytes * b
+        for f in range(nf):
+            flat[o + 32 * f + 2 * r] = row[src + 2 * f]
+            flat[o + 32 * f + 2 * r + 1] = row[src + 2 * f + 1]
+        if hoff >= 0:
+            qh = np.uint32(0)
+            for k in range(4):
+                qh |= np.uint32(row[src + hoff + k]) << np.uint32(8 * k)
+            h = _spread_high_bits(qh)
+            for k in range(4):
+                flat[o + hdst + 4 * r + k] = np.uint8((h >> np.uint32(8 * k)) & np.uint32(255))
+        flip = 0x80 if kind == Q8_0 else 0
+        for c in range(nq // 4):
+            for i in range(4):
+                flat[o + vdst + 64 * c + 4 * r + i] = row[src + qoff + 4 * c + i] ^ flip
+
+
+@njit(cache=True, inline="always")
+def _panel_take(kind, flat, base, r, nb, row):
+    """Row r of the panel at byte ``base`` of flat into ``row``, as a file stores it."""
+    nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    for b in range(nb):
+        src, o = nbytes * b, base + PANEL * nbytes * b
+        for f in range(nf):
+            row[src + 2 * f] = flat[o + 32 * f + 2 * r]
+            row[src + 2 * f + 1] = flat[o + 32 * f + 2 * r + 1]
+        if hoff >= 0:
+            h = np.uint32(0)
+            for k in range(4):
+                h |= np.uint32(flat[o + hdst + 4 * r + k]) << np.uint32(8 * k)
+            qh = _gather_high_bits(h)
+            for k in range(4):
+                row[src + hoff + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(255))
+        flip = 0x80 if kind == Q8_0 else 0
+        for c in range(nq // 4):
+            for i in range(4):
+                row[src + qoff + 4 * c + i] = flat[o + vdst + 64 * c + 4 * r + i] ^ flip
 
 
 @njit(cache=True, parallel=True)
 def _to_panels(kind, rows, out):
     N, rb = rows.shape
-    nb = rb // 34
+    nb = rb // _panel_form(kind)[0]
     flat = out.reshape(out.shape[0] * rb)
     for p in prange(out.shape[0] // PANEL):
         for r in range(min(PANEL, N - PANEL * p)):
-            w = rows[PANEL * p + r]
-            for b in range(nb):
-                o = PANEL * rb * p + 544 * b
-                flat[o + 2 * r] = w[34 * b]
-                flat[o + 2 * r + 1] = w[34 * b + 1]
-                for c in range(8):
-                    for i in range(4):
-                        flat[o + 32 + 64 * c + 4 * r + i] = w[34 * b + 2 + 4 * c + i] ^ 0x80
+            _panel_put(kind, rows[PANEL * p + r], flat, PANEL * rb * p, r, nb)
 
 
 @njit(cache=True, parallel=True)
 def _from_panels(kind, panels, out):
     N, rb = out.shape
-    nb = rb // 34
+    nb = rb // _panel_form(kind)[0]
     flat = panels.reshape(panels.shape[0] * rb)
     for p in prange(panels.shape[0] // PANEL):
         for r in range(min(PANEL, N - PANEL * p)):
-            w = out[PANEL * p + r]
-            for b in range(nb):
-                o = PANEL * rb * p + 544 * b
-                w[34 * b] = flat[o + 2 * r]
-                w[34 * b + 1] = flat[o + 2 * r + 1]
-                for c in range(8):
-                    for i in range(4):
-                        w[34 * b + 2 + 4 * c + i] = flat[o + 32 + 64 * c + 4 * r + i] ^ 0x80
+            _panel_take(kind, flat, PANEL * rb * p, r, nb, out[PANEL * p + r])
 
 
 PANELS_CHUNK = 1 << 14
@@ -1090,19 +1054,50 @@ def held(qtype: QType, rows: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
+def _panel_values(kind, wf, o, c):
+    """Values 4 c .. 4 c + 3 (c < 8) of the 16 rows of the panel block at byte o, unsigned
+    (plus the type's offset)."""
+    if kind == Q8_0:
+        return load64(wf, o + 32 + 64 * c)
+    _, _, _, _, _, hdst, vdst = _panel_form(kind)
+    if c < 4:
+        v = low4(load64(wf, o + vdst + 64 * c))
+        if hdst >= 0:
+            v = bor64(v, high_bit_low(load64(wf, o + hdst), c))
+        return v
+    v = high4(load64(wf, o + vdst + 64 * (c - 4)))
+    if hdst >= 0:
+        v = bor64(v, high_bit_high(load64(wf, o + hdst), c - 4))
+    return v
+
+
+@njit(cache=True, inline="always")
+def _panel_dot(kind, acc, v, x, xo):
+    """acc + each lane's four values v times x[xo : xo + 4]."""
+    if kind == Q8_0:
+        return dot16_wide(acc, v, spread4(x, xo))
+    return dot16(acc, v, spread4(x, xo))
+
+
+@njit(cache=True, inline="always")
 def _panel_block(kind, acc, wf, o, x, d, s, u, b):
     """acc + the 16 outputs of the panel block at byte o of wf times block b of activation
     row x (d, s, u as rounded for the type)."""
     xo = 32 * b
-    v0 = dot16_wide(zero16(), load64(wf, o + 32), spread4(x, xo))
-    v1 = dot16_wide(zero16(), load64(wf, o + 96), spread4(x, xo + 4))
-    v0 = dot16_wide(v0, load64(wf, o + 160), spread4(x, xo + 8))
-    v1 = dot16_wide(v1, load64(wf, o + 224), spread4(x, xo + 12))
-    v0 = dot16_wide(v0, load64(wf, o + 288), spread4(x, xo + 16))
-    v1 = dot16_wide(v1, load64(wf, o + 352), spread4(x, xo + 20))
-    v0 = dot16_wide(v0, load64(wf, o + 416), spread4(x, xo + 24))
-    v1 = dot16_wide(v1, load64(wf, o + 480), spread4(x, xo + 28))
-    return fma16(acc, sub16(add16(v0, v1), 128 * u[b]), scale16(halves16(wf, o), d[b]))
+    v0 = _panel_dot(kind, zero16(), _panel_values(kind, wf, o, 0), x, xo)
+    v1 = _panel_dot(kind, zero16(), _panel_values(kind, wf, o, 1), x, xo + 4)
+    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 2), x, xo + 8)
+    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 3), x, xo + 12)
+    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 4), x, xo + 16)
+    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 5), x, xo + 20)
+    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 6), x, xo + 24)
+    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 7), x, xo + 28)
+    total = add16(v0, v1)
+    if kind == Q4_1 or kind == Q5_1:
+        acc = fma16(acc, total, scale16(halves16(wf, o), s[2 * b]))
+        return fmaf16(acc, halves16(wf, o + 32), s[2 * b + 1])
+    z = 128 if kind == Q8_0 else (8 if kind == Q4_0 else 16)
+    return fma16(acc, sub16(total, z * u[b]), scale16(halves16(wf, o), d[b]))
 
 
 @njit(cache=True, inline="always")
@@ -1126,13 +1121,13 @@ def _panel_store(y, t, y_row, nrows, n0, N, acc, bias):
 @njit(cache=True, fastmath=_FASTMATH)
 def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
     """Panels [p0, p1) of w times every activation row t = b * nrows + i: four activation rows
-    at a time against a panel that stays in L1 (its bytes loaded and widened once for the
+    at a time against a panel that stays in L1 (its bytes loaded and unpacked once for the
     four), then one at a time."""
     T, K = q.shape
     N = y.shape[2]
     rb = w.shape[1]
     nb = K // 32
-    bb = _panel_block_bytes(kind, rb, nb)
+    bb = PANEL * _panel_form(kind)[0]
     wf = w.reshape(w.shape[0] * rb)
     for p in range(p0, p1):
         base = PANEL * rb * p
@@ -1162,24 +1157,20 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
 
 @njit(cache=True)
 def _panel_widen(kind, w, n, out):
-    """Row n of the panels w as float32 into out (K,), as ggml's ``dequantize_row_q8_0``."""
+    """Row n of the panels w as float32 into out (K,): its blocks as a file stores them, then
+    ggml's ``dequantize_row``."""
     rb = w.shape[1]
-    nb = out.shape[0] // 32
-    wf = w.reshape(w.shape[0] * rb)
-    p, r = n // PANEL, n % PANEL
-    for b in range(nb):
-        o = PANEL * rb * p + 544 * b
-        dd = f16(wf, o + 2 * r)
-        for c in range(8):
-            for i in range(4):
-                out[32 * b + 4 * c + i] = dd * np.float32(
-                    np.int32(wf[o + 32 + 64 * c + 4 * r + i]) - 128)
+    row = np.empty(rb, dtype=np.uint8)
+    _panel_take(kind, w.reshape(w.shape[0] * rb), PANEL * rb * (n // PANEL), n % PANEL,
+                rb // _panel_form(kind)[0], row)
+    _row_widen(kind, row, out)
 
 
 # -- prompts on AMX tiles ---------------------------------------------------------------------------
 # Where the CPU has AMX (simd.LEVEL "amx"), a prompt of AMX_MIN_ROWS rows or more multiplies each
 # panel of 16 weight rows by the activations 16 rows at a time in tiles (amx.py): the panel's
-# values unpacked once into bytes, in the layout a tile product reads (``_amx_panel``), each
+# values unpacked once into bytes, in the layout a tile product reads (a held panel's values
+# stored as they come, ``_panel_values``; the row types' rows by ``_amx_panel``), each
 # sub-block of 32 values one tile product of exact integer sums C[t, n], then
 #
 #     y[t, n] += C[t, n] * (ws[b, n] * dx[t, b]) + wm[b, n] * sx[t, b]
@@ -1200,33 +1191,16 @@ rows Q4_K was 1.09."""
 
 @njit(cache=True, inline="always")
 def _amx_values(kind, w, b, tmp):
-    """Block b of row w: its values as bytes into tmp[32 b : 32 b + 32] (signed, or unsigned
-    for the types with an offset), and (d, m) (m 0 without an offset)."""
-    zero = np.float32(0.0)
-    if kind == Q8_0:
-        store32(tmp, 32 * b, load32(w, 34 * b + 2))
-        return f16(w, 34 * b), zero
-    if kind == Q4_0:
-        store32(tmp, 32 * b, bsub(nibbles(w, 18 * b + 2), 8))
-        return f16(w, 18 * b), zero
-    if kind == Q5_0:
-        store32(tmp, 32 * b, _values_q5_0(w, 22 * b))
-        return f16(w, 22 * b), zero
-    if kind == IQ4_NL:
-        store32(tmp, 32 * b, lookup(table16(IQ4_LEVELS, 0), nibbles(w, 18 * b + 2)))
-        return f16(w, 18 * b), zero
-    if kind == Q4_1:
-        store32(tmp, 32 * b, nibbles(w, 20 * b + 4))
-        return f16(w, 20 * b), f16(w, 20 * b + 2)
-    # Q5_1
-    store32(tmp, 32 * b, bor(nibbles(w, 24 * b + 8), band(bits32(w, 24 * b + 4), 16)))
-    return f16(w, 24 * b), f16(w, 24 * b + 2)
+    """Block b of an IQ4_NL row w: its values as signed bytes into tmp[32 b : 32 b + 32], and
+    (d, 0)."""
+    store32(tmp, 32 * b, lookup(table16(IQ4_LEVELS, 0), nibbles(w, 18 * b + 2)))
+    return f16(w, 18 * b), np.float32(0.0)
 
 
 @njit(cache=True, inline="always")
 def _amx_row(kind, w, tmp, ws, wm, r):
     """Row w's values into tmp (K bytes) and its sub-blocks' ws / wm into column r of (K / 32,
-    16) tables."""
+    16) tables (Q4_K, IQ4_NL: the types held as rows)."""
     if kind == Q4_K:
         for i in range(tmp.shape[0] // 256):
             o = 144 * i
@@ -1272,9 +1246,6 @@ def _amx_act(kind, d, s, u, t, b):
     if kind == Q4_K:
         dx = load1f(d, t * d.shape[1] + b // 8)
         return dx, dx * np.float32(u[t, 2 * b] + u[t, 2 * b + 1])
-    if kind == Q8_0:  # panels: values plus 128
-        dx = load1f(d, t * d.shape[1] + b)
-        return dx, dx * np.float32(u[t, b])
     return load1f(d, t * d.shape[1] + b), np.float32(0.0)
 
 
@@ -1327,6 +1298,7 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     sums = room[o:o + 1024 * nsub].view(np.int32)
     o += 1024 * nsub
     panel = room[o:o + 16 * K].view(np.int32).reshape(K // 4, 16)
+    pbytes = room[o:o + 16 * K]
     o += 16 * K
     tmp = room[o:o + K]
     o += K
@@ -1335,8 +1307,8 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     wm = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
     o += 64 * nsub
     out = room[o:o + 64].view(np.float32)
-    panelled = kind == Q8_0  # its panels are B operands as they are (PANEL_KINDS)
-    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K or panelled
+    panelled = kind != Q4_K and kind != IQ4_NL  # PANEL_KINDS
+    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K
     has_bias = bias.shape[0] > 0
     flat_q = q.reshape(T * K)
     flat_p = panel.reshape(K * 4)
@@ -1346,10 +1318,20 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
         c1 = min(c0 + 16, n1)
         base = c0 * w.shape[1]  # panel c0 / 16
         if panelled:
+            # each sub-block's values into the B operand: with the offset of Q4_0, Q5_0 and
+            # Q8_0 taken off (signed bytes, tdpbssd: an offset term in the scaling below cost
+            # a third of the speed), Q4_1's and Q5_1's as they are, their m the offsets
+            bb = PANEL * _panel_form(kind)[0]
             for b in range(nsub):
-                h = halves16(wf, base + 544 * b)
-                store16f(flat_ws, 16 * b, h)
-                store16f(flat_wm, 16 * b, scale16(h, np.float32(-128.0)))
+                ob = base + bb * b
+                store16f(flat_ws, 16 * b, halves16(wf, ob))
+                if offset:
+                    store16f(flat_wm, 16 * b, halves16(wf, ob + 32))
+                for c in range(8):
+                    v = _panel_values(kind, wf, ob, c)
+                    if not offset:
+                        v = bsub64(v, 128 if kind == Q8_0 else (8 if kind == Q4_0 else 16))
+                    store64(pbytes, 512 * b + 64 * c, v)
         else:
             _amx_panel(kind, w, c0, c1, tmp, panel, ws, wm)
         R = 0
@@ -1360,24 +1342,14 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
                 _amx_configure(cfg, R)
             # sub-block b: activations q[t0:, 32 b:], panel words [128 b, 128 b + 128)
             for b in range(0, nsub - 1, 2):
-                if panelled:
-                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, wf, base + 544 * b + 32,
-                               sums, 256 * b, True)
-                    _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, wf,
-                               base + 544 * b + 576, sums, 256 * b + 256, False)
-                else:
-                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums,
-                               256 * b, True)
-                    _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, flat_p, 128 * b + 128,
-                               sums, 256 * b + 256, False)
+                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
+                           True)
+                _amx_block(offset, flat_q, t0 * K + 32 * b + 32, K, flat_p, 128 * b + 128, sums,
+                           256 * b + 256, False)
             if nsub % 2:
                 b = nsub - 1
-                if panelled:
-                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, wf, base + 544 * b + 32,
-                               sums, 256 * b, True)
-                else:
-                    _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums,
-                               256 * b, True)
+                _amx_block(offset, flat_q, t0 * K + 32 * b, K, flat_p, 128 * b, sums, 256 * b,
+                           True)
             for i in range(R):
                 t = t0 + i
                 a0, a1 = zerof(), zerof()
@@ -1414,8 +1386,7 @@ def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
     """Outputs [n0, n1) of every activation row t = b * nrows + i of a type held as rows: for
     one (decode) each weight row read once, in order (one memory stream); for several (a
     prompt), one weight row for four activation rows (its blocks unpacked once for the four),
-    the rows [n0, n1) in turn for each four, the last group repeating its last row. (From
-    UNPACK_MIN_ROWS rows the entry points run Q5_0 as ``_q5_0_as_q8_0`` instead.)"""
+    the rows [n0, n1) in turn for each four, the last group repeating its last row."""
     if q.shape[0] > 1:
         _four_activation_rows(kind, qk, w, 0, q, d, s, u, bias, y, y_row, nrows, n0, n1)
         return
@@ -1425,20 +1396,14 @@ def _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, n0, n1):
         y[0, y_row, n] = v + bias[n] if has_bias else v
 
 
-ROWS_PER_TASK = PANEL
-
-
 def _entry_points(kind: int, qk: int):
     """The compiled entry points of one type: ``kind`` is a constant of each (numba compiles
     only that type's code, and caches each type's apart). Where the CPU has AMX tiles, a prompt
-    of AMX_MIN_ROWS rows or more of AMX_KINDS runs ``_amx_rows``, on ``scratch``; elsewhere a
-    Q5_0 prompt of UNPACK_MIN_ROWS rows or more runs ``_q5_0_as_q8_0`` in a parallel loop of
-    its own, on ``scratch``; the one-row loop is left as it was (picking a thread's scratch in
-    it, or allocating one in the row function, made the one-row products inside the parallel
-    tasks 1.5x slower)."""
+    of AMX_MIN_ROWS rows or more of AMX_KINDS runs ``_amx_rows``, on ``scratch``; else a type
+    of PANEL_KINDS runs ``_panel_rows``, the others ``_rows``; a parallel task is one panel of
+    16 rows."""
     tiles = simd.LEVEL == "amx" and kind in AMX_KINDS
     panelled = kind in PANEL_KINDS
-    unpacks = kind == Q5_0 and not tiles
 
     @njit(cache=True)
     def rows(w, q, d, s, u, bias, y, y_row, nrows, scratch):
@@ -1453,33 +1418,24 @@ def _entry_points(kind: int, qk: int):
             _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0),
                         (N + PANEL - 1) // PANEL)
             return
-        if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
-            _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), N, scratch[0])
-            return
         _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, np.int64(0), N)
 
     @njit(cache=True, parallel=True)
     def rows_parallel(w, q, d, s, u, bias, y, y_row, nrows, scratch):
         N = y.shape[2]
         if tiles and q.shape[0] >= AMX_MIN_ROWS:
-            for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-                _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
-                          min(N, task * ROWS_PER_TASK + ROWS_PER_TASK),
+            for task in prange((N + PANEL - 1) // PANEL):
+                _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task * PANEL,
+                          min(N, task * PANEL + PANEL),
                           scratch[get_thread_id(), 0])
             return
         if panelled:
             for task in prange((N + PANEL - 1) // PANEL):
                 _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task, task + 1)
             return
-        if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
-            for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-                _q5_0_as_q8_0(w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
-                              min(N, task * ROWS_PER_TASK + ROWS_PER_TASK),
-                              scratch[get_thread_id()])
-            return
-        for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, task * ROWS_PER_TASK,
-                  min(N, task * ROWS_PER_TASK + ROWS_PER_TASK))
+        for task in prange((N + PANEL - 1) // PANEL):
+            _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, task * PANEL,
+                  min(N, task * PANEL + PANEL))
 
     @njit(cache=True)
     def widen(w, index, out):
@@ -1494,12 +1450,12 @@ def _entry_points(kind: int, qk: int):
         # one parallel region over the rows of every matrix of the table (MatrixTable)
         tasks = 0
         for m in range(table.shape[0]):
-            tasks += (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+            tasks += (table[m, 1] + PANEL - 1) // PANEL
         if tiles and q.shape[0] >= AMX_MIN_ROWS:
             for task in prange(tasks):
                 w, y, bias, t = _table_task(table, task, panelled)
-                _amx_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                          min(y.shape[2], t * ROWS_PER_TASK + ROWS_PER_TASK),
+                _amx_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t * PANEL,
+                          min(y.shape[2], t * PANEL + PANEL),
                           scratch[get_thread_id(), 0])
             return
         if panelled:
@@ -1507,17 +1463,10 @@ def _entry_points(kind: int, qk: int):
                 w, y, bias, t = _table_task(table, task, panelled)
                 _panel_rows(kind, w, q, d, s, u, bias, y, np.int64(0), nrows, t, t + 1)
             return
-        if unpacks and q.shape[0] >= UNPACK_MIN_ROWS:
-            for task in prange(tasks):
-                w, y, bias, t = _table_task(table, task, panelled)
-                _q5_0_as_q8_0(w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                              min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK),
-                              scratch[get_thread_id()])
-            return
         for task in prange(tasks):
             w, y, bias, t = _table_task(table, task, panelled)
-            _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * ROWS_PER_TASK,
-                  min(w.shape[0], t * ROWS_PER_TASK + ROWS_PER_TASK))
+            _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * PANEL,
+                  min(w.shape[0], t * PANEL + PANEL))
 
     return rows, rows_parallel, widen, rows_table
 
@@ -1538,11 +1487,11 @@ def _table_task(table, task, panelled):
 def _member_task(table, task):
     """(member, its task) of the table's task ``task``, the members' tasks numbered in order."""
     m, t = 0, np.int64(task)  # a prange index may be unsigned
-    n = (table[0, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    n = (table[0, 1] + PANEL - 1) // PANEL
     while t >= n:
         t -= n
         m += 1
-        n = (table[m, 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+        n = (table[m, 1] + PANEL - 1) // PANEL
     return m, t
 
 
@@ -1573,29 +1522,23 @@ def linear(qtype: QType, w, x, bias, y, x_row: int, y_row: int, nrows: int) -> N
 
 
 NO_SCRATCH = np.zeros((numba_config.NUMBA_NUM_THREADS, 0, 0), dtype=np.uint8)
-_panels: dict[tuple[int, int], np.ndarray] = {}
+_rooms: dict[int, np.ndarray] = {}
 
 
 def scratch(qtype: QType, q):
     """Room for each thread's work on a prompt's weight rows, when the product of the
     activation rows ``q`` needs it (``_entry_points``): on AMX tiles (AMX_KINDS, AMX_MIN_ROWS
-    rows or more), (threads, 1, ``amx_room_bytes``); else for a Q5_0 prompt of UNPACK_MIN_ROWS
-    rows or more, its panel of unpacked rows (threads, ROWS_PER_TASK, bytes); else
-    NO_SCRATCH. One room per shape, shared: the kernels hold the GIL, so no two products use it at once, and calls
-    kept for many step lengths (runtime/runner.py, ``BoundCalls``) keep no room of their own."""
-    if simd.LEVEL == "amx" and qtype.kind in AMX_KINDS:
-        if q.shape[0] < AMX_MIN_ROWS:
-            return NO_SCRATCH
-        rows, nbytes = 1, amx_room_bytes(q.shape[1])
-    elif qtype.kind == Q5_0 and q.shape[0] >= UNPACK_MIN_ROWS:
-        rows, nbytes = ROWS_PER_TASK, 34 * (q.shape[1] // 32)
-    else:
+    rows or more), (threads, 1, ``amx_room_bytes``); else NO_SCRATCH. One room per shape,
+    shared: the kernels hold the GIL, so no two products use it at once, and calls kept for many
+    step lengths (runtime/runner.py, ``BoundCalls``) keep no room of their own."""
+    if simd.LEVEL != "amx" or qtype.kind not in AMX_KINDS or q.shape[0] < AMX_MIN_ROWS:
         return NO_SCRATCH
-    panels = _panels.get((rows, nbytes))
-    if panels is None:
-        panels = _panels[rows, nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, rows, nbytes),
-                                            dtype=np.uint8)
-    return panels
+    nbytes = amx_room_bytes(q.shape[1])
+    room = _rooms.get(nbytes)
+    if room is None:
+        room = _rooms[nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, 1, nbytes),
+                                         dtype=np.uint8)
+    return room
 
 
 def _parallel(work_bytes: int) -> bool:

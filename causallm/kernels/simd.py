@@ -2,7 +2,7 @@
 few operations ggml's block dot products are made of, each one instruction or a short sequence.
 
 numba vectorizes plain float loops well, but not integer dot products of bytes (its integer
-arithmetic widens to 64 bits), so the quantized kernels (qdot.py) pass these vectors between a
+arithmetic widens to 64 bits), so the quantized kernels (quant.py) pass these vectors between a
 handful of intrinsics instead::
 
     Bytes32   <32 x i8>     32 bytes, read unsigned or signed as the operation says
@@ -17,23 +17,18 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
                             their high nibbles (ggml's order in a block of 32)
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
-    bits32(a, o)            the 32 bits of a[o : o + 4] (little-endian) as bytes 0xFF / 0x00
-    band, bor, bsub         bytewise and, or, subtract (another vector or a constant)
-    bandn(a, b)             bytewise ~a & b
+    band, bor               bytewise and, or (another vector or a constant)
     bshr, bshl              bytewise shifts
     lookup(t, i)            t[i] for each byte i < 16 (a table16)
     maddubs(u, s)           16 lanes: u[2j] s[2j] + u[2j+1] s[2j+1]
     madd(a, b)              8 lanes: a[2j] b[2j] + a[2j+1] b[2j+1] of two I16x16
-    dot(acc, u, s)          acc + 8 lanes of sum_k<4 u[4j+k] s[4j+k]
-    dot_signed(acc, a, b)   the same with both operands signed (|a| moved onto b's sign)
+    dot_signed(acc, a, b)   acc + 8 lanes of sum_k<4 a[4j+k] b[4j+k], both signed (|a|
+                            moved onto b's sign)
     splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, shl32(a, n), zero32
     mul8(a, o, b, p)        8 lanes: int8 a[o + j] * int32 b[p + j]
     mins_k4_dot(a, o, b, p) a Q4_K / Q5_K block's 6-bit mins (scale bytes at o) times the
                             pair sums of b[p : p + 16] (the activations' bsums)
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
-    scales2(a, o, x, k)     (f16(a, o) * x[k], f16(a, o + 2) * x[k + 1]): two halves widened
-                            and multiplied as one 2-lane vector (a block's d and m by the
-                            activations' d and s)
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32 or an F32x8)
     zerof(), hsum(f), hsum32(v)
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
@@ -45,7 +40,7 @@ maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u
 16384 (u < 128, or |s| <= 127 with u < 129), so the sums are exact.
 
 How an operation is lowered depends on the CPU numba compiles for (``LEVEL``): "amx" and
-"vnni" (AVX-512 VNNI with VL, or AVX-VNNI: ``dot`` is one ``vpdpbusd``), "avx2"
+"vnni" (AVX-512 VNNI with VL, or AVX-VNNI: a byte dot product is one ``vpdpbusd``), "avx2"
 (``pmaddubsw`` / ``pmaddwd`` / ``psignb`` / ``pshufb``), else "generic" (plain vector IR,
 exact, slower); "amx" is "vnni" where the CPU also has AMX's int8 tiles and Linux lets the
 process use them (amx.py; prompts multiply on them, quant.py). The CPU is the host's,
@@ -59,9 +54,12 @@ AVX-512::
 
     Bytes64   <64 x i8>     I32x16   <16 x i32>     F32x16   <16 x float>
 
-    load64(a, o)            the 64 bytes a[o : o + 64]
+    load64(a, o), store64(a, o, v)  the 64 bytes a[o : o + 64]
     spread4(a, o)           the 4 bytes a[o : o + 4] in each of the 16 lanes
     low4(v), high4(v)       each byte's low / high nibble
+    high_bit_low(h, c)      bit 4 of byte i of each lane: bit 8 i + c of the lane's word h
+    high_bit_high(h, c)     bit 4 of byte i of each lane: bit 8 i + 4 + c of h
+    bor64(a, b), bsub64(a, n)   bytewise a | b, a - n (wrapping; n one byte for all)
     dot16(acc, u, s)        acc + 16 lanes of sum_k<4 u[4j+k] s[4j+k] (u < 128 unsigned)
     dot16_wide(acc, u, s)   the same for any unsigned u (one more product without VNNI)
     add16(a, b), sub16(a, x)    int32 lanes; x one int32 for every lane
@@ -287,55 +285,12 @@ def table16(typingctx, array, offset):
 
 
 @intrinsic
-def bits32(typingctx, array, offset):
-    """Byte j is 0xFF when bit j of the little-endian 32 bits at ``offset`` is set, else 0:
-    byte j gets source byte j // 8 (a byte shuffle), all its bits but bit j % 8 set, and
-    equals 0xFF when that bit is set (ggml's ``bytes_from_bits_32``)."""
-    def codegen(context, builder, sig, args):
-        p = _pointer(context, builder, sig.args[0], *args, ir.VectorType(_I8, 4))
-        word = builder.load(p, align=1)
-        spread = builder.shuffle_vector(word, ir.Constant(word.type, ir.Undefined),
-                                        ir.Constant(ir.VectorType(_I32, 32),
-                                                    [j // 8 for j in range(32)]))
-        others = ir.Constant(_V8, [0xFF ^ (1 << (j % 8)) for j in range(32)])
-        full = builder.icmp_unsigned("==", builder.or_(spread, others), _const(_V8, 0xFF))
-        return builder.sext(full, _V8)
-    return Bytes32(array, offset), codegen
-
-
-@intrinsic
 def f16(typingctx, array, offset):
     """float32 of the IEEE half at bytes ``offset``, ``offset + 1`` (little-endian)."""
     def codegen(context, builder, sig, args):
         p = _pointer(context, builder, sig.args[0], *args, _I16)
         return _half_to_float(builder, builder.load(p, align=1))
     return types.float32(array, offset), codegen
-
-
-@intrinsic
-def scales2(typingctx, array, offset, x, k):
-    """(f16(array, offset) * x[k], f16(array, offset + 2) * x[k + 1]), x float32: one load,
-    one widening and one multiply for both."""
-    def codegen(context, builder, sig, args):
-        a, o, xs, kk = args
-        bits = builder.load(_pointer(context, builder, sig.args[0], a, o,
-                                     ir.VectorType(_I16, 2)), align=1)
-        if F16C:
-            wide = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 2)),
-                                 ir.VectorType(_F32, 2))
-        else:
-            wide = ir.Constant(ir.VectorType(_F32, 2), None)
-            for lane in range(2):
-                h = builder.extract_element(bits, ir.Constant(_I32, lane))
-                wide = builder.insert_element(wide, _half_to_float(builder, h),
-                                              ir.Constant(_I32, lane))
-        other = builder.load(_pointer(context, builder, sig.args[2], xs, kk,
-                                      ir.VectorType(_F32, 2)), align=4)
-        p = builder.fmul(wide, other, flags=_FLAGS)
-        return context.make_tuple(builder, sig.return_type,
-                                  [builder.extract_element(p, ir.Constant(_I32, 0)),
-                                   builder.extract_element(p, ir.Constant(_I32, 1))])
-    return types.UniTuple(types.float32, 2)(array, offset, x, k), codegen
 
 
 # -- bytes -----------------------------------------------------------------------------------------
@@ -359,23 +314,6 @@ def bor(typingctx, a, b):
     """Bytewise a | b (b a vector or a constant)."""
     def codegen(context, builder, sig, args):
         return builder.or_(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
-    return Bytes32(a, b), codegen
-
-
-@intrinsic
-def bandn(typingctx, a, b):
-    """Bytewise ~a & b (b a vector or a constant): one instruction."""
-    def codegen(context, builder, sig, args):
-        return builder.and_(builder.not_(args[0]),
-                            _bytes_operand(context, builder, args[1], sig.args[1]))
-    return Bytes32(a, b), codegen
-
-
-@intrinsic
-def bsub(typingctx, a, b):
-    """Bytewise a - b (wrapping; b a vector or a constant)."""
-    def codegen(context, builder, sig, args):
-        return builder.sub(args[0], _bytes_operand(context, builder, args[1], sig.args[1]))
     return Bytes32(a, b), codegen
 
 
@@ -459,16 +397,9 @@ def madd(typingctx, a, b):
 
 
 @intrinsic
-def dot(typingctx, acc, u, s):
-    """acc + 8 lanes of sum_k<4 u[4j + k] * s[4j + k] (u unsigned, s signed bytes)."""
-    def codegen(context, builder, sig, args):
-        return _dot(builder, *args)
-    return I32x8(acc, u, s), codegen
-
-
-@intrinsic
 def dot_signed(typingctx, acc, a, b):
-    """``dot`` of two signed byte vectors: |a| times b with a's sign (b's values in
+    """acc + 8 lanes of sum_k<4 a[4j + k] * b[4j + k], both signed: |a| times b with a's sign
+    (unsigned times signed, one ``vpdpbusd`` or ``pmaddubsw`` and ``pmaddwd``; b's values in
     [-127, 127])."""
     def codegen(context, builder, sig, args):
         acc, a, b = args
@@ -773,6 +704,16 @@ def load64(typingctx, array, offset):
 
 
 @intrinsic
+def store64(typingctx, array, offset, v):
+    """array[offset : offset + 64] = v, array of a 1-byte dtype."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _W8),
+                      align=1)
+        return context.get_dummy_value()
+    return types.none(array, offset, v), codegen
+
+
+@intrinsic
 def spread4(typingctx, array, offset):
     """The 4 bytes of ``array`` from element ``offset`` repeated in each 32-bit lane."""
     def codegen(context, builder, sig, args):
@@ -798,6 +739,46 @@ def high4(typingctx, v):
     return Bytes64(v), codegen
 
 
+@intrinsic
+def high_bit_low(typingctx, h, c):
+    """Byte i of each 32-bit lane: bit 8 i + c of the lane's word h as its bit 4 (c < 4), the
+    rest zero: (h << (4 - c)) & 0x10101010."""
+    def codegen(context, builder, sig, args):
+        n = builder.sub(ir.Constant(_I32, 4), context.cast(builder, args[1], sig.args[1],
+                                                           types.int32))
+        words = builder.shl(builder.bitcast(args[0], _W32), _splat(builder, n, 16))
+        return builder.bitcast(builder.and_(words, _const(_W32, 0x10101010)), _W8)
+    return Bytes64(h, c), codegen
+
+
+@intrinsic
+def high_bit_high(typingctx, h, c):
+    """Byte i of each 32-bit lane: bit 8 i + 4 + c of the lane's word h as its bit 4 (c < 4),
+    the rest zero: (h >> c) & 0x10101010."""
+    def codegen(context, builder, sig, args):
+        n = context.cast(builder, args[1], sig.args[1], types.int32)
+        words = builder.lshr(builder.bitcast(args[0], _W32), _splat(builder, n, 16))
+        return builder.bitcast(builder.and_(words, _const(_W32, 0x10101010)), _W8)
+    return Bytes64(h, c), codegen
+
+
+@intrinsic
+def bor64(typingctx, a, b):
+    """Bytewise a | b."""
+    def codegen(context, builder, sig, args):
+        return builder.or_(args[0], args[1])
+    return Bytes64(a, b), codegen
+
+
+@intrinsic
+def bsub64(typingctx, a, n):
+    """Bytewise a - n (wrapping), n one integer for every byte."""
+    def codegen(context, builder, sig, args):
+        n = context.cast(builder, args[1], sig.args[1], types.int8)
+        return builder.sub(args[0], _splat(builder, n, 64))
+    return Bytes64(a, n), codegen
+
+
 def _halves(builder, v, lanes):
     """The two halves of a 2 * lanes vector."""
     return [builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes),
@@ -818,7 +799,7 @@ def _dot16(builder, acc, u, s):
 @intrinsic
 def dot16(typingctx, acc, u, s):
     """acc + 16 lanes of sum_k<4 u[4j + k] * s[4j + k] (u unsigned below 128, s signed): one
-    ``vpdpbusd`` with AVX-512 VNNI, else ``dot`` on each half."""
+    ``vpdpbusd`` with AVX-512 VNNI, else the 256-bit product on each half."""
     def codegen(context, builder, sig, args):
         return _dot16(builder, *args)
     return I32x16(acc, u, s), codegen
