@@ -270,8 +270,9 @@ def test_the_vector_path_is_the_cpus():
     assert simd.LEVEL == simd._usable_level(features)
 
 
-PATH_TYPES = ("Q4_1", "IQ4_NL", "Q6_K")
-"""Types whose kernels use every operation simd.py lowers per path: dot (Q4_1), lookup and
+PATH_TYPES = ("Q8_0", "IQ4_NL", "Q6_K")
+"""Types whose kernels use every operation simd.py lowers per path: dot16_wide and so dot16
+(Q8_0's panels: 512-bit VNNI, 256-bit halves, or the top bit apart without VNNI), lookup and
 dot_signed (IQ4_NL), maddubs and madd (Q6_K)."""
 
 
