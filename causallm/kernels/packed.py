@@ -163,7 +163,7 @@ def _widened(w: "PackedMatrix") -> np.ndarray:
 
 
 class _Held:
-    """A quantized matrix's bytes: the rows as a file stores them, and, for a panelled type,
+    """A packed matrix's bytes: the rows as a file stores them, and, for a panelled type,
     its panels, made on first use (quant.panels). Once the panels exist the rows are no longer
     held: a view of a read-only mapped file stays a view (its pages given back to the OS), rows
     of our own are dropped and made again from the panels when asked for."""
@@ -179,7 +179,7 @@ class _Held:
 
     @property
     def blocks(self) -> np.ndarray:
-        if not self.qtype.panelled:
+        if self.qtype is None or not self.qtype.panelled:
             return self._rows
         if self._panels is None:
             rows = self._rows
@@ -210,10 +210,8 @@ class PackedMatrix:
         R, C = data.shape
         if self.qtype is not None:
             C = C // self.qtype.nbytes * self.qtype.qk
-        if data.flags.writeable:  # one compiled kernel for file views and arrays of our own
-            data = read_only(data)
-        self._held = _Held(self.qtype, data) if self.qtype is not None else None
-        self._bits = data if self.qtype is None else None
+        # read-only: one compiled kernel for file views and arrays of our own
+        self._held = _Held(self.qtype, read_only(data))
         self.rows_shape = (R, C)
         self.shape = (C, R) if transposed else (R, C)
         self.dtype = fmt
@@ -234,12 +232,12 @@ class PackedMatrix:
     @property
     def data(self) -> np.ndarray:
         """The rows as a file stores them (module docstring)."""
-        return self._bits if self._held is None else self._held.rows
+        return self._held.rows
 
     @property
     def blocks(self) -> np.ndarray:
         """The bytes the kernels read: a block type's ``quant.held`` layout, else ``data``."""
-        return self._bits if self._held is None else self._held.blocks
+        return self._held.blocks
 
     def oriented(self, transposed: bool) -> "PackedMatrix":
         """The same rows read as a Linear weight (``transposed``) or as a table (one held copy
