@@ -34,8 +34,13 @@ def test_widening_is_gguf_pys_dequantize(name):
     blocks = ref.random_blocks(name, R, C, seed=1)
     out = np.empty((3, C), np.float32)
     qt = quant.QTYPES[name]
-    quant.dequantize_rows(qt, quant.held(qt, blocks), np.array([6, 0, 3]), out)
-    np.testing.assert_array_equal(out, ref.dequantize(name, blocks, C)[[6, 0, 3]])
+    want = ref.dequantize(name, blocks, C)[[6, 0, 3]]
+    quant.dequantize_rows(qt, blocks, np.array([6, 0, 3]), out, in_panels=False)
+    np.testing.assert_array_equal(out, want)
+    out[...] = np.nan
+    quant.dequantize_rows(qt, quant.held(qt, blocks), np.array([6, 0, 3]), out,
+                          in_panels=qt.panelled)
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])

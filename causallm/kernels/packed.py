@@ -191,6 +191,14 @@ class _Held:
                 self._rows = None
         return self._panels
 
+    def widen(self, index: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``index`` as float32 into ``out``: from the panels once they exist, else from
+        the rows (a lookup table or a conversion to another format never makes panels)."""
+        if self._panels is not None:
+            quant.dequantize_rows(self.qtype, self._panels, index, out, in_panels=True)
+        else:
+            quant.dequantize_rows(self.qtype, self._rows, index, out, in_panels=False)
+
 
 class PackedMatrix:
     """A matrix of R rows of C values in one of FORMATS (module docstring), its logical shape
@@ -270,7 +278,7 @@ class PackedMatrix:
         if self.qtype is None:
             _widen_bits(self.format, self.data[r0:r1], out)
         else:
-            quant.dequantize_rows(self.qtype, self.blocks, np.arange(r0, r1), out)
+            self._held.widen(np.arange(r0, r1), out)
         return out
 
     def toFloat(self) -> np.ndarray:
@@ -290,7 +298,7 @@ class PackedMatrix:
         if self.qtype is None:
             _widen_bits(self.format, self.data[index], out)
         else:
-            quant.dequantize_rows(self.qtype, self.blocks, index, out)
+            self._held.widen(index, out)
 
 
 def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:

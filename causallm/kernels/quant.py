@@ -938,69 +938,92 @@ def _panel_form(kind):
 
 
 @njit(cache=True, inline="always")
+def _transpose_4x4(x):
+    """Each 16-bit half of x as a 4 x 4 bit matrix (bit 4 c + i) transposed (to bit 4 i + c):
+    two swaps of bit pairs. Its own inverse."""
+    t = (x ^ (x >> np.uint32(3))) & np.uint32(0x0A0A0A0A)
+    x ^= t ^ (t << np.uint32(3))
+    t = (x ^ (x >> np.uint32(6))) & np.uint32(0x00CC00CC)
+    return x ^ t ^ (t << np.uint32(6))
+
+
+@njit(cache=True, inline="always")
 def _spread_high_bits(qh):
-    """H (the panel's word) of a row's 32 high bits qh (table above)."""
-    h = np.uint32(0)
-    for c in range(4):
-        for i in range(4):
-            h |= ((qh >> np.uint32(4 * c + i)) & np.uint32(1)) << np.uint32(8 * i + c)
-            h |= ((qh >> np.uint32(16 + 4 * c + i)) & np.uint32(1)) << np.uint32(8 * i + 4 + c)
-    return h
+    """H (the panel's word) of a row's 32 high bits qh (table above): each half transposed,
+    its nibble i then to byte i, the low half's in the low nibbles, the high half's above."""
+    x = _transpose_4x4(qh)
+    return _nibbles_to_bytes(x & np.uint32(0xFFFF)) | (_nibbles_to_bytes(x >> np.uint32(16))
+                                                       << np.uint32(4))
 
 
 @njit(cache=True, inline="always")
 def _gather_high_bits(h):
     """The 32 high bits of the word H (the inverse of ``_spread_high_bits``)."""
-    qh = np.uint32(0)
-    for c in range(4):
-        for i in range(4):
-            qh |= ((h >> np.uint32(8 * i + c)) & np.uint32(1)) << np.uint32(4 * c + i)
-            qh |= ((h >> np.uint32(8 * i + 4 + c)) & np.uint32(1)) << np.uint32(16 + 4 * c + i)
-    return qh
+    m = np.uint32(0x0F0F0F0F)
+    return _transpose_4x4(_bytes_to_nibbles(h & m)
+                          | (_bytes_to_nibbles((h >> np.uint32(4)) & m) << np.uint32(16)))
 
 
 @njit(cache=True, inline="always")
-def _panel_put(kind, row, flat, base, r, nb):
-    """Row ``row`` (a file's blocks) into the panel at byte ``base`` of flat, as its row r."""
+def _nibbles_to_bytes(x):
+    """The four nibbles of the 16-bit x, nibble i to the low nibble of byte i."""
+    x = (x | (x << np.uint32(8))) & np.uint32(0x00FF00FF)
+    return (x | (x << np.uint32(4))) & np.uint32(0x0F0F0F0F)
+
+
+@njit(cache=True, inline="always")
+def _bytes_to_nibbles(x):
+    """The inverse of ``_nibbles_to_bytes``."""
+    x = (x | (x >> np.uint32(4))) & np.uint32(0x00FF00FF)
+    return (x | (x >> np.uint32(8))) & np.uint32(0xFFFF)
+
+
+@njit(cache=True, inline="always")
+def _word(a, i):
+    """The little-endian 32-bit word at byte i of the byte array a (one unaligned load)."""
+    return (np.uint32(a[i]) | (np.uint32(a[i + 1]) << np.uint32(8))
+            | (np.uint32(a[i + 2]) << np.uint32(16)) | (np.uint32(a[i + 3]) << np.uint32(24)))
+
+
+@njit(cache=True, inline="always")
+def _put_word(a, i, v):
+    """Bytes i .. i + 3 of the byte array a = the 32-bit word v, little-endian."""
+    for k in range(4):
+        a[i + k] = np.uint8((v >> np.uint32(8 * k)) & np.uint32(255))
+
+
+@njit(cache=True)
+def _panel_put(kind, row, flat, words, base, r, nb):
+    """Row ``row`` (a file's blocks) into the panel at byte ``base`` of flat (``words`` its
+    32-bit view), as its row r: the layout moves whole 32-bit words."""
     nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    flip = np.uint32(0x80808080 if kind == Q8_0 else 0)
     for b in range(nb):
         src, o = nbytes * b, base + PANEL * nbytes * b
         for f in range(nf):
             flat[o + 32 * f + 2 * r] = row[src + 2 * f]
             flat[o + 32 * f + 2 * r + 1] = row[src + 2 * f + 1]
         if hoff >= 0:
-            qh = np.uint32(0)
-            for k in range(4):
-                qh |= np.uint32(row[src + hoff + k]) << np.uint32(8 * k)
-            h = _spread_high_bits(qh)
-            for k in range(4):
-                flat[o + hdst + 4 * r + k] = np.uint8((h >> np.uint32(8 * k)) & np.uint32(255))
-        flip = 0x80 if kind == Q8_0 else 0
+            words[(o + hdst) // 4 + r] = _spread_high_bits(_word(row, src + hoff))
         for c in range(nq // 4):
-            for i in range(4):
-                flat[o + vdst + 64 * c + 4 * r + i] = row[src + qoff + 4 * c + i] ^ flip
+            words[(o + vdst + 64 * c) // 4 + r] = _word(row, src + qoff + 4 * c) ^ flip
 
 
-@njit(cache=True, inline="always")
-def _panel_take(kind, flat, base, r, nb, row):
-    """Row r of the panel at byte ``base`` of flat into ``row``, as a file stores it."""
+@njit(cache=True)
+def _panel_take(kind, flat, words, base, r, nb, row):
+    """Row r of the panel at byte ``base`` of flat (``words`` its 32-bit view) into ``row``, as
+    a file stores it."""
     nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    flip = np.uint32(0x80808080 if kind == Q8_0 else 0)
     for b in range(nb):
         src, o = nbytes * b, base + PANEL * nbytes * b
         for f in range(nf):
             row[src + 2 * f] = flat[o + 32 * f + 2 * r]
             row[src + 2 * f + 1] = flat[o + 32 * f + 2 * r + 1]
         if hoff >= 0:
-            h = np.uint32(0)
-            for k in range(4):
-                h |= np.uint32(flat[o + hdst + 4 * r + k]) << np.uint32(8 * k)
-            qh = _gather_high_bits(h)
-            for k in range(4):
-                row[src + hoff + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(255))
-        flip = 0x80 if kind == Q8_0 else 0
+            _put_word(row, src + hoff, _gather_high_bits(words[(o + hdst) // 4 + r]))
         for c in range(nq // 4):
-            for i in range(4):
-                row[src + qoff + 4 * c + i] = flat[o + vdst + 64 * c + 4 * r + i] ^ flip
+            _put_word(row, src + qoff + 4 * c, words[(o + vdst + 64 * c) // 4 + r] ^ flip)
 
 
 @njit(cache=True, parallel=True)
@@ -1008,9 +1031,10 @@ def _to_panels(kind, rows, out):
     N, rb = rows.shape
     nb = rb // _panel_form(kind)[0]
     flat = out.reshape(out.shape[0] * rb)
+    words = flat.view(np.uint32)
     for p in prange(out.shape[0] // PANEL):
         for r in range(min(PANEL, N - PANEL * p)):
-            _panel_put(kind, rows[PANEL * p + r], flat, PANEL * rb * p, r, nb)
+            _panel_put(kind, rows[PANEL * p + r], flat, words, PANEL * rb * p, r, nb)
 
 
 @njit(cache=True, parallel=True)
@@ -1018,9 +1042,10 @@ def _from_panels(kind, panels, out):
     N, rb = out.shape
     nb = rb // _panel_form(kind)[0]
     flat = panels.reshape(panels.shape[0] * rb)
+    words = flat.view(np.uint32)
     for p in prange(panels.shape[0] // PANEL):
         for r in range(min(PANEL, N - PANEL * p)):
-            _panel_take(kind, flat, PANEL * rb * p, r, nb, out[PANEL * p + r])
+            _panel_take(kind, flat, words, PANEL * rb * p, r, nb, out[PANEL * p + r])
 
 
 PANELS_CHUNK = 1 << 14
@@ -1053,7 +1078,7 @@ def held(qtype: QType, rows: np.ndarray) -> np.ndarray:
     return panels(qtype, rows) if qtype.panelled else rows
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _panel_values(kind, wf, o, c):
     """Values 4 c .. 4 c + 3 (c < 8) of the 16 rows of the panel block at byte o, unsigned
     (plus the type's offset)."""
@@ -1071,7 +1096,17 @@ def _panel_values(kind, wf, o, c):
     return v
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
+def _panel_block_values(kind, wf, o):
+    """The eight 64-byte value vectors of the panel block at byte o (``_panel_values``), unpacked
+    once for every activation row a panel meets."""
+    return (_panel_values(kind, wf, o, 0), _panel_values(kind, wf, o, 1),
+            _panel_values(kind, wf, o, 2), _panel_values(kind, wf, o, 3),
+            _panel_values(kind, wf, o, 4), _panel_values(kind, wf, o, 5),
+            _panel_values(kind, wf, o, 6), _panel_values(kind, wf, o, 7))
+
+
+@njit(cache=True)
 def _panel_dot(kind, acc, v, x, xo):
     """acc + each lane's four values v times x[xo : xo + 4]."""
     if kind == Q8_0:
@@ -1079,19 +1114,19 @@ def _panel_dot(kind, acc, v, x, xo):
     return dot16(acc, v, spread4(x, xo))
 
 
-@njit(cache=True, inline="always")
-def _panel_block(kind, acc, wf, o, x, d, s, u, b):
-    """acc + the 16 outputs of the panel block at byte o of wf times block b of activation
-    row x (d, s, u as rounded for the type)."""
+@njit(cache=True)
+def _panel_block(kind, acc, vs, wf, o, x, d, s, u, b):
+    """acc + the 16 outputs of the panel block at byte o of wf, its values vs, times block b of
+    activation row x (d, s, u as rounded for the type)."""
     xo = 32 * b
-    v0 = _panel_dot(kind, zero16(), _panel_values(kind, wf, o, 0), x, xo)
-    v1 = _panel_dot(kind, zero16(), _panel_values(kind, wf, o, 1), x, xo + 4)
-    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 2), x, xo + 8)
-    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 3), x, xo + 12)
-    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 4), x, xo + 16)
-    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 5), x, xo + 20)
-    v0 = _panel_dot(kind, v0, _panel_values(kind, wf, o, 6), x, xo + 24)
-    v1 = _panel_dot(kind, v1, _panel_values(kind, wf, o, 7), x, xo + 28)
+    v0 = _panel_dot(kind, zero16(), vs[0], x, xo)
+    v1 = _panel_dot(kind, zero16(), vs[1], x, xo + 4)
+    v0 = _panel_dot(kind, v0, vs[2], x, xo + 8)
+    v1 = _panel_dot(kind, v1, vs[3], x, xo + 12)
+    v0 = _panel_dot(kind, v0, vs[4], x, xo + 16)
+    v1 = _panel_dot(kind, v1, vs[5], x, xo + 20)
+    v0 = _panel_dot(kind, v0, vs[6], x, xo + 24)
+    v1 = _panel_dot(kind, v1, vs[7], x, xo + 28)
     total = add16(v0, v1)
     if kind == Q4_1 or kind == Q5_1:
         acc = fma16(acc, total, scale16(halves16(wf, o), s[2 * b]))
@@ -1100,7 +1135,7 @@ def _panel_block(kind, acc, wf, o, x, d, s, u, b):
     return fma16(acc, sub16(total, z * u[b]), scale16(halves16(wf, o), d[b]))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _panel_store(y, t, y_row, nrows, n0, N, acc, bias):
     """y[t's batch and row, n0 : n0 + 16] = acc + bias, the lanes below N."""
     out = y[t // nrows, y_row + t % nrows]
@@ -1137,10 +1172,11 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
             a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
             for b in range(nb):
                 o = base + bb * b
-                a0 = _panel_block(kind, a0, wf, o, x0, d[t], s[t], u[t], b)
-                a1 = _panel_block(kind, a1, wf, o, x1, d[t + 1], s[t + 1], u[t + 1], b)
-                a2 = _panel_block(kind, a2, wf, o, x2, d[t + 2], s[t + 2], u[t + 2], b)
-                a3 = _panel_block(kind, a3, wf, o, x3, d[t + 3], s[t + 3], u[t + 3], b)
+                vs = _panel_block_values(kind, wf, o)
+                a0 = _panel_block(kind, a0, vs, wf, o, x0, d[t], s[t], u[t], b)
+                a1 = _panel_block(kind, a1, vs, wf, o, x1, d[t + 1], s[t + 1], u[t + 1], b)
+                a2 = _panel_block(kind, a2, vs, wf, o, x2, d[t + 2], s[t + 2], u[t + 2], b)
+                a3 = _panel_block(kind, a3, vs, wf, o, x3, d[t + 3], s[t + 3], u[t + 3], b)
             _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
             _panel_store(y, t + 1, y_row, nrows, PANEL * p, N, a1, bias)
             _panel_store(y, t + 2, y_row, nrows, PANEL * p, N, a2, bias)
@@ -1150,7 +1186,9 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
             x0, d0, s0, u0 = q[t], d[t], s[t], u[t]
             a0 = zerof16()
             for b in range(nb):
-                a0 = _panel_block(kind, a0, wf, base + bb * b, x0, d0, s0, u0, b)
+                o = base + bb * b
+                a0 = _panel_block(kind, a0, _panel_block_values(kind, wf, o), wf, o, x0, d0, s0,
+                                  u0, b)
             _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
             t += 1
 
@@ -1161,7 +1199,8 @@ def _panel_widen(kind, w, n, out):
     ggml's ``dequantize_row``."""
     rb = w.shape[1]
     row = np.empty(rb, dtype=np.uint8)
-    _panel_take(kind, w.reshape(w.shape[0] * rb), PANEL * rb * (n // PANEL), n % PANEL,
+    flat = w.reshape(w.shape[0] * rb)
+    _panel_take(kind, flat, flat.view(np.uint32), PANEL * rb * (n // PANEL), n % PANEL,
                 rb // _panel_form(kind)[0], row)
     _row_widen(kind, row, out)
 
@@ -1285,7 +1324,7 @@ def _amx_block(offset, flat_q, qo, K, flat_p, po, sums, so, first):
         amx.tile_store(3, sums, so, 64)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     """Outputs [n0, n1) of every activation row t = b * nrows + i on AMX tiles (module comment
     above), 16 weight rows at a time; ``room`` this thread's bytes (``amx_room_bytes``). The
@@ -1431,16 +1470,17 @@ def _entry_points(kind: int, qk: int):
             return
         if panelled:
             for task in prange((N + PANEL - 1) // PANEL):
-                _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, task, task + 1)
+                p = np.int64(task)  # the signature rows calls _panel_rows with: one compile
+                _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p, p + 1)
             return
         for task in prange((N + PANEL - 1) // PANEL):
             _rows(kind, qk, w, q, d, s, u, bias, y, y_row, nrows, task * PANEL,
                   min(N, task * PANEL + PANEL))
 
     @njit(cache=True)
-    def widen(w, index, out):
+    def widen(w, index, out, in_panels):
         for r in range(index.shape[0]):
-            if panelled:
+            if panelled and in_panels:
                 _panel_widen(kind, w, index[r], out[r])
             else:
                 _row_widen(kind, w[index[r]], out[r])
@@ -1592,6 +1632,9 @@ class MatrixTable:
             kernel(*args)
 
 
-def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray) -> None:
-    """Rows ``index`` of the blocks ``w`` (``held``) as float32 into ``out`` (len(index), C)."""
-    qtype.kernels[2](read_only(w), np.asarray(index, dtype=np.int64), out)
+def dequantize_rows(qtype: QType, w, index: np.ndarray, out: np.ndarray,
+                    in_panels: bool) -> None:
+    """Rows ``index`` of ``w`` as float32 into ``out`` (len(index), C): ``w`` the rows as a file
+    stores them, or (``in_panels``, a type of PANEL_KINDS) their ``panels``."""
+    qtype.kernels[2](read_only(w), np.asarray(index, dtype=np.int64), out,
+                     bool(in_panels and qtype.panelled))
