@@ -36,8 +36,9 @@ is the blocks' exact integer dot products, scaled::
     y[t, n] = sum_b dw[n, b] * dx[t, b] * sum_j qw[n, b, j] * qx[t, b, j]  (+ the offset terms)
 
 so a result equals ggml's ``vec_dot_<type>_<activation>`` to float rounding. The sub-block
-scales of the K types multiply the int16 pair sums (``madd``), their offsets and mins meet the
-activation sums (s, bsums), all in integers. ``linear`` runs it for every row of a call, parallel
+scales of the K types multiply the integer sums (the row layout's int16 pair sums, ``madd``; the
+panels' int32 sums, a row a lane), their offsets and mins meet the activation sums (s, bsums),
+all in integers. ``linear`` runs it for every row of a call, parallel
 over blocks of output rows for a large matrix; ``dequantize_rows`` widens rows (an embedding
 lookup, or a check).
 """
@@ -61,52 +62,52 @@ from causallm.kernels.simd import (
     add16,
     add32,
     addf16,
-    bor64,
-    bsub64,
     band,
     bor,
+    bor64,
     bshl,
     bshr,
+    bsub64,
     dot16,
     dot16_wide,
     dot_signed,
     f16,
     fma,
     fma16,
-    fmaf16,
     fmaf,
+    fmaf16,
     halves16,
     high4,
-    high_bit_high,
-    high_bit_low,
     hsum,
     lane16,
+    lanes16,
+    load1f,
+    load8f,
     load16f,
     load32,
-    load1f,
     load64,
-    load8f,
     lookup,
+    lookup64,
     low4,
     madd,
     maddubs,
     mins_k4_dot,
-    mul8,
+    mul16,
     mulf,
     nibbles,
     round_f16,
+    sbyte16,
     scale16,
-    shl32,
+    shl_and64,
+    shr_and64,
     splat16,
     splat16x2,
     splatf,
     spread4,
-    store16f,
-    store32,
-    store64,
     store8f,
+    store16f,
+    store64,
     sub16,
-    sub32,
     table16,
     zero16,
     zero32,
@@ -176,6 +177,9 @@ QTYPES = {t.name: t for t in (
 IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                       dtype=np.int8)
 """ggml's ``kvalues_iq4nl``: the 16 levels of IQ4_NL / IQ4_XS."""
+IQ4_UNSIGNED = (IQ4_LEVELS.astype(np.int32) + 128).astype(np.uint8)
+"""The levels plus 128 (IQ4_NL's panels: unsigned values, the 128 taken off through the
+activation sums)."""
 
 
 # -- activations ---------------------------------------------------------------------------------
@@ -446,41 +450,12 @@ def _scale_q3(w, o, k):
 # into a vector accumulator and a scalar one (the offsets and mins), as ggml's
 # ``vec_dot_<type>_<activation>`` sums it; the row's product is hsum(acc) + mins.
 
-@njit(cache=True, inline="always")
-def _block_iq4_nl(acc, mins, w, b, x, d, s, u):
-    o = 18 * b
-    qw = lookup(table16(IQ4_LEVELS, 0), nibbles(w, o + 2))
-    return fma(acc, dot_signed(zero32(), qw, load32(x, 32 * b)), f16(w, o) * d[b]), mins
-
-
 # A 256-value block is written out as calls of a sub-block helper with constant indices, not a
 # loop: its scale bytes are then read at fixed offsets without branches, and the code of the four
 # activation rows a prompt multiplies together (``_dot_x4``) is one straight line, in which the
 # compiler unpacks the weight bytes and scales once for the four. The helpers are plain
 # functions that LLVM inlines (numba's own inlining of 4 rows x 8 calls costs minutes of
 # compile time).
-
-@njit(cache=True)
-def _q4_k_pair(total, w, o, x, xo, j):
-    """Sub-blocks 2j and 2j + 1 of a Q4_K block (the low and high nibbles of 32 bytes); their
-    mins are the caller's (``mins_k4_dot``)."""
-    q = load32(w, o + 16 + 32 * j)
-    sc0, _ = _scale_min_k4(w, o + 4, 2 * j)
-    sc1, _ = _scale_min_k4(w, o + 4, 2 * j + 1)
-    total = add32(total, madd(maddubs(band(q, 15), load32(x, xo + 64 * j)), splat16(sc0)))
-    return add32(total, madd(maddubs(bshr(q, 4), load32(x, xo + 64 * j + 32)), splat16(sc1)))
-
-
-@njit(cache=True, inline="always")
-def _block_q4_k(acc, mins, w, i, x, d, s, u):
-    o, xo, uo = 144 * i, 256 * i, 16 * i
-    total = _q4_k_pair(zero32(), w, o, x, xo, 0)
-    total = _q4_k_pair(total, w, o, x, xo, 1)
-    total = _q4_k_pair(total, w, o, x, xo, 2)
-    total = _q4_k_pair(total, w, o, x, xo, 3)
-    acc = fma(acc, total, f16(w, o) * d[i])
-    return acc, mins - f16(w, o + 2) * d[i] * np.float32(mins_k4_dot(w, o + 4, u, uo))
-
 
 @njit(cache=True)
 def _q5_k_pair(total, w, o, hb, x, xo, j):
@@ -505,39 +480,6 @@ def _block_q5_k(acc, mins, w, i, x, d, s, u):
     total = _q5_k_pair(total, w, o, hb, x, xo, 3)
     acc = fma(acc, total, f16(w, o) * d[i])
     return acc, mins - f16(w, o + 2) * d[i] * np.float32(mins_k4_dot(w, o + 4, u, uo))
-
-
-@njit(cache=True)
-def _q6_k_half(total, w, o, x, xo, h):
-    """Half h (128 values) of a Q6_K block: four runs of 32 six-bit values, each two 16s with
-    their int8 scales (the values' -32 is taken off by the caller, through the bsums)."""
-    q1 = load32(w, o + 64 * h)
-    q2 = load32(w, o + 64 * h + 32)
-    qh = load32(w, o + 128 + 32 * h)
-    so, xh = o + 192 + 8 * h, xo + 128 * h
-    v0 = bor(band(q1, 15), bshl(band(qh, 3), 4))
-    v1 = bor(band(q2, 15), bshl(band(qh, 12), 2))
-    v2 = bor(bshr(q1, 4), band(qh, 48))
-    v3 = bor(bshr(q2, 4), bshr(band(qh, 192), 2))
-    s0, s1, s2, s3 = np.int8(w[so]), np.int8(w[so + 1]), np.int8(w[so + 2]), np.int8(w[so + 3])
-    s4, s5, s6, s7 = (np.int8(w[so + 4]), np.int8(w[so + 5]), np.int8(w[so + 6]),
-                      np.int8(w[so + 7]))
-    total = add32(total, madd(maddubs(v0, load32(x, xh)), splat16x2(s0, s1)))
-    total = add32(total, madd(maddubs(v1, load32(x, xh + 32)), splat16x2(s2, s3)))
-    total = add32(total, madd(maddubs(v2, load32(x, xh + 64)), splat16x2(s4, s5)))
-    return add32(total, madd(maddubs(v3, load32(x, xh + 96)), splat16x2(s6, s7)))
-
-
-@njit(cache=True, inline="always")
-def _block_q6_k(acc, mins, w, i, x, d, s, u):
-    # the values' offset, 32 * sum_j scale_j * bsum_j over the 16 runs of 16, in two vector
-    # multiplies of the scale bytes by the activations' bsums, taken off the integer sum (as
-    # ggml's AVX2 loop takes it off before its float multiply)
-    o, xo, uo = 210 * i, 256 * i, 16 * i
-    total = _q6_k_half(zero32(), w, o, x, xo, 0)
-    total = _q6_k_half(total, w, o, x, xo, 1)
-    offset = add32(mul8(w, o + 192, u, uo), mul8(w, o + 200, u, uo + 8))
-    return fma(acc, sub32(total, shl32(offset, 5)), f16(w, o + 208) * d[i]), mins
 
 
 @njit(cache=True)
@@ -625,8 +567,8 @@ def _block_iq4_xs(acc, mins, w, i, x, d, s, u):
     return acc, mins
 
 
-_BLOCKS = {IQ4_NL: _block_iq4_nl, Q2_K: _block_q2_k, Q3_K: _block_q3_k, Q4_K: _block_q4_k,
-           Q5_K: _block_q5_k, Q6_K: _block_q6_k, IQ4_XS: _block_iq4_xs}
+_BLOCKS = {Q2_K: _block_q2_k, Q3_K: _block_q3_k, Q5_K: _block_q5_k,
+           IQ4_XS: _block_iq4_xs}
 
 
 def _block(kind, acc, mins, w, b, x, d, s, u):
@@ -896,6 +838,8 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 #     Q4_1    d at 0, m at 32               -                          chunks at 64
 #     Q5_0    d at 0                        H at 32 + 4 r              chunks at 96
 #     Q5_1    d at 0, m at 32               H at 64 + 4 r              chunks at 128
+#     Q4_K    d at 0, dmin at 32            -                          chunks at 64 (below)
+#     Q6_K    d at 0                        -                          chunks at 32 (below)
 #
 # Q8_0 has 8 chunks of 64 bytes, chunk c byte 4 r + i value 4 c + i of row r plus 128
 # (unsigned); the 4- and 5-bit types 4 chunks, chunk c byte 4 r + i byte 4 c + i of row r's
@@ -910,10 +854,12 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 #                               * d * dx[t, b]  (+ m * sx[t, b])
 #
 # z the values' offset (128, 8, 16; 0 with an m), sx Q8_1's scaled sum: the per-row work of
-# the row layout (scales widened and a horizontal sum per row) done once for 16 rows.
+# the row layout (scales widened and a horizontal sum per row) done once for 16 rows. The K
+# types' 256-value blocks are the same move of 4-byte groups: every byte of a block but its fp16
+# fields, from its start (Q6_K) or from byte 4 (Q4_K), a chunk per group (``_k_values``).
 
 PANEL = 16
-PANEL_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+PANEL_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K)
 """The types held as panels (the others as the rows a file stores)."""
 
 
@@ -924,17 +870,22 @@ def panel_rows(N: int) -> int:
 
 @njit(cache=True, inline="always")
 def _panel_form(kind):
-    """(block bytes, its fp16 scales, where its high bits are (-1: none), where its nibbles or
-    values are, their bytes; where the panel block's high bits and values start)."""
+    """(values a block, block bytes, its fp16 fields, where they are, where its high bits are
+    (-1: none), where its words to move are, their bytes; where the panel block's high bits and
+    words start)."""
     if kind == Q8_0:
-        return 34, 1, -1, 2, 32, -1, 32
-    if kind == Q4_0:
-        return 18, 1, -1, 2, 16, -1, 32
+        return 32, 34, 1, 0, -1, 2, 32, -1, 32
+    if kind == Q4_0 or kind == IQ4_NL:
+        return 32, 18, 1, 0, -1, 2, 16, -1, 32
     if kind == Q4_1:
-        return 20, 2, -1, 4, 16, -1, 64
+        return 32, 20, 2, 0, -1, 4, 16, -1, 64
     if kind == Q5_0:
-        return 22, 1, 2, 6, 16, 32, 96
-    return 24, 2, 4, 8, 16, 64, 128  # Q5_1
+        return 32, 22, 1, 0, 2, 6, 16, 32, 96
+    if kind == Q5_1:
+        return 32, 24, 2, 0, 4, 8, 16, 64, 128
+    if kind == Q4_K:
+        return 256, 144, 2, 0, -1, 4, 140, -1, 64
+    return 256, 210, 1, 208, -1, 0, 208, -1, 32  # Q6_K
 
 
 @njit(cache=True, inline="always")
@@ -996,13 +947,13 @@ def _put_word(a, i, v):
 def _panel_put(kind, row, flat, words, base, r, nb):
     """Row ``row`` (a file's blocks) into the panel at byte ``base`` of flat (``words`` its
     32-bit view), as its row r: the layout moves whole 32-bit words."""
-    nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    _, nbytes, nf, foff, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
     flip = np.uint32(0x80808080 if kind == Q8_0 else 0)
     for b in range(nb):
         src, o = nbytes * b, base + PANEL * nbytes * b
         for f in range(nf):
-            flat[o + 32 * f + 2 * r] = row[src + 2 * f]
-            flat[o + 32 * f + 2 * r + 1] = row[src + 2 * f + 1]
+            flat[o + 32 * f + 2 * r] = row[src + foff + 2 * f]
+            flat[o + 32 * f + 2 * r + 1] = row[src + foff + 2 * f + 1]
         if hoff >= 0:
             words[(o + hdst) // 4 + r] = _spread_high_bits(_word(row, src + hoff))
         for c in range(nq // 4):
@@ -1013,13 +964,13 @@ def _panel_put(kind, row, flat, words, base, r, nb):
 def _panel_take(kind, flat, words, base, r, nb, row):
     """Row r of the panel at byte ``base`` of flat (``words`` its 32-bit view) into ``row``, as
     a file stores it."""
-    nbytes, nf, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
+    _, nbytes, nf, foff, hoff, qoff, nq, hdst, vdst = _panel_form(kind)
     flip = np.uint32(0x80808080 if kind == Q8_0 else 0)
     for b in range(nb):
         src, o = nbytes * b, base + PANEL * nbytes * b
         for f in range(nf):
-            row[src + 2 * f] = flat[o + 32 * f + 2 * r]
-            row[src + 2 * f + 1] = flat[o + 32 * f + 2 * r + 1]
+            row[src + foff + 2 * f] = flat[o + 32 * f + 2 * r]
+            row[src + foff + 2 * f + 1] = flat[o + 32 * f + 2 * r + 1]
         if hoff >= 0:
             _put_word(row, src + hoff, _gather_high_bits(words[(o + hdst) // 4 + r]))
         for c in range(nq // 4):
@@ -1029,7 +980,7 @@ def _panel_take(kind, flat, words, base, r, nb, row):
 @njit(cache=True, parallel=True)
 def _to_panels(kind, rows, out):
     N, rb = rows.shape
-    nb = rb // _panel_form(kind)[0]
+    nb = rb // _panel_form(kind)[1]
     flat = out.reshape(out.shape[0] * rb)
     words = flat.view(np.uint32)
     for p in prange(out.shape[0] // PANEL):
@@ -1040,7 +991,7 @@ def _to_panels(kind, rows, out):
 @njit(cache=True, parallel=True)
 def _from_panels(kind, panels, out):
     N, rb = out.shape
-    nb = rb // _panel_form(kind)[0]
+    nb = rb // _panel_form(kind)[1]
     flat = panels.reshape(panels.shape[0] * rb)
     words = flat.view(np.uint32)
     for p in prange(panels.shape[0] // PANEL):
@@ -1084,15 +1035,19 @@ def _panel_values(kind, wf, o, c):
     (plus the type's offset)."""
     if kind == Q8_0:
         return load64(wf, o + 32 + 64 * c)
-    _, _, _, _, _, hdst, vdst = _panel_form(kind)
+    if kind == IQ4_NL:  # the levels plus 128, by nibble
+        n = low4(load64(wf, o + 32 + 64 * c)) if c < 4 else high4(load64(wf, o + 32 + 64 * (c - 4)))
+        return lookup64(IQ4_UNSIGNED, 0, n)
+    hdst, vdst = _panel_form(kind)[7:]
+    m = 0x10101010  # a five-bit value's high bit (bit 8 i + c, or 8 i + 4 + c, of the word)
     if c < 4:
         v = low4(load64(wf, o + vdst + 64 * c))
         if hdst >= 0:
-            v = bor64(v, high_bit_low(load64(wf, o + hdst), c))
+            v = bor64(v, shl_and64(load64(wf, o + hdst), 4 - c, m))
         return v
     v = high4(load64(wf, o + vdst + 64 * (c - 4)))
     if hdst >= 0:
-        v = bor64(v, high_bit_high(load64(wf, o + hdst), c - 4))
+        v = bor64(v, shr_and64(load64(wf, o + hdst), c - 4, m))
     return v
 
 
@@ -1109,7 +1064,7 @@ def _panel_block_values(kind, wf, o):
 @njit(cache=True)
 def _panel_dot(kind, acc, v, x, xo):
     """acc + each lane's four values v times x[xo : xo + 4]."""
-    if kind == Q8_0:
+    if kind == Q8_0 or kind == IQ4_NL:
         return dot16_wide(acc, v, spread4(x, xo))
     return dot16(acc, v, spread4(x, xo))
 
@@ -1131,8 +1086,126 @@ def _panel_block(kind, acc, vs, wf, o, x, d, s, u, b):
     if kind == Q4_1 or kind == Q5_1:
         acc = fma16(acc, total, scale16(halves16(wf, o), s[2 * b]))
         return fmaf16(acc, halves16(wf, o + 32), s[2 * b + 1])
-    z = 128 if kind == Q8_0 else (8 if kind == Q4_0 else 16)
+    z = 128 if kind == Q8_0 or kind == IQ4_NL else (8 if kind == Q4_0 else 16)
     return fma16(acc, sub16(total, z * u[b]), scale16(halves16(wf, o), d[b]))
+
+
+# A K type's panel block holds 256 values of 16 rows: Q4_K its d at 0, dmin at 32, the 12 scale
+# bytes as three chunks at 64 (chunk k byte 4 r + i scale byte 4 k + i of row r), its 128
+# nibble bytes as 32 chunks at 256; Q6_K its d at 0, then the 128 low-nibble bytes (32 chunks
+# at 32), the 64 bytes of high bits (16 chunks at 2080) and the 16 int8 scales (4 chunks at
+# 3104). A sub-block j of 32 values is eight value vectors (chunk c values 4 c .. 4 c + 3 of
+# the 16 rows), its integer sums times the 16 rows' scales in int32 lanes:
+#
+#     y[t, 16 p : 16 p + 16] += d * dx[t, i] * sum_j sc_j * dot_j - dmin * dx[t, i] * sum_j m_j * bsum_j
+#
+# (Q4_K; Q6_K's scales come a 16 values, its values' offset 32 taken off each dot through the
+# bsums, and it has no mins.)
+
+@njit(cache=True)
+def _k_values(kind, wf, o, j):
+    """The eight unsigned value vectors of sub-block j (< 8) of the K-type panel block at byte o."""
+    if kind == Q4_K:
+        c0, n = o + 256 + 512 * (j // 2), 4 * (j % 2)  # pair j // 2: low nibbles, then high
+        return (shr_and64(load64(wf, c0), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 64), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 128), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 192), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 256), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 320), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 384), n, 0x0F0F0F0F),
+                shr_and64(load64(wf, c0 + 448), n, 0x0F0F0F0F))
+    # Q6_K: half h = j // 4, run r = j % 4: low nibbles (r < 2) or high nibbles of ql bytes
+    # 64 h + 32 (r % 2) .., the high bits 2 r, 2 r + 1 of qh bytes 32 h ..
+    h, r = j // 4, j % 4
+    lo, hi, n = o + 32 + 64 * (16 * h + 8 * (r % 2)), o + 2080 + 512 * h, 4 * (r // 2)
+    return (_q6_k_value(wf, lo, hi, n, r), _q6_k_value(wf, lo + 64, hi + 64, n, r),
+            _q6_k_value(wf, lo + 128, hi + 128, n, r), _q6_k_value(wf, lo + 192, hi + 192, n, r),
+            _q6_k_value(wf, lo + 256, hi + 256, n, r), _q6_k_value(wf, lo + 320, hi + 320, n, r),
+            _q6_k_value(wf, lo + 384, hi + 384, n, r), _q6_k_value(wf, lo + 448, hi + 448, n, r))
+
+
+@njit(cache=True)
+def _q6_k_value(wf, lo, hi, n, r):
+    """Six-bit values: the nibbles at bit n of the chunk at lo, bits 2 r, 2 r + 1 of the chunk
+    at hi as their bits 4, 5."""
+    return bor64(shr_and64(load64(wf, lo), n, 0x0F0F0F0F),
+                 shl_and64(shr_and64(load64(wf, hi), 2 * r, 0x03030303), 4, 0x30303030))
+
+
+@njit(cache=True)
+def _k_scales(kind, wf, o, j):
+    """Sub-block j's scales of its values 0..15 and 16..31, and its min (Q4_K), as int32 lanes
+    of the 16 rows."""
+    if kind == Q4_K:
+        s0, s1, s2 = load64(wf, o + 64), load64(wf, o + 128), load64(wf, o + 192)
+        if j < 4:
+            sc = lanes16(shr_and64(s0, 8 * j, 63))
+            return sc, sc, lanes16(shr_and64(s1, 8 * j, 63))
+        k = 8 * (j - 4)  # 4 bits from the third word, the top 2 from the first (second)
+        sc = lanes16(bor64(shr_and64(s2, k, 15), shl_and64(shr_and64(s0, k + 6, 3), 4, 48)))
+        m = lanes16(bor64(shr_and64(s2, k + 4, 15), shl_and64(shr_and64(s1, k + 6, 3), 4, 48)))
+        return sc, sc, m
+    v = load64(wf, o + 3104 + 64 * (j // 2))
+    return sbyte16(v, 2 * (j % 2)), sbyte16(v, 2 * (j % 2) + 1), zero16()
+
+
+@njit(cache=True)
+def _k_sub(kind, isum, msum, vs, sc0, sc1, m, x, xo, u, uo):
+    """(isum, msum) + sub-block j's sums for activation row x (values at xo, bsums u[uo],
+    u[uo + 1]): two chains of four dots, for the values 0..15 and 16..31."""
+    a = _panel_dot(kind, _panel_dot(kind, zero16(), vs[0], x, xo), vs[1], x, xo + 4)
+    a = _panel_dot(kind, _panel_dot(kind, a, vs[2], x, xo + 8), vs[3], x, xo + 12)
+    b = _panel_dot(kind, _panel_dot(kind, zero16(), vs[4], x, xo + 16), vs[5], x, xo + 20)
+    b = _panel_dot(kind, _panel_dot(kind, b, vs[6], x, xo + 24), vs[7], x, xo + 28)
+    if kind == Q4_K:
+        return (add16(isum, mul16(add16(a, b), sc0)),
+                add16(msum, mul16(m, np.int32(u[uo]) + np.int32(u[uo + 1]))))
+    isum = add16(isum, mul16(sub16(a, 32 * np.int32(u[uo])), sc0))
+    return add16(isum, mul16(sub16(b, 32 * np.int32(u[uo + 1])), sc1)), msum
+
+
+@njit(cache=True)
+def _k_finish(kind, acc, isum, msum, wf, o, dx):
+    """acc + the block's outputs from its integer sums (the comment above)."""
+    acc = fma16(acc, isum, scale16(halves16(wf, o), dx))
+    if kind == Q4_K:
+        acc = fma16(acc, msum, scale16(halves16(wf, o + 32), -dx))
+    return acc
+
+
+@njit(cache=True)
+def _k_block(kind, acc, wf, o, x, d, u, i):
+    """acc + the 16 outputs of the K-type panel block at byte o times block i of activation
+    row x."""
+    isum, msum = zero16(), zero16()
+    for j in range(8):
+        sc0, sc1, m = _k_scales(kind, wf, o, j)
+        isum, msum = _k_sub(kind, isum, msum, _k_values(kind, wf, o, j), sc0, sc1, m, x,
+                            256 * i + 32 * j, u, 16 * i + 2 * j)
+    return _k_finish(kind, acc, isum, msum, wf, o, d[i])
+
+
+@njit(cache=True)
+def _k_block4(kind, a0, a1, a2, a3, wf, o, q, d, u, t, i):
+    """``_k_block`` for activation rows t .. t + 3, each sub-block's values and scales unpacked
+    once for the four."""
+    x0, x1, x2, x3 = q[t], q[t + 1], q[t + 2], q[t + 3]
+    u0, u1, u2, u3 = u[t], u[t + 1], u[t + 2], u[t + 3]
+    i0, i1, i2, i3 = zero16(), zero16(), zero16(), zero16()
+    m0, m1, m2, m3 = zero16(), zero16(), zero16(), zero16()
+    for j in range(8):
+        vs = _k_values(kind, wf, o, j)
+        sc0, sc1, m = _k_scales(kind, wf, o, j)
+        xo, uo = 256 * i + 32 * j, 16 * i + 2 * j
+        i0, m0 = _k_sub(kind, i0, m0, vs, sc0, sc1, m, x0, xo, u0, uo)
+        i1, m1 = _k_sub(kind, i1, m1, vs, sc0, sc1, m, x1, xo, u1, uo)
+        i2, m2 = _k_sub(kind, i2, m2, vs, sc0, sc1, m, x2, xo, u2, uo)
+        i3, m3 = _k_sub(kind, i3, m3, vs, sc0, sc1, m, x3, xo, u3, uo)
+    return (_k_finish(kind, a0, i0, m0, wf, o, d[t, i]),
+            _k_finish(kind, a1, i1, m1, wf, o, d[t + 1, i]),
+            _k_finish(kind, a2, i2, m2, wf, o, d[t + 2, i]),
+            _k_finish(kind, a3, i3, m3, wf, o, d[t + 3, i]))
 
 
 @njit(cache=True)
@@ -1161,22 +1234,27 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
     T, K = q.shape
     N = y.shape[2]
     rb = w.shape[1]
-    nb = K // 32
-    bb = PANEL * _panel_form(kind)[0]
+    qk, nbytes = _panel_form(kind)[:2]
+    nb, bb = K // qk, PANEL * nbytes
     wf = w.reshape(w.shape[0] * rb)
     for p in range(p0, p1):
         base = PANEL * rb * p
         t = 0
         while t + 4 <= T:
-            x0, x1, x2, x3 = q[t], q[t + 1], q[t + 2], q[t + 3]
             a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
             for b in range(nb):
                 o = base + bb * b
-                vs = _panel_block_values(kind, wf, o)
-                a0 = _panel_block(kind, a0, vs, wf, o, x0, d[t], s[t], u[t], b)
-                a1 = _panel_block(kind, a1, vs, wf, o, x1, d[t + 1], s[t + 1], u[t + 1], b)
-                a2 = _panel_block(kind, a2, vs, wf, o, x2, d[t + 2], s[t + 2], u[t + 2], b)
-                a3 = _panel_block(kind, a3, vs, wf, o, x3, d[t + 3], s[t + 3], u[t + 3], b)
+                if kind == Q4_K or kind == Q6_K:
+                    a0, a1, a2, a3 = _k_block4(kind, a0, a1, a2, a3, wf, o, q, d, u, t, b)
+                else:
+                    vs = _panel_block_values(kind, wf, o)
+                    a0 = _panel_block(kind, a0, vs, wf, o, q[t], d[t], s[t], u[t], b)
+                    a1 = _panel_block(kind, a1, vs, wf, o, q[t + 1], d[t + 1], s[t + 1],
+                                      u[t + 1], b)
+                    a2 = _panel_block(kind, a2, vs, wf, o, q[t + 2], d[t + 2], s[t + 2],
+                                      u[t + 2], b)
+                    a3 = _panel_block(kind, a3, vs, wf, o, q[t + 3], d[t + 3], s[t + 3],
+                                      u[t + 3], b)
             _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
             _panel_store(y, t + 1, y_row, nrows, PANEL * p, N, a1, bias)
             _panel_store(y, t + 2, y_row, nrows, PANEL * p, N, a2, bias)
@@ -1187,8 +1265,11 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
             a0 = zerof16()
             for b in range(nb):
                 o = base + bb * b
-                a0 = _panel_block(kind, a0, _panel_block_values(kind, wf, o), wf, o, x0, d0, s0,
-                                  u0, b)
+                if kind == Q4_K or kind == Q6_K:
+                    a0 = _k_block(kind, a0, wf, o, x0, d0, u0, b)
+                else:
+                    a0 = _panel_block(kind, a0, _panel_block_values(kind, wf, o), wf, o, x0, d0,
+                                      s0, u0, b)
             _panel_store(y, t, y_row, nrows, PANEL * p, N, a0, bias)
             t += 1
 
@@ -1201,16 +1282,16 @@ def _panel_widen(kind, w, n, out):
     row = np.empty(rb, dtype=np.uint8)
     flat = w.reshape(w.shape[0] * rb)
     _panel_take(kind, flat, flat.view(np.uint32), PANEL * rb * (n // PANEL), n % PANEL,
-                rb // _panel_form(kind)[0], row)
+                rb // _panel_form(kind)[1], row)
     _row_widen(kind, row, out)
 
 
 # -- prompts on AMX tiles ---------------------------------------------------------------------------
 # Where the CPU has AMX (simd.LEVEL "amx"), a prompt of AMX_MIN_ROWS rows or more multiplies each
 # panel of 16 weight rows by the activations 16 rows at a time in tiles (amx.py): the panel's
-# values unpacked once into bytes, in the layout a tile product reads (a held panel's values
-# stored as they come, ``_panel_values``; the row types' rows by ``_amx_panel``), each
-# sub-block of 32 values one tile product of exact integer sums C[t, n], then
+# values unpacked once into bytes, in the layout a tile product reads (its values stored as
+# they come, ``_panel_values`` / ``_k_values``), each sub-block of 32 values one tile product
+# of exact integer sums C[t, n], then
 #
 #     y[t, n] += C[t, n] * (ws[b, n] * dx[t, b]) + wm[b, n] * sx[t, b]
 #
@@ -1226,54 +1307,6 @@ AMX_MIN_ROWS = 16
 """Activation rows from which a prompt's product runs on AMX tiles: one full tile. Against the
 vector loops (one thread, 1536 x 576): 16 rows 0.49-0.78 of the time, 128 rows 0.25-0.45; at 8
 rows Q4_K was 1.09."""
-
-
-@njit(cache=True, inline="always")
-def _amx_values(kind, w, b, tmp):
-    """Block b of an IQ4_NL row w: its values as signed bytes into tmp[32 b : 32 b + 32], and
-    (d, 0)."""
-    store32(tmp, 32 * b, lookup(table16(IQ4_LEVELS, 0), nibbles(w, 18 * b + 2)))
-    return f16(w, 18 * b), np.float32(0.0)
-
-
-@njit(cache=True, inline="always")
-def _amx_row(kind, w, tmp, ws, wm, r):
-    """Row w's values into tmp (K bytes) and its sub-blocks' ws / wm into column r of (K / 32,
-    16) tables (Q4_K, IQ4_NL: the types held as rows)."""
-    if kind == Q4_K:
-        for i in range(tmp.shape[0] // 256):
-            o = 144 * i
-            dd, dmin = f16(w, o), f16(w, o + 2)
-            for j in range(4):
-                v = load32(w, o + 16 + 32 * j)
-                store32(tmp, 256 * i + 64 * j, band(v, 15))
-                store32(tmp, 256 * i + 64 * j + 32, bshr(v, 4))
-                sc0, m0 = _scale_min_k4(w, o + 4, 2 * j)
-                sc1, m1 = _scale_min_k4(w, o + 4, 2 * j + 1)
-                k = 8 * i + 2 * j
-                ws[k, r], wm[k, r] = dd * np.float32(sc0), -dmin * np.float32(m0)
-                ws[k + 1, r], wm[k + 1, r] = dd * np.float32(sc1), -dmin * np.float32(m1)
-    else:
-        for b in range(tmp.shape[0] // 32):
-            ws[b, r], wm[b, r] = _amx_values(kind, w, b, tmp)
-
-
-@njit(cache=True, inline="always")
-def _amx_panel(kind, w, n0, n1, tmp, panel, ws, wm):
-    """Weight rows [n0, n1) (at most 16; the rest zeros) as a tile product's B operand: panel
-    (K / 4, 16) int32 words of 4 consecutive values, row r in column r; their sub-blocks'
-    scales and offsets ws, wm (K / 32, 16)."""
-    words = tmp.view(np.int32)
-    for r in range(16):
-        if n0 + r < n1:
-            _amx_row(kind, w[n0 + r], tmp, ws, wm, r)
-            for k in range(words.shape[0]):
-                panel[k, r] = words[k]
-        else:
-            for k in range(words.shape[0]):
-                panel[k, r] = 0
-            for k in range(ws.shape[0]):
-                ws[k, r] = wm[k, r] = 0.0
 
 
 @njit(cache=True, inline="always")
@@ -1339,40 +1372,44 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     panel = room[o:o + 16 * K].view(np.int32).reshape(K // 4, 16)
     pbytes = room[o:o + 16 * K]
     o += 16 * K
-    tmp = room[o:o + K]
-    o += K
     ws = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
     o += 64 * nsub
     wm = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
     o += 64 * nsub
     out = room[o:o + 64].view(np.float32)
-    panelled = kind != Q4_K and kind != IQ4_NL  # PANEL_KINDS
     offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K
     has_bias = bias.shape[0] > 0
     flat_q = q.reshape(T * K)
     flat_p = panel.reshape(K * 4)
     flat_ws, flat_wm = ws.reshape(16 * nsub), wm.reshape(16 * nsub)
     wf = w.reshape(w.shape[0] * w.shape[1])
+    bb = PANEL * _panel_form(kind)[1]
     for c0 in range(n0, n1, 16):
         c1 = min(c0 + 16, n1)
         base = c0 * w.shape[1]  # panel c0 / 16
-        if panelled:
-            # each sub-block's values into the B operand: with the offset of Q4_0, Q5_0 and
-            # Q8_0 taken off (signed bytes, tdpbssd: an offset term in the scaling below cost
-            # a third of the speed), Q4_1's and Q5_1's as they are, their m the offsets
-            bb = PANEL * _panel_form(kind)[0]
-            for b in range(nsub):
-                ob = base + bb * b
-                store16f(flat_ws, 16 * b, halves16(wf, ob))
-                if offset:
-                    store16f(flat_wm, 16 * b, halves16(wf, ob + 32))
+        # each sub-block's values into the B operand: with the offset of Q4_0, Q5_0, Q8_0 and
+        # IQ4_NL taken off (signed bytes, tdpbssd: an offset term in the scaling below cost a
+        # third of the speed), Q4_1's, Q5_1's and Q4_K's as they are, their m the offsets
+        for b in range(nsub):
+            if kind == Q4_K:
+                # sub-block b % 8 of block b // 8: ws = d * sc, wm = -dmin * m
+                ob = base + bb * (b // 8)
+                sc, _, m = _k_scales(kind, wf, ob, b % 8)
+                store16f(flat_ws, 16 * b, fma16(zerof16(), sc, halves16(wf, ob)))
+                store16f(flat_wm, 16 * b, fma16(zerof16(), m, scale16(halves16(wf, ob + 32),
+                                                                     np.float32(-1.0))))
+                vs = _k_values(kind, wf, ob, b % 8)
                 for c in range(8):
-                    v = _panel_values(kind, wf, ob, c)
-                    if not offset:
-                        v = bsub64(v, 128 if kind == Q8_0 else (8 if kind == Q4_0 else 16))
-                    store64(pbytes, 512 * b + 64 * c, v)
-        else:
-            _amx_panel(kind, w, c0, c1, tmp, panel, ws, wm)
+                    store64(pbytes, 512 * b + 64 * c, vs[c])
+                continue
+            ob = base + bb * b
+            store16f(flat_ws, 16 * b, halves16(wf, ob))
+            if offset:
+                store16f(flat_wm, 16 * b, halves16(wf, ob + 32))
+            z = 128 if kind == Q8_0 or kind == IQ4_NL else (8 if kind == Q4_0 else 16)
+            for c in range(8):
+                v = _panel_values(kind, wf, ob, c)
+                store64(pbytes, 512 * b + 64 * c, v if offset else bsub64(v, z))
         R = 0
         yb, yr = 0, y_row  # where row t's outputs go: y[yb, yr] (t = yb * nrows + yr - y_row)
         for t0 in range(0, T, 16):
@@ -1414,8 +1451,8 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
 
 def amx_room_bytes(K: int) -> int:
     """Bytes of one thread's room for ``_amx_rows`` over rows of K values: the tile shapes, the
-    sums of a tile's sub-blocks, the panel, a row's values, ws, wm and a row's outputs."""
-    return 64 + 1024 * (K // 32) + 16 * K + K + 2 * 64 * (K // 32) + 64
+    sums of a tile's sub-blocks, the B operand, ws, wm and a row's outputs."""
+    return 64 + 1024 * (K // 32) + 16 * K + 2 * 64 * (K // 32) + 64
 
 
 # -- entry points -----------------------------------------------------------------------------------

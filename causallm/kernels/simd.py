@@ -13,7 +13,6 @@ handful of intrinsics instead::
 The operations, with ``u`` bytes read unsigned and ``s`` signed::
 
     load32(a, o)            the 32 bytes a[o : o + 32]
-    store32(a, o, v)        a[o : o + 32] = v (32 bytes)
     nibbles(a, o)           the 16 bytes a[o : o + 16] as 32 values: their low nibbles, then
                             their high nibbles (ggml's order in a block of 32)
     table16(a, o)           the 16 bytes a[o : o + 16] in both 128-bit halves (a lookup table)
@@ -24,13 +23,12 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     madd(a, b)              8 lanes: a[2j] b[2j] + a[2j+1] b[2j+1] of two I16x16
     dot_signed(acc, a, b)   acc + 8 lanes of sum_k<4 a[4j+k] b[4j+k], both signed (|a|
                             moved onto b's sign)
-    splat16(x), splat16x2(lo, hi), splat32(x), add32, sub32, shl32(a, n), zero32
-    mul8(a, o, b, p)        8 lanes: int8 a[o + j] * int32 b[p + j]
+    splat16(x), splat16x2(lo, hi), add32, zero32
     mins_k4_dot(a, o, b, p) a Q4_K / Q5_K block's 6-bit mins (scale bytes at o) times the
                             pair sums of b[p : p + 16] (the activations' bsums)
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32 or an F32x8)
-    zerof(), hsum(f), hsum32(v)
+    zerof(), hsum(f)
     load8f(a, o), load1f(a, o)  8 float lanes (one float) of a float32 array, or of an array
                             of half bits (load8f: or of int32, converted)
     store8f(a, o, v), splatf(x), fmaf(acc, a, b) = acc + a * b     (attention's cache rows)
@@ -57,12 +55,14 @@ AVX-512::
     load64(a, o), store64(a, o, v)  the 64 bytes a[o : o + 64]
     spread4(a, o)           the 4 bytes a[o : o + 4] in each of the 16 lanes
     low4(v), high4(v)       each byte's low / high nibble
-    high_bit_low(h, c)      bit 4 of byte i of each lane: bit 8 i + c of the lane's word h
-    high_bit_high(h, c)     bit 4 of byte i of each lane: bit 8 i + 4 + c of h
+    shl_and64(v, n, m), shr_and64(v, n, m)   each 32-bit lane shifted by n, then & m
     bor64(a, b), bsub64(a, n)   bytewise a | b, a - n (wrapping; n one byte for all)
+    lanes16(v)              the 64 bytes as 16 int32 lanes (the same bits)
+    sbyte16(v, k)           byte k of each 32-bit lane, sign-extended to int32
+    lookup64(a, o, i)       a[o + i[j]] for each byte i[j] < 16 (a 16-byte table)
     dot16(acc, u, s)        acc + 16 lanes of sum_k<4 u[4j+k] s[4j+k] (u < 128 unsigned)
     dot16_wide(acc, u, s)   the same for any unsigned u (one more product without VNNI)
-    add16(a, b), sub16(a, x)    int32 lanes; x one int32 for every lane
+    add16(a, b), sub16(a, x), mul16(a, b)   int32 lanes; x one int32 for every lane, b either
     halves16(a, o)          the 16 IEEE halves at bytes a[o : o + 32] as float32 lanes
     zero16(), zerof16(), scale16(f, x) = f * x, fma16(acc, v, f) = acc + float32(v) * f,
     fmaf16(acc, f, x) = acc + f * x (x one float32), addf16(a, b), load16f(a, o),
@@ -240,16 +240,6 @@ def load32(typingctx, array, offset):
     def codegen(context, builder, sig, args):
         return builder.load(_pointer(context, builder, sig.args[0], *args, _V8), align=1)
     return Bytes32(array, offset), codegen
-
-
-@intrinsic
-def store32(typingctx, array, offset, v):
-    """array[offset : offset + 32] = v, array of a 1-byte dtype."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _V8),
-                      align=1)
-        return context.get_dummy_value()
-    return types.none(array, offset, v), codegen
 
 
 def _load16(context, builder, sig, args):
@@ -437,14 +427,6 @@ def splat16x2(typingctx, lo, hi):
 
 
 @intrinsic
-def splat32(typingctx, x):
-    """int32(x) in all 8 lanes."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 8)
-    return I32x8(x), codegen
-
-
-@intrinsic
 def zero32(typingctx):
     """0 in all 8 int32 lanes."""
     def codegen(context, builder, sig, args):
@@ -457,26 +439,6 @@ def add32(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.add(*args)
     return I32x8(a, b), codegen
-
-
-@intrinsic
-def sub32(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.sub(*args)
-    return I32x8(a, b), codegen
-
-
-@intrinsic
-def mul8(typingctx, a, ao, b, bo):
-    """8 int32 lanes: int8 a[ao + j] * int32 b[bo + j] (a of a 1-byte dtype read as signed, b
-    int32): eight sign-extended bytes times eight words, one multiply."""
-    def codegen(context, builder, sig, args):
-        bytes8 = builder.load(_pointer(context, builder, sig.args[0], args[0], args[1],
-                                       ir.VectorType(_I8, 8)), align=1)
-        words = builder.load(_pointer(context, builder, sig.args[2], args[2], args[3], _V32),
-                             align=4)
-        return builder.mul(builder.sext(bytes8, _V32), words)
-    return I32x8(a, ao, b, bo), codegen
 
 
 @intrinsic
@@ -517,25 +479,6 @@ def mins_k4_dot(typingctx, array, offset, b, bo):
                                             "llvm.vector.reduce.add.v8i32")
         return builder.call(fn, [total])
     return types.int32(array, offset, b, bo), codegen
-
-
-@intrinsic
-def shl32(typingctx, a, n):
-    """Each int32 lane shifted left by the constant ``n``."""
-    def codegen(context, builder, sig, args):
-        return builder.shl(args[0], _splat(builder, context.cast(builder, args[1], sig.args[1],
-                                                                 types.int32), 8))
-    return I32x8(a, n), codegen
-
-
-@intrinsic
-def hsum32(typingctx, v):
-    """The sum of the 8 int32 lanes."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V32]),
-                                            "llvm.vector.reduce.add.v8i32")
-        return builder.call(fn, [args[0]])
-    return types.int32(v), codegen
 
 
 # -- floats ----------------------------------------------------------------------------------------
@@ -693,6 +636,7 @@ def mulf(typingctx, a, b):
 
 _W8, _W32, _WF = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
 _WIDE_DOT = LEVEL in ("vnni", "amx") and {"avx512vnni", "avx512f"} <= target_features()
+_WIDE_SHUFFLE = LEVEL in ("vnni", "amx") and "avx512bw" in target_features()
 
 
 @intrinsic
@@ -739,27 +683,47 @@ def high4(typingctx, v):
     return Bytes64(v), codegen
 
 
+def _shift_and(builder, v, n, m, shift):
+    words = shift(builder.bitcast(v, _W32), _splat(builder, n, 16))
+    return builder.bitcast(builder.and_(words, _splat(builder, m, 16)), _W8)
+
+
 @intrinsic
-def high_bit_low(typingctx, h, c):
-    """Byte i of each 32-bit lane: bit 8 i + c of the lane's word h as its bit 4 (c < 4), the
-    rest zero: (h << (4 - c)) & 0x10101010."""
+def shl_and64(typingctx, v, n, m):
+    """Each 32-bit lane of v shifted left by n, then & m (as the same 64 bytes)."""
     def codegen(context, builder, sig, args):
-        n = builder.sub(ir.Constant(_I32, 4), context.cast(builder, args[1], sig.args[1],
-                                                           types.int32))
+        n, m = (context.cast(builder, a, t, types.int32) for a, t in zip(args[1:], sig.args[1:]))
+        return _shift_and(builder, args[0], n, m, builder.shl)
+    return Bytes64(v, n, m), codegen
+
+
+@intrinsic
+def shr_and64(typingctx, v, n, m):
+    """Each 32-bit lane of v shifted right (logical) by n, then & m."""
+    def codegen(context, builder, sig, args):
+        n, m = (context.cast(builder, a, t, types.int32) for a, t in zip(args[1:], sig.args[1:]))
+        return _shift_and(builder, args[0], n, m, builder.lshr)
+    return Bytes64(v, n, m), codegen
+
+
+@intrinsic
+def lanes16(typingctx, v):
+    """The 64 bytes v as 16 int32 lanes (the same bits)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _W32)
+    return I32x16(v), codegen
+
+
+@intrinsic
+def sbyte16(typingctx, v, k):
+    """Byte k (< 4) of each 32-bit lane of v as a signed int32: (lane << (24 - 8 k)) >> 24,
+    the second shift arithmetic."""
+    def codegen(context, builder, sig, args):
+        k = context.cast(builder, args[1], sig.args[1], types.int32)
+        n = builder.sub(ir.Constant(_I32, 24), builder.mul(k, ir.Constant(_I32, 8)))
         words = builder.shl(builder.bitcast(args[0], _W32), _splat(builder, n, 16))
-        return builder.bitcast(builder.and_(words, _const(_W32, 0x10101010)), _W8)
-    return Bytes64(h, c), codegen
-
-
-@intrinsic
-def high_bit_high(typingctx, h, c):
-    """Byte i of each 32-bit lane: bit 8 i + 4 + c of the lane's word h as its bit 4 (c < 4),
-    the rest zero: (h >> c) & 0x10101010."""
-    def codegen(context, builder, sig, args):
-        n = context.cast(builder, args[1], sig.args[1], types.int32)
-        words = builder.lshr(builder.bitcast(args[0], _W32), _splat(builder, n, 16))
-        return builder.bitcast(builder.and_(words, _const(_W32, 0x10101010)), _W8)
-    return Bytes64(h, c), codegen
+        return builder.ashr(words, _const(_W32, 24))
+    return I32x16(v, k), codegen
 
 
 @intrinsic
@@ -777,6 +741,32 @@ def bsub64(typingctx, a, n):
         n = context.cast(builder, args[1], sig.args[1], types.int8)
         return builder.sub(args[0], _splat(builder, n, 64))
     return Bytes64(a, n), codegen
+
+
+@intrinsic
+def lookup64(typingctx, array, offset, index):
+    """array[offset + index[j]] for each of the 64 bytes of index (each < 16): a 16-byte table
+    looked up by ``vpshufb`` (512-bit with AVX-512, two 256-bit with AVX2)."""
+    def codegen(context, builder, sig, args):
+        t, i = _load16(context, builder, sig, args), args[2]
+        if LEVEL == "generic":
+            out = ir.Constant(_W8, ir.Undefined)
+            for j in range(64):
+                k = builder.zext(builder.extract_element(i, ir.Constant(_I32, j)), _I32)
+                out = builder.insert_element(out, builder.extract_element(t, k),
+                                             ir.Constant(_I32, j))
+            return out
+        if _WIDE_SHUFFLE:
+            t4 = builder.shuffle_vector(t, t, ir.Constant(ir.VectorType(_I32, 64),
+                                                          list(range(16)) * 4))
+            return _x86(builder, "llvm.x86.avx512.pshuf.b.512", _W8, t4, i)
+        t2 = builder.shuffle_vector(t, t, ir.Constant(ir.VectorType(_I32, 32),
+                                                      list(range(16)) * 2))
+        parts = [_x86(builder, "llvm.x86.avx2.pshuf.b", _V8, t2, h)
+                 for h in _halves(builder, i, 32)]
+        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, 64),
+                                                                      list(range(64))))
+    return Bytes64(array, offset, index), codegen
 
 
 def _halves(builder, v, lanes):
@@ -833,6 +823,17 @@ def sub16(typingctx, a, x):
         return builder.sub(args[0], _splat(builder, context.cast(builder, args[1], sig.args[1],
                                                                  types.int32), 16))
     return I32x16(a, x), codegen
+
+
+@intrinsic
+def mul16(typingctx, a, b):
+    """a * b in each int32 lane (the low 32 bits), b an I32x16 or one int32."""
+    def codegen(context, builder, sig, args):
+        b = args[1]
+        if not isinstance(sig.args[1], SimdVector):
+            b = _splat(builder, context.cast(builder, b, sig.args[1], types.int32), 16)
+        return builder.mul(args[0], b)
+    return I32x16(a, b), codegen
 
 
 @intrinsic
