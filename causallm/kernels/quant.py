@@ -91,7 +91,6 @@ from causallm.kernels.simd import (
     low4,
     madd,
     maddubs,
-    mins_k4_dot,
     mul16,
     mulf,
     nibbles,
@@ -100,7 +99,6 @@ from causallm.kernels.simd import (
     scale16,
     shl_and64,
     shr_and64,
-    splat16,
     splat16x2,
     splatf,
     spread4,
@@ -458,31 +456,6 @@ def _scale_q3(w, o, k):
 # compile time).
 
 @njit(cache=True)
-def _q5_k_pair(total, w, o, hb, x, xo, j):
-    """Sub-blocks 2j and 2j + 1 of a Q5_K block: nibbles and their high bits ``hb``; their
-    mins are the caller's (``mins_k4_dot``)."""
-    q = load32(w, o + 48 + 32 * j)
-    lo = bor(band(q, 15), bshl(band(bshr(hb, 2 * j), 1), 4))
-    hi = bor(bshr(q, 4), bshl(band(bshr(hb, 2 * j + 1), 1), 4))
-    sc0, _ = _scale_min_k4(w, o + 4, 2 * j)
-    sc1, _ = _scale_min_k4(w, o + 4, 2 * j + 1)
-    total = add32(total, madd(maddubs(lo, load32(x, xo + 64 * j)), splat16(sc0)))
-    return add32(total, madd(maddubs(hi, load32(x, xo + 64 * j + 32)), splat16(sc1)))
-
-
-@njit(cache=True, inline="always")
-def _block_q5_k(acc, mins, w, i, x, d, s, u):
-    o, xo, uo = 176 * i, 256 * i, 16 * i
-    hb = load32(w, o + 16)
-    total = _q5_k_pair(zero32(), w, o, hb, x, xo, 0)
-    total = _q5_k_pair(total, w, o, hb, x, xo, 1)
-    total = _q5_k_pair(total, w, o, hb, x, xo, 2)
-    total = _q5_k_pair(total, w, o, hb, x, xo, 3)
-    acc = fma(acc, total, f16(w, o) * d[i])
-    return acc, mins - f16(w, o + 2) * d[i] * np.float32(mins_k4_dot(w, o + 4, u, uo))
-
-
-@njit(cache=True)
 def _q3_k_run(total, offset, w, o, hm, q, x, xo, u, uo, h, j):
     """Run j (32 values, two 16s with their scales) of half h of a Q3_K block: two bits from
     ``q`` and the high bit from ``hm``; ``offset`` gathers sum scale * bsum (the -4)."""
@@ -567,8 +540,7 @@ def _block_iq4_xs(acc, mins, w, i, x, d, s, u):
     return acc, mins
 
 
-_BLOCKS = {Q2_K: _block_q2_k, Q3_K: _block_q3_k, Q5_K: _block_q5_k,
-           IQ4_XS: _block_iq4_xs}
+_BLOCKS = {Q2_K: _block_q2_k, Q3_K: _block_q3_k, IQ4_XS: _block_iq4_xs}
 
 
 def _block(kind, acc, mins, w, b, x, d, s, u):
@@ -839,6 +811,7 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 #     Q5_0    d at 0                        H at 32 + 4 r              chunks at 96
 #     Q5_1    d at 0, m at 32               H at 64 + 4 r              chunks at 128
 #     Q4_K    d at 0, dmin at 32            -                          chunks at 64 (below)
+#     Q5_K    d at 0, dmin at 32            -                          chunks at 64 (below)
 #     Q6_K    d at 0                        -                          chunks at 32 (below)
 #
 # Q8_0 has 8 chunks of 64 bytes, chunk c byte 4 r + i value 4 c + i of row r plus 128
@@ -856,10 +829,10 @@ def _four_activation_rows(kind, qk, w, wn, q, d, s, u, bias, y, y_row, nrows, n0
 # z the values' offset (128, 8, 16; 0 with an m), sx Q8_1's scaled sum: the per-row work of
 # the row layout (scales widened and a horizontal sum per row) done once for 16 rows. The K
 # types' 256-value blocks are the same move of 4-byte groups: every byte of a block but its fp16
-# fields, from its start (Q6_K) or from byte 4 (Q4_K), a chunk per group (``_k_values``).
+# fields, from its start (Q6_K) or from byte 4 (Q4_K, Q5_K), a chunk per group (``_k_values``).
 
 PANEL = 16
-PANEL_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K)
+PANEL_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K)
 """The types held as panels (the others as the rows a file stores)."""
 
 
@@ -885,6 +858,8 @@ def _panel_form(kind):
         return 32, 24, 2, 0, 4, 8, 16, 64, 128
     if kind == Q4_K:
         return 256, 144, 2, 0, -1, 4, 140, -1, 64
+    if kind == Q5_K:
+        return 256, 176, 2, 0, -1, 4, 172, -1, 64
     return 256, 210, 1, 208, -1, 0, 208, -1, 32  # Q6_K
 
 
@@ -1092,29 +1067,30 @@ def _panel_block(kind, acc, vs, wf, o, x, d, s, u, b):
 
 # A K type's panel block holds 256 values of 16 rows: Q4_K its d at 0, dmin at 32, the 12 scale
 # bytes as three chunks at 64 (chunk k byte 4 r + i scale byte 4 k + i of row r), its 128
-# nibble bytes as 32 chunks at 256; Q6_K its d at 0, then the 128 low-nibble bytes (32 chunks
+# nibble bytes as 32 chunks at 256; Q5_K the same with its 32 bytes of high bits as 8 chunks at
+# 256 and the nibbles at 768; Q6_K its d at 0, then the 128 low-nibble bytes (32 chunks
 # at 32), the 64 bytes of high bits (16 chunks at 2080) and the 16 int8 scales (4 chunks at
 # 3104). A sub-block j of 32 values is eight value vectors (chunk c values 4 c .. 4 c + 3 of
 # the 16 rows), its integer sums times the 16 rows' scales in int32 lanes:
 #
 #     y[t, 16 p : 16 p + 16] += d * dx[t, i] * sum_j sc_j * dot_j - dmin * dx[t, i] * sum_j m_j * bsum_j
 #
-# (Q4_K; Q6_K's scales come a 16 values, its values' offset 32 taken off each dot through the
+# (Q4_K, Q5_K; Q6_K's scales come a 16 values, its values' offset 32 taken off each dot through the
 # bsums, and it has no mins.)
 
 @njit(cache=True)
 def _k_values(kind, wf, o, j):
     """The eight unsigned value vectors of sub-block j (< 8) of the K-type panel block at byte o."""
-    if kind == Q4_K:
-        c0, n = o + 256 + 512 * (j // 2), 4 * (j % 2)  # pair j // 2: low nibbles, then high
-        return (shr_and64(load64(wf, c0), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 64), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 128), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 192), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 256), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 320), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 384), n, 0x0F0F0F0F),
-                shr_and64(load64(wf, c0 + 448), n, 0x0F0F0F0F))
+    if kind == Q4_K or kind == Q5_K:
+        # pair j // 2: low nibbles, then high; Q5_K's high bits bit j of its qh chunks
+        q, h, n = o + (256 if kind == Q4_K else 768) + 512 * (j // 2), o + 256, 4 * (j % 2)
+        return (_k4_value(kind, wf, q, h, n, j), _k4_value(kind, wf, q + 64, h + 64, n, j),
+                _k4_value(kind, wf, q + 128, h + 128, n, j),
+                _k4_value(kind, wf, q + 192, h + 192, n, j),
+                _k4_value(kind, wf, q + 256, h + 256, n, j),
+                _k4_value(kind, wf, q + 320, h + 320, n, j),
+                _k4_value(kind, wf, q + 384, h + 384, n, j),
+                _k4_value(kind, wf, q + 448, h + 448, n, j))
     # Q6_K: half h = j // 4, run r = j % 4: low nibbles (r < 2) or high nibbles of ql bytes
     # 64 h + 32 (r % 2) .., the high bits 2 r, 2 r + 1 of qh bytes 32 h ..
     h, r = j // 4, j % 4
@@ -1123,6 +1099,16 @@ def _k_values(kind, wf, o, j):
             _q6_k_value(wf, lo + 128, hi + 128, n, r), _q6_k_value(wf, lo + 192, hi + 192, n, r),
             _q6_k_value(wf, lo + 256, hi + 256, n, r), _q6_k_value(wf, lo + 320, hi + 320, n, r),
             _q6_k_value(wf, lo + 384, hi + 384, n, r), _q6_k_value(wf, lo + 448, hi + 448, n, r))
+
+
+@njit(cache=True)
+def _k4_value(kind, wf, q, h, n, j):
+    """Q4_K / Q5_K values: the nibbles at bit n of the chunk at q (Q5_K: with bit j of each
+    byte of the chunk at h as their bit 4)."""
+    v = shr_and64(load64(wf, q), n, 0x0F0F0F0F)
+    if kind == Q5_K:
+        v = bor64(v, shl_and64(shr_and64(load64(wf, h), j, 0x01010101), 4, 0x10101010))
+    return v
 
 
 @njit(cache=True)
@@ -1135,9 +1121,9 @@ def _q6_k_value(wf, lo, hi, n, r):
 
 @njit(cache=True)
 def _k_scales(kind, wf, o, j):
-    """Sub-block j's scales of its values 0..15 and 16..31, and its min (Q4_K), as int32 lanes
-    of the 16 rows."""
-    if kind == Q4_K:
+    """Sub-block j's scales of its values 0..15 and 16..31, and its min (Q4_K, Q5_K), as int32
+    lanes of the 16 rows."""
+    if kind == Q4_K or kind == Q5_K:
         s0, s1, s2 = load64(wf, o + 64), load64(wf, o + 128), load64(wf, o + 192)
         if j < 4:
             sc = lanes16(shr_and64(s0, 8 * j, 63))
@@ -1158,7 +1144,7 @@ def _k_sub(kind, isum, msum, vs, sc0, sc1, m, x, xo, u, uo):
     a = _panel_dot(kind, _panel_dot(kind, a, vs[2], x, xo + 8), vs[3], x, xo + 12)
     b = _panel_dot(kind, _panel_dot(kind, zero16(), vs[4], x, xo + 16), vs[5], x, xo + 20)
     b = _panel_dot(kind, _panel_dot(kind, b, vs[6], x, xo + 24), vs[7], x, xo + 28)
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         return (add16(isum, mul16(add16(a, b), sc0)),
                 add16(msum, mul16(m, np.int32(u[uo]) + np.int32(u[uo + 1]))))
     isum = add16(isum, mul16(sub16(a, 32 * np.int32(u[uo])), sc0))
@@ -1169,7 +1155,7 @@ def _k_sub(kind, isum, msum, vs, sc0, sc1, m, x, xo, u, uo):
 def _k_finish(kind, acc, isum, msum, wf, o, dx):
     """acc + the block's outputs from its integer sums (the comment above)."""
     acc = fma16(acc, isum, scale16(halves16(wf, o), dx))
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         acc = fma16(acc, msum, scale16(halves16(wf, o + 32), -dx))
     return acc
 
@@ -1244,7 +1230,7 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
             a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
             for b in range(nb):
                 o = base + bb * b
-                if kind == Q4_K or kind == Q6_K:
+                if kind == Q4_K or kind == Q5_K or kind == Q6_K:
                     a0, a1, a2, a3 = _k_block4(kind, a0, a1, a2, a3, wf, o, q, d, u, t, b)
                 else:
                     vs = _panel_block_values(kind, wf, o)
@@ -1265,7 +1251,7 @@ def _panel_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, p0, p1):
             a0 = zerof16()
             for b in range(nb):
                 o = base + bb * b
-                if kind == Q4_K or kind == Q6_K:
+                if kind == Q4_K or kind == Q5_K or kind == Q6_K:
                     a0 = _k_block(kind, a0, wf, o, x0, d0, u0, b)
                 else:
                     a0 = _panel_block(kind, a0, _panel_block_values(kind, wf, o), wf, o, x0, d0,
@@ -1296,10 +1282,10 @@ def _panel_widen(kind, w, n, out):
 #     y[t, n] += C[t, n] * (ws[b, n] * dx[t, b]) + wm[b, n] * sx[t, b]
 #
 # ws the weights' scale of the sub-block (d, or d * its sub-scale), wm their offset (Q4_1's m,
-# Q4_K's -dmin * min; 0 for the symmetric types), dx the activations' scale and sx their scaled
+# Q4_K's and Q5_K's -dmin * min; 0 for the symmetric types), dx the activations' scale and sx their scaled
 # sum over the sub-block (Q8_1's s; Q8_K's d times two bsums).
 
-AMX_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K)
+AMX_KINDS = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K)
 """The types whose prompts run on AMX tiles (the others as on any CPU). Q6_K, whose scales
 come a 16 values, took 2.7-3.5x the time of its vector loop on tiles of 16 (bench_quant_ab,
 one thread, 1536 x 576 at 8 to 128 rows), so it stays with the vector loop."""
@@ -1315,7 +1301,7 @@ def _amx_act(kind, d, s, u, t, b):
     if kind == Q4_1 or kind == Q5_1:
         o = t * s.shape[1] + 2 * b
         return load1f(s, o), load1f(s, o + 1)
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         dx = load1f(d, t * d.shape[1] + b // 8)
         return dx, dx * np.float32(u[t, 2 * b] + u[t, 2 * b + 1])
     return load1f(d, t * d.shape[1] + b), np.float32(0.0)
@@ -1377,7 +1363,7 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
     wm = room[o:o + 64 * nsub].view(np.float32).reshape(nsub, 16)
     o += 64 * nsub
     out = room[o:o + 64].view(np.float32)
-    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K
+    offset = kind == Q4_1 or kind == Q5_1 or kind == Q4_K or kind == Q5_K
     has_bias = bias.shape[0] > 0
     flat_q = q.reshape(T * K)
     flat_p = panel.reshape(K * 4)
@@ -1389,9 +1375,9 @@ def _amx_rows(kind, w, q, d, s, u, bias, y, y_row, nrows, n0, n1, room):
         base = c0 * w.shape[1]  # panel c0 / 16
         # each sub-block's values into the B operand: with the offset of Q4_0, Q5_0, Q8_0 and
         # IQ4_NL taken off (signed bytes, tdpbssd: an offset term in the scaling below cost a
-        # third of the speed), Q4_1's, Q5_1's and Q4_K's as they are, their m the offsets
+        # third of the speed), Q4_1's, Q5_1's, Q4_K's and Q5_K's as they are, their m the offsets
         for b in range(nsub):
-            if kind == Q4_K:
+            if kind == Q4_K or kind == Q5_K:
                 # sub-block b % 8 of block b // 8: ws = d * sc, wm = -dmin * m
                 ob = base + bb * (b // 8)
                 sc, _, m = _k_scales(kind, wf, ob, b % 8)

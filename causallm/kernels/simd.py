@@ -24,8 +24,6 @@ The operations, with ``u`` bytes read unsigned and ``s`` signed::
     dot_signed(acc, a, b)   acc + 8 lanes of sum_k<4 a[4j+k] b[4j+k], both signed (|a|
                             moved onto b's sign)
     splat16(x), splat16x2(lo, hi), add32, zero32
-    mins_k4_dot(a, o, b, p) a Q4_K / Q5_K block's 6-bit mins (scale bytes at o) times the
-                            pair sums of b[p : p + 16] (the activations' bsums)
     f16(a, o)               float32 of the IEEE half at bytes a[o : o + 2]
     fma(acc, v, x)          acc + float32(v) * x (v an I32x8, x one float32 or an F32x8)
     zerof(), hsum(f)
@@ -441,46 +439,6 @@ def add32(typingctx, a, b):
     return I32x8(a, b), codegen
 
 
-@intrinsic
-def mins_k4_dot(typingctx, array, offset, b, bo):
-    """sum_k m_k * (b[bo + 2k] + b[bo + 2k + 1]), k < 8: the 6-bit mins m_k of a Q4_K / Q5_K
-    block's 12 scale bytes at ``offset`` (bytes 4-7 & 63; then bytes 8-11 >> 4 with bytes 4-7's
-    top two bits above them, as ggml's kmask words unpack them) times the pair sums of eight
-    pairs of int32 b (an activation block's bsums): the mins unpacked as two 32-bit words,
-    each byte doubled, two multiplies and one sum, where eight scalar products took forty
-    instructions."""
-    def codegen(context, builder, sig, args):
-        def word(k):
-            return builder.load(_pointer(context, builder, sig.args[0], args[0],
-                                         builder.add(args[1], ir.Constant(args[1].type, k)),
-                                         _I32), align=1)
-
-        def c(v):
-            return ir.Constant(_I32, v)
-
-        a1, a2 = word(4), word(8)
-        lo = builder.and_(a1, c(0x3F3F3F3F))
-        hi = builder.or_(builder.and_(builder.lshr(a2, c(4)), c(0x0F0F0F0F)),
-                         builder.shl(builder.and_(builder.lshr(a1, c(6)), c(0x03030303)), c(4)))
-        pair = builder.insert_element(builder.insert_element(
-            ir.Constant(ir.VectorType(_I32, 2), None), lo, c(0)), hi, c(1))
-        m8 = builder.bitcast(pair, ir.VectorType(_I8, 8))
-        total = None
-        for half in range(2):
-            dup = builder.shuffle_vector(m8, m8, ir.Constant(
-                ir.VectorType(_I32, 8), [4 * half + k // 2 for k in range(8)]))
-            words = builder.load(_pointer(context, builder, sig.args[2], args[2],
-                                          builder.add(args[3], ir.Constant(args[3].type,
-                                                                           8 * half)), _V32),
-                                 align=4)
-            prod = builder.mul(builder.zext(dup, _V32), words)
-            total = prod if total is None else builder.add(total, prod)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V32]),
-                                            "llvm.vector.reduce.add.v8i32")
-        return builder.call(fn, [total])
-    return types.int32(array, offset, b, bo), codegen
-
-
 # -- floats ----------------------------------------------------------------------------------------
 
 _FLAGS = ("contract", "reassoc")
@@ -683,27 +641,23 @@ def high4(typingctx, v):
     return Bytes64(v), codegen
 
 
-def _shift_and(builder, v, n, m, shift):
-    words = shift(builder.bitcast(v, _W32), _splat(builder, n, 16))
-    return builder.bitcast(builder.and_(words, _splat(builder, m, 16)), _W8)
+def _shift_and(op: str, doc: str):
+    """The intrinsic (v, n, m) -> each 32-bit lane of v shifted (``op``) by n, then & m, as the
+    same 64 bytes."""
+    @intrinsic
+    def shift_and(typingctx, v, n, m):
+        def codegen(context, builder, sig, args):
+            n, m = (_splat(builder, context.cast(builder, a, t, types.int32), 16)
+                    for a, t in zip(args[1:], sig.args[1:]))
+            words = getattr(builder, op)(builder.bitcast(args[0], _W32), n)
+            return builder.bitcast(builder.and_(words, m), _W8)
+        return Bytes64(v, n, m), codegen
+    shift_and.__doc__ = doc
+    return shift_and
 
 
-@intrinsic
-def shl_and64(typingctx, v, n, m):
-    """Each 32-bit lane of v shifted left by n, then & m (as the same 64 bytes)."""
-    def codegen(context, builder, sig, args):
-        n, m = (context.cast(builder, a, t, types.int32) for a, t in zip(args[1:], sig.args[1:]))
-        return _shift_and(builder, args[0], n, m, builder.shl)
-    return Bytes64(v, n, m), codegen
-
-
-@intrinsic
-def shr_and64(typingctx, v, n, m):
-    """Each 32-bit lane of v shifted right (logical) by n, then & m."""
-    def codegen(context, builder, sig, args):
-        n, m = (context.cast(builder, a, t, types.int32) for a, t in zip(args[1:], sig.args[1:]))
-        return _shift_and(builder, args[0], n, m, builder.lshr)
-    return Bytes64(v, n, m), codegen
+shl_and64 = _shift_and("shl", "Each 32-bit lane of v shifted left by n, then & m.")
+shr_and64 = _shift_and("lshr", "Each 32-bit lane of v shifted right (logical) by n, then & m.")
 
 
 @intrinsic
