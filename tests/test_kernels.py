@@ -595,6 +595,45 @@ def test_serial_and_parallel_kernels_agree_exactly():
     assert not np.array_equal(outs[1], kc)  # the step's keys were written
 
 
+def test_attention_splits_groups_for_an_even_share():
+    """Tasks per group of query heads: the fewest dividing the group that share evenly or give
+    each thread several tasks."""
+    from causallm.kernels.attention import PARALLEL_TASKS, _parts
+    assert _parts(4, 2, 2) == 1  # 4 groups, 2 threads
+    assert _parts(3, 3, 2) == 3  # SmolLM2: 3 groups of 3 heads -> 9 one-head tasks
+    assert _parts(1, 4, 2) == 2  # Gemma 3 270M: 1 group of 4 -> 2 tasks of 2 heads
+    assert _parts(3, 1, 2) == 1  # a group of one cannot split
+    assert _parts(PARALLEL_TASKS * 3 + 1, 2, 3) == 1  # uneven, but enough tasks a thread
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_attention_split_by_heads(dtype):
+    """A decode step whose 3 groups of 3 heads run as 9 one-head tasks on 2 threads (the split
+    above), against the reference on a float32 and an FP16 cache."""
+    nh, nkv, d, T = 9, 3, 64, 81
+    pos0 = T - 1
+    q, k, v = (rand(1, T, n * d, seed=90 + i) for i, n in enumerate((nh, nkv, nkv)))
+    cos, sin = np.ones((T, d // 2), np.float32), np.zeros((T, d // 2), np.float32)
+    kc, vc = (np.ascontiguousarray(c.reshape(1, T, nkv, d).transpose(0, 2, 1, 3)) for c in (k, v))
+    kf, vf = k, v
+    if dtype == np.uint16:
+        kc, vc = (c.astype(np.float16).view(np.uint16) for c in (kc, vc))
+        kf, vf = (c.view(np.float16).astype(np.float32).transpose(0, 2, 1, 3).reshape(1, T, -1)
+                  for c in (kc, vc))
+    out = np.full((1, 1, nh * d), np.nan, np.float32)
+    scratch = np.empty((nh, T + d), np.float32)
+    before = K.get_num_threads()
+    try:
+        K.set_num_threads(2)
+        K.attention(q[:, pos0:].copy(), kc, vc, out, cos, sin, scratch, pos0, 1, T, nh, nkv, d,
+                    scale=d ** -0.5)
+    finally:
+        K.set_num_threads(before)
+    want = ref.mha(q[0, pos0:], kf[0], vf[0], np.arange(pos0, T), np.arange(T), nh, nkv, cos,
+                   sin, 1 << 32, True, d ** -0.5)
+    close(out[0], want)
+
+
 @pytest.mark.parametrize("n_kv", [N_HEADS, N_KV])
 def test_attention_dense_is_the_bidirectional_kernel(n_kv):
     """The BLAS path of a long bidirectional step equals the per-row kernel (no RoPE)."""

@@ -64,8 +64,8 @@ from numba.extending import intrinsic, overload
 
 from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
-from causallm.kernels.simd import (addf, fmaf, hsum, load1f, load8f, splatf, store8f,
-                                   store_hsum4, zerof)
+from causallm.kernels.simd import (addf16, fmaf, fmaf16, fold8, hsum, load1f, load8f,
+                                   load16f, splatf, store8f, store16f, store_hsum4, zerof16)
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
@@ -170,19 +170,23 @@ def _write_step_of(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_
 
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _dot(x, cache, o, d):
-    """sum_j x[j] * cache[o + j] (flat offsets; a cache of float32 or FP16 bits), eight lanes
-    at a time in two sums."""
-    a0 = zerof()
-    a1 = zerof()
+    """sum_j x[j] * cache[o + j] (flat offsets; a cache of float32 or FP16 bits), sixteen lanes
+    at a time in two sums, then eight, then one."""
+    a0 = zerof16()
+    a1 = zerof16()
     j = 0
-    while j + 16 <= d:
-        a0 = fmaf(a0, load8f(x, j), load8f(cache, o + j))
-        a1 = fmaf(a1, load8f(x, j + 8), load8f(cache, o + j + 8))
+    while j + 32 <= d:
+        a0 = fmaf16(a0, load16f(cache, o + j), load16f(x, j))
+        a1 = fmaf16(a1, load16f(cache, o + j + 16), load16f(x, j + 16))
+        j += 32
+    if j + 16 <= d:
+        a0 = fmaf16(a0, load16f(cache, o + j), load16f(x, j))
         j += 16
+    e = fold8(addf16(a0, a1))
     if j + 8 <= d:
-        a0 = fmaf(a0, load8f(x, j), load8f(cache, o + j))
+        e = fmaf(e, load8f(x, j), load8f(cache, o + j))
         j += 8
-    acc = hsum(a0) + hsum(a1)
+    acc = hsum(e)
     for k in range(j, d):
         acc += x[k] * load1f(cache, o + k)
     return acc
@@ -191,38 +195,47 @@ def _dot(x, cache, o, d):
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _dots(out, x, cache, b, g, lo, t0, t1, d):
     """out[t] = x . row(lo + t) for t0 <= t < t1, the rows of ``cache`` (row_at). Four keys at
-    a time, each in two sums of eight lanes: eight independent multiply-add chains, where one
-    key's dot alone waits on the latency of its own (SmolLM2's three 64-wide heads over 1000
-    keys of an FP16 cache: 20.3 -> 12.3 us; widening the FP16 values, one instruction for
-    eight, is what bounds it now)."""
+    a time, each in two sums of sixteen lanes: eight independent multiply-add chains, where one
+    key's dot alone waits on the latency of its own. Widening an FP16 row (one instruction for
+    sixteen values, two micro-ops) is what bounds it: 512-bit lanes halved SmolLM2's time per
+    key and head over 256-bit ones (docs/performance.md, "Attention in 512-bit lanes")."""
     t = t0
     while t + 4 <= t1:
         o0 = row_at(cache, b, g, lo + t, d)
         o1 = row_at(cache, b, g, lo + t + 1, d)
         o2 = row_at(cache, b, g, lo + t + 2, d)
         o3 = row_at(cache, b, g, lo + t + 3, d)
-        a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
-        c0, c1, c2, c3 = zerof(), zerof(), zerof(), zerof()
+        a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
+        c0, c1, c2, c3 = zerof16(), zerof16(), zerof16(), zerof16()
         j = 0
-        while j + 16 <= d:
-            x0, x1 = load8f(x, j), load8f(x, j + 8)
-            a0 = fmaf(a0, x0, load8f(cache, o0 + j))
-            a1 = fmaf(a1, x0, load8f(cache, o1 + j))
-            a2 = fmaf(a2, x0, load8f(cache, o2 + j))
-            a3 = fmaf(a3, x0, load8f(cache, o3 + j))
-            c0 = fmaf(c0, x1, load8f(cache, o0 + j + 8))
-            c1 = fmaf(c1, x1, load8f(cache, o1 + j + 8))
-            c2 = fmaf(c2, x1, load8f(cache, o2 + j + 8))
-            c3 = fmaf(c3, x1, load8f(cache, o3 + j + 8))
+        while j + 32 <= d:
+            x0, x1 = load16f(x, j), load16f(x, j + 16)
+            a0 = fmaf16(a0, load16f(cache, o0 + j), x0)
+            a1 = fmaf16(a1, load16f(cache, o1 + j), x0)
+            a2 = fmaf16(a2, load16f(cache, o2 + j), x0)
+            a3 = fmaf16(a3, load16f(cache, o3 + j), x0)
+            c0 = fmaf16(c0, load16f(cache, o0 + j + 16), x1)
+            c1 = fmaf16(c1, load16f(cache, o1 + j + 16), x1)
+            c2 = fmaf16(c2, load16f(cache, o2 + j + 16), x1)
+            c3 = fmaf16(c3, load16f(cache, o3 + j + 16), x1)
+            j += 32
+        if j + 16 <= d:
+            x0 = load16f(x, j)
+            a0 = fmaf16(a0, load16f(cache, o0 + j), x0)
+            a1 = fmaf16(a1, load16f(cache, o1 + j), x0)
+            a2 = fmaf16(a2, load16f(cache, o2 + j), x0)
+            a3 = fmaf16(a3, load16f(cache, o3 + j), x0)
             j += 16
+        e0, e1 = fold8(addf16(a0, c0)), fold8(addf16(a1, c1))
+        e2, e3 = fold8(addf16(a2, c2)), fold8(addf16(a3, c3))
         if j + 8 <= d:
-            x0 = load8f(x, j)
-            a0 = fmaf(a0, x0, load8f(cache, o0 + j))
-            a1 = fmaf(a1, x0, load8f(cache, o1 + j))
-            a2 = fmaf(a2, x0, load8f(cache, o2 + j))
-            a3 = fmaf(a3, x0, load8f(cache, o3 + j))
+            x8 = load8f(x, j)
+            e0 = fmaf(e0, x8, load8f(cache, o0 + j))
+            e1 = fmaf(e1, x8, load8f(cache, o1 + j))
+            e2 = fmaf(e2, x8, load8f(cache, o2 + j))
+            e3 = fmaf(e3, x8, load8f(cache, o3 + j))
             j += 8
-        store_hsum4(out, t, addf(a0, c0), addf(a1, c1), addf(a2, c2), addf(a3, c3))
+        store_hsum4(out, t, e0, e1, e2, e3)
         for k in range(j, d):
             out[t] += x[k] * load1f(cache, o0 + k)
             out[t + 1] += x[k] * load1f(cache, o1 + k)
@@ -236,36 +249,49 @@ def _dots(out, x, cache, b, g, lo, t0, t1, d):
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _weighted_rows(o, score, cache, b, g, lo, t0, t1, d):
     """o[j] += sum_{t0 <= t < t1} score[t] * row(lo + t)[j], the rows of ``cache`` (row_at):
-    64 columns of o held in eight float-lane sums while the rows stream by, then 8, then 1."""
+    64 columns of o held in four sixteen-lane sums for even keys and four for odd ones (eight
+    independent chains) while the rows stream by, then 16, 8 and 1 columns at a time."""
     j = 0
     while j + 64 <= d:
-        a0, a1, a2, a3 = load8f(o, j), load8f(o, j + 8), load8f(o, j + 16), load8f(o, j + 24)
-        a4, a5, a6, a7 = load8f(o, j + 32), load8f(o, j + 40), load8f(o, j + 48), load8f(o, j + 56)
-        for t in range(t0, t1):
+        a0, a1, a2, a3 = load16f(o, j), load16f(o, j + 16), load16f(o, j + 32), load16f(o, j + 48)
+        c0, c1, c2, c3 = zerof16(), zerof16(), zerof16(), zerof16()
+        t = t0
+        while t + 2 <= t1:
             r = row_at(cache, b, g, lo + t, d) + j
-            w = splatf(score[t])
-            a0 = fmaf(a0, w, load8f(cache, r))
-            a1 = fmaf(a1, w, load8f(cache, r + 8))
-            a2 = fmaf(a2, w, load8f(cache, r + 16))
-            a3 = fmaf(a3, w, load8f(cache, r + 24))
-            a4 = fmaf(a4, w, load8f(cache, r + 32))
-            a5 = fmaf(a5, w, load8f(cache, r + 40))
-            a6 = fmaf(a6, w, load8f(cache, r + 48))
-            a7 = fmaf(a7, w, load8f(cache, r + 56))
-        store8f(o, j, a0)
-        store8f(o, j + 8, a1)
-        store8f(o, j + 16, a2)
-        store8f(o, j + 24, a3)
-        store8f(o, j + 32, a4)
-        store8f(o, j + 40, a5)
-        store8f(o, j + 48, a6)
-        store8f(o, j + 56, a7)
+            s = row_at(cache, b, g, lo + t + 1, d) + j
+            w, v = score[t], score[t + 1]
+            a0 = fmaf16(a0, load16f(cache, r), w)
+            a1 = fmaf16(a1, load16f(cache, r + 16), w)
+            a2 = fmaf16(a2, load16f(cache, r + 32), w)
+            a3 = fmaf16(a3, load16f(cache, r + 48), w)
+            c0 = fmaf16(c0, load16f(cache, s), v)
+            c1 = fmaf16(c1, load16f(cache, s + 16), v)
+            c2 = fmaf16(c2, load16f(cache, s + 32), v)
+            c3 = fmaf16(c3, load16f(cache, s + 48), v)
+            t += 2
+        if t < t1:
+            r = row_at(cache, b, g, lo + t, d) + j
+            w = score[t]
+            a0 = fmaf16(a0, load16f(cache, r), w)
+            a1 = fmaf16(a1, load16f(cache, r + 16), w)
+            a2 = fmaf16(a2, load16f(cache, r + 32), w)
+            a3 = fmaf16(a3, load16f(cache, r + 48), w)
+        store16f(o, j, addf16(a0, c0))
+        store16f(o, j + 16, addf16(a1, c1))
+        store16f(o, j + 32, addf16(a2, c2))
+        store16f(o, j + 48, addf16(a3, c3))
         j += 64
-    while j + 8 <= d:
-        a0 = load8f(o, j)
+    while j + 16 <= d:
+        a0 = load16f(o, j)
         for t in range(t0, t1):
-            a0 = fmaf(a0, splatf(score[t]), load8f(cache, row_at(cache, b, g, lo + t, d) + j))
-        store8f(o, j, a0)
+            a0 = fmaf16(a0, load16f(cache, row_at(cache, b, g, lo + t, d) + j), score[t])
+        store16f(o, j, a0)
+        j += 16
+    while j + 8 <= d:
+        a8 = load8f(o, j)
+        for t in range(t0, t1):
+            a8 = fmaf(a8, splatf(score[t]), load8f(cache, row_at(cache, b, g, lo + t, d) + j))
+        store8f(o, j, a8)
         j += 8
     for k in range(j, d):
         acc = o[k]
@@ -409,6 +435,22 @@ NO_KV = np.zeros((0, 0, 0), dtype=np.float32)
 calls have one signature."""
 
 
+def _parts(groups: int, group: int, n_threads: int) -> int:
+    """Tasks per group of query heads (a divisor of ``group``): the fewest that split the work
+    evenly over the threads, or make at least PARALLEL_TASKS tasks a thread (a thread then waits
+    at most a small part of the region for the others); each part reads the group's key and
+    value rows anew. SmolLM2's 3 groups on 2 threads ran as 2 tasks against 1; as 9 tasks of one
+    head, 5 against 4."""
+    for parts in range(1, group + 1):
+        if group % parts == 0 and ((groups * parts) % n_threads == 0
+                                   or groups * parts >= PARALLEL_TASKS * n_threads):
+            return parts
+    return group
+
+
+PARALLEL_TASKS = 4
+
+
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,
               head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
               softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
@@ -432,9 +474,7 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
         * head_dim
     group = n_heads // n_kv
     parallel = work >= PARALLEL_MIN_WORK and threads() > 1  # a region of one thread costs more
-    parts = 1
-    if parallel and q.shape[0] * n_kv < threads():
-        parts = group  # too few groups for the threads: a task per head
+    parts = _parts(q.shape[0] * n_kv, group, threads()) if parallel else 1
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
     slots, positions = step_rows(q.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)

@@ -63,10 +63,13 @@ AVX-512::
     add16(a, b), sub16(a, x), mul16(a, b)   int32 lanes; x one int32 for every lane, b either
     halves16(a, o)          the 16 IEEE halves at bytes a[o : o + 32] as float32 lanes
     zero16(), zerof16(), scale16(f, x) = f * x, fma16(acc, v, f) = acc + float32(v) * f,
-    fmaf16(acc, f, x) = acc + f * x (x one float32), addf16(a, b), load16f(a, o),
-    store16f(a, o, v), lane16(v, i)
+    fmaf16(acc, f, x) = acc + f * x (x one float32), addf16(a, b), store16f(a, o, v),
+    lane16(v, i)
+    load16f(a, o)           16 float lanes, as load8f's 8 (attention's cache rows)
+    fold8(v)                an F32x16's lanes k and k + 8 added: an F32x8 (for store_hsum4)
 
-``bf16_to_f32`` and ``f16_to_f32`` widen one scalar (the BF16 / F16 kernels, packed.py);
+``prefetch(a, o)`` asks for the cache line of a[o] ahead of its use (decode's weight
+streams). ``bf16_to_f32`` and ``f16_to_f32`` widen one scalar (the BF16 / F16 kernels, packed.py);
 ``round_f16`` rounds one to half precision (ggml's fp16 scales).
 """
 
@@ -200,6 +203,18 @@ def _half_to_float(builder, h):
                           ir.Constant(_F32, 6.103515625e-05))
     value = builder.select(tiny, renorm, builder.bitcast(o, _F32))
     return builder.bitcast(builder.or_(builder.bitcast(value, _I32), sign), _F32)
+
+
+def _widen_halves(builder, bits, lanes):
+    """float32 lanes of a vector of ``lanes`` IEEE half bits (i16): one conversion with F16C."""
+    vt = ir.VectorType(_F32, lanes)
+    if F16C:
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes)), vt)
+    out = ir.Constant(vt, None)
+    for k in range(lanes):
+        lane = _half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, k)))
+        out = builder.insert_element(out, lane, ir.Constant(_I32, k))
+    return out
 
 
 def _float_to_half(builder, f):
@@ -513,31 +528,44 @@ def store_hsum4(typingctx, array, offset, a, b, c, d):
     return types.none(array, offset, a, b, c, d), codegen
 
 
-@intrinsic
-def load8f(typingctx, array, offset):
-    """The 8 values of ``array`` from element ``offset`` as float32 lanes: a float32 array's as
-    they are, a uint16 array's as IEEE half bits widened (an FP16 KV cache), an int32 array's
-    converted (a tile's sums)."""
-    if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16,
-                                                                 types.int32):
-        return None
+def _float_load(lanes: int, vector: SimdVector):
+    """The intrinsic (array, offset) -> the ``lanes`` values of ``array`` from element
+    ``offset`` as float32 lanes: a float32 array's as they are, a uint16 array's as IEEE half
+    bits widened (an FP16 KV cache), an int32 array's converted (a tile's sums)."""
+    @intrinsic
+    def load(typingctx, array, offset):
+        if not isinstance(array, types.Array) or array.dtype not in (types.float32, types.uint16,
+                                                                     types.int32):
+            return None
 
-    def codegen(context, builder, sig, args):
-        if sig.args[0].dtype == types.float32:
-            return builder.load(_pointer(context, builder, sig.args[0], *args, _VF), align=4)
-        if sig.args[0].dtype == types.int32:
-            return builder.sitofp(
-                builder.load(_pointer(context, builder, sig.args[0], *args, _V32), align=4), _VF)
-        bits = builder.load(_pointer(context, builder, sig.args[0], *args,
-                                     ir.VectorType(_I16, 8)), align=2)
-        if F16C:
-            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 8)), _VF)
-        out = ir.Constant(_VF, None)
-        for k in range(8):
-            lane = _half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, k)))
-            out = builder.insert_element(out, lane, ir.Constant(_I32, k))
-        return out
-    return F32x8(array, offset), codegen
+        def codegen(context, builder, sig, args):
+            def at(element, align):
+                return builder.load(_pointer(context, builder, sig.args[0], *args,
+                                             ir.VectorType(element, lanes)), align=align)
+            dtype = sig.args[0].dtype
+            if dtype == types.float32:
+                return at(_F32, 4)
+            if dtype == types.int32:
+                return builder.sitofp(at(_I32, 4), ir.VectorType(_F32, lanes))
+            return _widen_halves(builder, at(_I16, 2), lanes)
+        return vector(array, offset), codegen
+    return load
+
+
+def _float_store(lanes: int):
+    """The intrinsic (array, offset, v) -> array[offset : offset + lanes] = v, array float32."""
+    @intrinsic
+    def store(typingctx, array, offset, v):
+        def codegen(context, builder, sig, args):
+            builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1],
+                                            ir.VectorType(_F32, lanes)), align=4)
+            return context.get_dummy_value()
+        return types.none(array, offset, v), codegen
+    return store
+
+
+load8f, load16f = _float_load(8, F32x8), _float_load(16, F32x16)
+store8f, store16f = _float_store(8), _float_store(16)
 
 
 @intrinsic
@@ -553,16 +581,6 @@ def load1f(typingctx, array, offset):
         return _half_to_float(builder, builder.load(
             _pointer(context, builder, sig.args[0], *args, _I16), align=2))
     return types.float32(array, offset), codegen
-
-
-@intrinsic
-def store8f(typingctx, array, offset, v):
-    """array[offset : offset + 8] = v, array float32."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _VF),
-                      align=4)
-        return context.get_dummy_value()
-    return types.none(array, offset, v), codegen
 
 
 @intrinsic
@@ -810,15 +828,8 @@ def zerof16(typingctx):
 def halves16(typingctx, array, offset):
     """The 16 IEEE halves at bytes ``offset`` .. ``offset + 31`` of a uint8 array as float32."""
     def codegen(context, builder, sig, args):
-        bits = builder.load(_pointer(context, builder, sig.args[0], *args,
-                                     ir.VectorType(_I16, 16)), align=1)
-        if F16C:
-            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), _WF)
-        out = ir.Constant(_WF, None)
-        for k in range(16):
-            lane = _half_to_float(builder, builder.extract_element(bits, ir.Constant(_I32, k)))
-            out = builder.insert_element(out, lane, ir.Constant(_I32, k))
-        return out
+        return _widen_halves(builder, builder.load(
+            _pointer(context, builder, sig.args[0], *args, ir.VectorType(_I16, 16)), align=1), 16)
     return F32x16(array, offset), codegen
 
 
@@ -865,21 +876,15 @@ def addf16(typingctx, a, b):
 
 
 @intrinsic
-def load16f(typingctx, array, offset):
-    """array[offset : offset + 16] of a float32 array."""
+def fold8(typingctx, v):
+    """The 16 float lanes of v added in pairs into 8 (lane k + lane k + 8)."""
     def codegen(context, builder, sig, args):
-        return builder.load(_pointer(context, builder, sig.args[0], *args, _WF), align=4)
-    return F32x16(array, offset), codegen
-
-
-@intrinsic
-def store16f(typingctx, array, offset, v):
-    """array[offset : offset + 16] = v, array float32."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], _WF),
-                      align=4)
-        return context.get_dummy_value()
-    return types.none(array, offset, v), codegen
+        v = args[0]
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 8), list(range(8))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 8),
+                                                      list(range(8, 16))))
+        return builder.fadd(lo, hi, flags=_FLAGS)
+    return F32x8(v), codegen
 
 
 @intrinsic
@@ -889,6 +894,25 @@ def lane16(typingctx, v, i):
         return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1],
                                                              types.int32))
     return types.float32(v, i), codegen
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+@intrinsic
+def prefetch(typingctx, array, offset):
+    """Ask for the cache line of ``array``'s element ``offset`` ahead of its use (a hint: no
+    fault past the array's end, no effect on results)."""
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+            "llvm.prefetch.p0i8")
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
+        builder.call(fn, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3),
+                          ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(array, offset), codegen
 
 
 # -- scalars ---------------------------------------------------------------------------------------
