@@ -41,7 +41,7 @@ from causallm.kernels.jit_cache import read_only
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
 from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
-from causallm.kernels.simd import bf16_to_f32, f16_to_f32
+from causallm.kernels.simd import PREFETCH_BYTES, bf16_to_f32, f16_to_f32, prefetch
 from causallm.kernels.threads import matmul
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -55,7 +55,10 @@ FORMATS = ("BF16", "F16", *quant.QTYPES)
 def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
     K = bits.shape[1]
     has_bias = bias.shape[0] > 0
+    flat = bits.reshape(bits.shape[0] * K)
     for n in range(n0, n1):
+        for j in range(0, K, 32):  # the rows PREFETCH_BYTES ahead
+            prefetch(flat, n * K + PREFETCH_BYTES // 2 + j)
         w = bits[n]
         for b in range(x.shape[0]):
             for i in range(nrows):
@@ -70,7 +73,10 @@ def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
 def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
     K = bits.shape[1]
     has_bias = bias.shape[0] > 0
+    flat = bits.reshape(bits.shape[0] * K)
     for n in range(n0, n1):
+        for j in range(0, K, 32):  # the rows PREFETCH_BYTES ahead
+            prefetch(flat, n * K + PREFETCH_BYTES // 2 + j)
         w = bits[n]
         for b in range(x.shape[0]):
             for i in range(nrows):

@@ -94,6 +94,7 @@ from causallm.kernels.simd import (
     mul16,
     mulf,
     nibbles,
+    PREFETCH_BYTES,
     prefetch,
     round_f16,
     sbyte16,
@@ -1211,14 +1212,6 @@ def _panel_store(y, t, y_row, nrows, n0, N, acc, bias):
     else:
         for n in range(n0, N):
             out[n] = lane16(acc, n - n0)
-
-
-PREFETCH_BYTES = 4096
-"""How far ahead of the bytes it multiplies a one-row product (decode) asks for the weights'
-next bytes. The hardware's own prefetch keeps too few lines in flight for one thread to stream
-a matrix from memory at the rate two reach: with the hint, a 262144 x 576 product (one row, from
-DRAM) took 0.67-0.93 of the time (Q4_1 the most, Q8_0 the least), and SmolLM2's and Gemma 3's
-decode steps about 0.8 and 0.85 (docs/performance.md, "Weights asked for ahead")."""
 
 
 @njit(cache=True, fastmath=_FASTMATH)

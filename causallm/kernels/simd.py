@@ -898,6 +898,15 @@ def lane16(typingctx, v, i):
 
 # -- memory ---------------------------------------------------------------------------------------
 
+PREFETCH_BYTES = 4096
+"""How far ahead of the bytes it multiplies a one-row product (decode) asks for the weights'
+next bytes (``prefetch``). The hardware's own prefetch keeps too few lines in flight for one
+thread to stream a matrix from memory at the rate two reach: with the hint, one-row products
+from DRAM took 0.61-0.93 of the time (quant's panels: Q4_1 the most, Q8_0 the least; BF16 and
+F16 rows 0.61-0.72), and SmolLM2's and Gemma 3's decode steps about 0.8 and 0.85
+(docs/performance.md, "Weights asked for ahead")."""
+
+
 @intrinsic
 def prefetch(typingctx, array, offset):
     """Ask for the cache line of ``array``'s element ``offset`` ahead of its use (a hint: no
