@@ -932,7 +932,11 @@ def test_ctrl_c_stops_the_streams_in_flight_and_exits(tmp_path, model_dir, signa
                 assert next(lines).startswith("data: ")
                 for _ in range(signals):
                     proc.send_signal(signal.SIGINT)
-                rest = list(lines)
+                rest = []
+                try:
+                    rest.extend(lines)
+                except httpx.RemoteProtocolError:  # the second signal may cut a chunk short
+                    assert signals == 2
         assert proc.wait(10) == 130
     finally:
         stop_server(proc)
