@@ -60,6 +60,11 @@ class ExpertPlaceholders:
             self._zeros = np.zeros(n, dtype=np.float32)
         return self._zeros[:n].reshape(shape)
 
+    def raw(self, name: str, zeros: bool = False):
+        """The checkpoint's ``raw`` (a BF16 matrix kept as stored, as the resident model keeps
+        it); an expert tensor as ``get``."""
+        return self.get(name, zeros) if HF_EXPERTS in name else self.ckpt.raw(name, zeros)
+
     def file_of(self, name: str) -> str:
         return self.ckpt.file_of(name)
 

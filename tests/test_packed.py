@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import ggml_reference as ref
+from causallm import kernels
 from causallm.io import nntr_bin
-from causallm.kernels import linear
+from causallm.kernels import linear, packed
 from causallm.kernels.packed import FORMATS, QUANTIZABLE, PackedMatrix
 
 
@@ -54,6 +55,31 @@ def test_linear_is_widen_then_multiply(fmt, N, nrows):
         want = want + (bias if bias.size else 0)
         np.testing.assert_allclose(y[:, 2:2 + nrows], want, rtol=2e-5, atol=2e-5)
         assert np.isnan(y[:, :2]).all()           # only the rows asked for are written
+
+
+@pytest.mark.skipif(not packed.BF16_TILES, reason="this CPU has no AMX tiles (or may not use them)")
+@pytest.mark.parametrize("B,nrows,K,N", [(1, 130, 100, 45), (2, 20, 64, 33), (1, 16, 512, 96)])
+def test_bf16_prompt_on_tiles_is_the_float32_product(B, nrows, K, N):
+    """A BF16 prompt on AMX tiles (each activation split into three bfloat16 parts) is x @ W to
+    float32 rounding: K not a multiple of 32 (padded), N not of 32 (a half-empty panel pair),
+    more rows than one pass (BF16_TILE_ROWS), on one thread and on the pool."""
+    w = PackedMatrix.fromFloat("BF16", rand(N, K, seed=7, scale=0.1))
+    W = w.rowsFloat().T.astype(np.float64)
+    x = rand(B, nrows + 1, K, seed=8)
+    x[0, 1, :3] = [3e4, -2e-3, 1e-30]  # magnitudes far apart: their low bits still count
+    bias = rand(N, seed=9)
+    want = x[:, 1:].astype(np.float64) @ W + bias
+    before = kernels.get_num_threads()
+    try:
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            y = np.full((B, nrows + 2, N), np.nan, np.float32)
+            linear(x, w, bias, y, 1, 1, nrows)
+            np.testing.assert_allclose(y[:, 1:1 + nrows], want, rtol=1e-5,
+                                       atol=1e-6 * np.abs(want).max())
+            assert np.isnan(y[:, 0]).all() and np.isnan(y[:, -1]).all()
+    finally:
+        kernels.set_num_threads(before)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -102,11 +102,12 @@ def test_split_product_layouts_and_output_views(restore_threads):
 @pytest.mark.slow
 def test_without_threads_blas_is_held_at_one_thread_by_the_first_prefill():
     """No ``threads`` given (the CLI without -t): a prefill of BLAS_MIN_ROWS rows or more runs
-    BLAS on one thread all the same, whatever OPENBLAS_NUM_THREADS asked at its start."""
+    BLAS on one thread all the same, whatever OPENBLAS_NUM_THREADS asked at its start (float32
+    weights: a BF16 prompt may multiply on AMX tiles, without BLAS)."""
     code = ("import json\n"
             "import causallm\n"
             "from threadpoolctl import threadpool_info\n"
-            f"m = causallm.load({TINY!r})\n"
+            f"m = causallm.load({TINY!r}, dtype='FP32')\n"
             "before = [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
             "m.generate('Hello ' * 40, max_new_tokens=1)\n"
             "after = [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"

@@ -15,6 +15,8 @@ a constant::
     tile_store(t, a, o, stride)   the reverse
     tile_dot_ss(c, a, b)          C += A B, A and B signed bytes
     tile_dot_su(c, a, b)          the same with B's bytes unsigned
+    tile_dot_bf16(c, a, b)        C += A B in float32, A and B pairs of bfloat16 (A rows x 32
+                                  values, B 16 rows of 16 columns x 2 consecutive K values)
 
 Linux hands out the tiles' 8 KB of register state per process on request (``permitted``,
 kernel 5.16 and later); a CPU that has AMX but whose process may not use it is treated as one
@@ -126,3 +128,4 @@ def _dot(name):
 
 tile_dot_ss = intrinsic(_dot("llvm.x86.tdpbssd"))
 tile_dot_su = intrinsic(_dot("llvm.x86.tdpbsud"))
+tile_dot_bf16 = intrinsic(_dot("llvm.x86.tdpbf16ps"))

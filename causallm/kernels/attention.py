@@ -197,8 +197,9 @@ def _dots(out, x, cache, b, g, lo, t0, t1, d):
     """out[t] = x . row(lo + t) for t0 <= t < t1, the rows of ``cache`` (row_at). Four keys at
     a time, each in two sums of sixteen lanes: eight independent multiply-add chains, where one
     key's dot alone waits on the latency of its own. Widening an FP16 row (one instruction for
-    sixteen values, two micro-ops) is what bounds it: 512-bit lanes halved SmolLM2's time per
-    key and head over 256-bit ones (docs/performance.md, "Attention in 512-bit lanes")."""
+    sixteen values, two micro-ops) is what bounds it: 512-bit lanes nearly halved these dots'
+    time per key and head over 256-bit ones, alone (the whole kernel's 0.9; docs/performance.md,
+    "Attention in 512-bit lanes")."""
     t = t0
     while t + 4 <= t1:
         o0 = row_at(cache, b, g, lo + t, d)
@@ -435,6 +436,11 @@ NO_KV = np.zeros((0, 0, 0), dtype=np.float32)
 calls have one signature."""
 
 
+PARALLEL_TASKS = 4
+"""Tasks a thread from which a decode region counts as evenly shared whatever the split
+(``_parts``)."""
+
+
 def _parts(groups: int, group: int, n_threads: int) -> int:
     """Tasks per group of query heads (a divisor of ``group``): the fewest that split the work
     evenly over the threads, or make at least PARALLEL_TASKS tasks a thread (a thread then waits
@@ -446,9 +452,6 @@ def _parts(groups: int, group: int, n_threads: int) -> int:
                                    or groups * parts >= PARALLEL_TASKS * n_threads):
             return parts
     return group
-
-
-PARALLEL_TASKS = 4
 
 
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,

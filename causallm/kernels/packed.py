@@ -25,7 +25,15 @@ A block type multiplies activations rounded as ggml rounds them for that type, f
 of rows (quant.py). BF16 and F16, for a few rows (decode, memory bound), stream the bits and
 widen them in registers, parallel over blocks of output rows; for many rows (prefill, compute
 bound) the matrix is widened into a reused float32 buffer and numpy's BLAS multiplies, as for
-float32 weights (``linear.BLAS_MIN_ROWS``).
+float32 weights (``linear.BLAS_MIN_ROWS``), except BF16 where the CPU has AMX tiles: there each
+activation value is split into three bfloat16 parts, x = h + m + l with h = bf16(x),
+m = bf16(x - h), l = bf16(x - h - m) (together every bit of a normal float32), and
+
+    y[t, n] = sum_k h[t, k] w[n, k] + m[t, k] w[n, k] + l[t, k] w[n, k]
+
+on tiles (``tdpbf16ps``: each bf16 product exact in float32, the sums in float32), 16 weight
+rows against 16 activation rows at a time (``_bf16_tile_rows``): the float32 product to within
+float32 rounding, as BLAS's is, without widening the weights.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from numba import njit, prange
+from numba import get_thread_id, njit, prange
+from numba import config as numba_config
 
 from causallm.io.files import is_file_view, release_pages
 from causallm.kernels.jit_cache import read_only
@@ -41,8 +50,10 @@ from causallm.kernels.jit_cache import read_only
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
 from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
-from causallm.kernels.simd import PREFETCH_BYTES, bf16_to_f32, f16_to_f32, prefetch
-from causallm.kernels.threads import matmul
+from causallm.kernels import amx, simd
+from causallm.kernels.simd import (PREFETCH_BYTES, bf16_to_f32, f16_to_f32, f32_to_bf16,
+                                   prefetch, transpose16)
+from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 FORMATS = ("BF16", "F16", *quant.QTYPES)
@@ -104,6 +115,150 @@ def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows):
     for blk in prange((N + _COLS - 1) // _COLS):
         _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
                   min(blk * _COLS + _COLS, N))
+
+
+# -- BF16 prompts on AMX tiles (module docstring) ------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def _bf16_parts(x, x_row, nrows, t0, parts):
+    """parts[j, r] = part j of activation row t = t0 + r, t = b * nrows + i (x[b, x_row + i]), as
+    bfloat16 bits: h, m and l; the columns past x's K zero. A row a task."""
+    K = x.shape[2]
+    for r in prange(parts.shape[1]):
+        b, i = (t0 + r) // nrows, (t0 + r) % nrows
+        for k in range(K):
+            v = x[b, x_row + i, k]
+            h = f32_to_bf16(v)
+            v = v - bf16_to_f32(np.uint32(h))
+            m = f32_to_bf16(v)
+            v = v - bf16_to_f32(np.uint32(m))
+            parts[0, r, k], parts[1, r, k], parts[2, r, k] = h, m, f32_to_bf16(v)
+        for k in range(K, parts.shape[2]):
+            parts[0, r, k], parts[1, r, k], parts[2, r, k] = 0, 0, 0
+
+
+@njit(cache=True, inline="always")
+def _bf16_configure(cfg, R):
+    """Tile shapes: C (tiles 0, 1) R rows of 16 float32; A (2) R activation rows of 32
+    bfloat16; B (3, 4) 16 rows of 16 columns x 2 bfloat16."""
+    cfg[:] = 0
+    cfg[0] = 1  # palette 1
+    for t in range(5):
+        cfg[16 + 2 * t] = 64
+        cfg[48 + t] = R if t < 3 else 16
+    amx.tile_config(cfg)
+
+
+@njit(cache=True, inline="always")
+def _bf16_panel(rows, N, K, Kp, n0, words, w0):
+    """Weight rows [n0, n0 + 16) as the B operand from word w0 of ``words``: word j of row c at
+    w0 + 16 j + c (their values 2 j and 2 j + 1), 16 x 16 words at a time transposed in
+    registers; zeros past N and K."""
+    H = K // 2
+    j = 0
+    if n0 + 16 <= N:
+        flat = rows.reshape(N * H)
+        while j + 16 <= H:
+            transpose16(flat, n0 * H + j, H, words, w0 + 16 * j)
+            j += 16
+    for j in range(j, H):
+        for c in range(16):
+            words[w0 + 16 * j + c] = rows[n0 + c, j] if n0 + c < N else 0
+    words[w0 + 16 * H:w0 + 8 * Kp] = 0
+
+
+@njit(cache=True)
+def _bf16_tile_rows(parts, t_base, bits, bias, y, y_row, nrows, p0, p1, room):
+    """Outputs [32 p0, 32 p1) of the activation rows t_base + r (their ``parts``, r < rows)
+    times the BF16 rows ``bits`` (N, K), K even, on tiles; ``room`` this thread's bytes
+    (``bf16_room_bytes``). Two panels of 16 weight rows are laid out as B operands once, then
+    met by the activations 16 rows at a time, each activation tile loaded once for both."""
+    T, Kp = parts.shape[1], parts.shape[2]
+    N, K = bits.shape
+    cfg = room[:64]
+    panel = room[64:64 + 64 * Kp]
+    words = panel.view(np.uint32)
+    out = room[64 + 64 * Kp:64 + 64 * Kp + 2048]
+    sums = out.view(np.float32)
+    flat = parts.reshape(3 * T * Kp).view(np.uint8)
+    rows = bits.view(np.uint32)
+    has_bias = bias.shape[0] > 0
+    R = 0
+    for p in range(p0, p1):
+        n0 = 32 * p
+        _bf16_panel(rows, N, K, Kp, n0, words, 0)
+        _bf16_panel(rows, N, K, Kp, n0 + 16, words, 8 * Kp)
+        for t0 in range(0, T, 16):
+            if min(16, T - t0) != R:
+                R = min(16, T - t0)
+                _bf16_configure(cfg, R)
+            amx.tile_zero(0)
+            amx.tile_zero(1)
+            for k0 in range(0, Kp, 32):
+                amx.tile_load(3, panel, 32 * k0, 64)
+                amx.tile_load(4, panel, 32 * Kp + 32 * k0, 64)
+                amx.tile_load(2, flat, 2 * (t0 * Kp + k0), 2 * Kp)
+                amx.tile_dot_bf16(0, 2, 3)
+                amx.tile_dot_bf16(1, 2, 4)
+                amx.tile_load(2, flat, 2 * ((T + t0) * Kp + k0), 2 * Kp)
+                amx.tile_dot_bf16(0, 2, 3)
+                amx.tile_dot_bf16(1, 2, 4)
+                amx.tile_load(2, flat, 2 * ((2 * T + t0) * Kp + k0), 2 * Kp)
+                amx.tile_dot_bf16(0, 2, 3)
+                amx.tile_dot_bf16(1, 2, 4)
+            amx.tile_store(0, out, 0, 128)
+            amx.tile_store(1, out, 64, 128)
+            for i in range(R):
+                t = t_base + t0 + i
+                yr = y[t // nrows, y_row + t % nrows]
+                for c in range(min(32, N - n0)):
+                    v = sums[32 * i + c]
+                    yr[n0 + c] = v + bias[n0 + c] if has_bias else v
+
+
+@njit(cache=True, parallel=True)
+def _bf16_tiles_parallel(parts, t_base, bits, bias, y, y_row, nrows, rooms):
+    for p in prange((bits.shape[0] + 31) // 32):
+        q = np.int64(p)  # the signature of the one-thread call: one compile of _bf16_tile_rows
+        _bf16_tile_rows(parts, t_base, bits, bias, y, y_row, nrows, q, q + 1,
+                        rooms[get_thread_id()])
+
+
+BF16_TILES = simd.LEVEL == "amx"
+"""Whether a BF16 prompt multiplies on AMX tiles (module docstring)."""
+
+BF16_TILE_ROWS = 128
+"""Activation rows a pass over the weights multiplies: their three parts (768 KB at 1024
+values a row) stay in L2 while each pair of panels meets them."""
+
+
+def bf16_room_bytes(Kp: int) -> int:
+    """Bytes of one thread's room for ``_bf16_tile_rows`` over rows of Kp values (a multiple of
+    32): the tile shapes, two panels as B operands, two tiles of sums."""
+    return 64 + 64 * Kp + 2048
+
+
+_bf16_rooms: dict[int, np.ndarray] = {}
+
+
+def bf16_tile_linear(x, bits, bias, y, x_row, y_row, nrows) -> None:
+    """``packed_linear`` of BF16 rows (N, K), K even, on AMX tiles, BF16_TILE_ROWS activation
+    rows a pass."""
+    T, Kp = x.shape[0] * nrows, -(-x.shape[2] // 32) * 32
+    bits = np.ascontiguousarray(bits)  # its rows read as words
+    nbytes = bf16_room_bytes(Kp)
+    rooms = _bf16_rooms.get(nbytes)
+    if rooms is None:
+        rooms = _bf16_rooms[nbytes] = np.empty((numba_config.NUMBA_NUM_THREADS, nbytes),
+                                               dtype=np.uint8)
+    for t0 in range(0, T, BF16_TILE_ROWS):
+        parts = np.empty((3, min(BF16_TILE_ROWS, T - t0), Kp), dtype=np.uint16)
+        _bf16_parts(x, x_row, nrows, t0, parts)
+        if threads() > 1 and bits.shape[0] > 32:
+            _bf16_tiles_parallel(parts, t0, bits, bias, y, y_row, nrows, rooms)
+        else:
+            _bf16_tile_rows(parts, t0, bits, bias, y, y_row, nrows, np.int64(0),
+                            np.int64((bits.shape[0] + 31) // 32), rooms[0])
 
 
 # -- widening -----------------------------------------------------------------------------------
@@ -313,6 +468,9 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     fmt, a = w.format, w.blocks
     if w.qtype is not None:
         quant.linear(w.qtype, a, x, bias, y, x_row, y_row, nrows)
+        return
+    if nrows >= BLAS_MIN_ROWS and fmt == "BF16" and BF16_TILES and a.shape[1] % 2 == 0:
+        bf16_tile_linear(x, a, bias, y, x_row, y_row, nrows)
         return
     if nrows >= BLAS_MIN_ROWS:
         W = _widened(w).T

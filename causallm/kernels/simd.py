@@ -38,8 +38,8 @@ maddubs of two bytes can saturate its int16 sum (at 32767); every kernel keeps u
 How an operation is lowered depends on the CPU numba compiles for (``LEVEL``): "amx" and
 "vnni" (AVX-512 VNNI with VL, or AVX-VNNI: a byte dot product is one ``vpdpbusd``), "avx2"
 (``pmaddubsw`` / ``pmaddwd`` / ``psignb`` / ``pshufb``), else "generic" (plain vector IR,
-exact, slower); "amx" is "vnni" where the CPU also has AMX's int8 tiles and Linux lets the
-process use them (amx.py; prompts multiply on them, quant.py). The CPU is the host's,
+exact, slower); "amx" is "vnni" where the CPU also has AMX's int8 and bf16 tiles and Linux lets
+the process use them (amx.py; prompts multiply on them, quant.py and packed.py). The CPU is the host's,
 or the one NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name (numba keys its kernel cache by that target,
 so a cached kernel always matches its path). Arrays are addressed by flat element offsets from
 their first element, so they must be C-contiguous; loads are unaligned.
@@ -69,7 +69,8 @@ AVX-512::
     fold8(v)                an F32x16's lanes k and k + 8 added: an F32x8 (for store_hsum4)
 
 ``prefetch(a, o)`` asks for the cache line of a[o] ahead of its use (decode's weight
-streams). ``bf16_to_f32`` and ``f16_to_f32`` widen one scalar (the BF16 / F16 kernels, packed.py);
+streams). ``bf16_to_f32`` and ``f16_to_f32`` widen one scalar, ``f32_to_bf16`` rounds one to
+bfloat16 bits (the BF16 / F16 kernels, packed.py);
 ``round_f16`` rounds one to half precision (ggml's fp16 scales).
 """
 
@@ -92,7 +93,7 @@ def target_features() -> set[str]:
 
 
 def _level(features: set[str]) -> str:
-    if {"avx2", "avx512vnni", "avx512vl", "amx-tile", "amx-int8"} <= features:
+    if {"avx2", "avx512vnni", "avx512vl", "amx-tile", "amx-int8", "amx-bf16"} <= features:
         return "amx"
     if {"avx2", "avx512vnni", "avx512vl"} <= features or {"avx2", "avxvnni"} <= features:
         return "vnni"
@@ -106,11 +107,11 @@ TARGETS = {
     "avx2": ("x86-64-v3", _V3),
     "vnni": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"),
     "amx": ("x86-64-v4", _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx512vnni"
-            ",+amx-tile,+amx-int8"),
+            ",+amx-tile,+amx-int8,+amx-bf16"),
 }
 """A CPU of each level, as NUMBA_CPU_NAME and NUMBA_CPU_FEATURES tell numba: x86-64-v3 (Haswell,
 every Zen), x86-64-v4 with AVX-512 VNNI (Cascade Lake and later Xeons, Zen 4 and 5), and that
-with AMX's int8 tiles (Sapphire Rapids and later Xeons). The tests that force a path and
+with AMX's int8 and bf16 tiles (Sapphire Rapids and later Xeons). The tests that force a path and
 tools/prebuild_kernels.py compile for them."""
 
 
@@ -896,6 +897,39 @@ def lane16(typingctx, v, i):
     return types.float32(v, i), codegen
 
 
+@intrinsic
+def transpose16(typingctx, src, s_off, s_stride, dst, d_off):
+    """dst[d_off + 16 r + c] = src[s_off + c * s_stride + r] for r, c < 16: a 16 x 16 block of
+    32-bit words transposed (src, dst uint32 arrays), in registers: 16 loads, four rounds of
+    16 two-vector shuffles (each swapping the off-diagonal blocks of 8, 4, 2, then 1 words),
+    16 stores."""
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(_I32, 16)
+        stride = context.cast(builder, args[2], sig.args[2], types.int64)
+        base = context.cast(builder, args[1], sig.args[1], types.int64)
+        rows = [builder.load(_pointer(context, builder, sig.args[0], args[0],
+                                      builder.add(base, builder.mul(stride, ir.Constant(
+                                          ir.IntType(64), r))), vt), align=4)
+                for r in range(16)]
+        for b in (8, 4, 2, 1):
+            low = ir.Constant(ir.VectorType(_I32, 16),
+                              [k if not k & b else 16 + k - b for k in range(16)])
+            high = ir.Constant(ir.VectorType(_I32, 16),
+                               [k + b if not k & b else 16 + k for k in range(16)])
+            for r in range(16):
+                if r & b:
+                    continue
+                a, c = rows[r], rows[r + b]
+                rows[r] = builder.shuffle_vector(a, c, low)
+                rows[r + b] = builder.shuffle_vector(a, c, high)
+        out = context.cast(builder, args[4], sig.args[4], types.int64)
+        for r in range(16):
+            builder.store(rows[r], _pointer(context, builder, sig.args[3], args[3], builder.add(
+                out, ir.Constant(ir.IntType(64), 16 * r)), vt), align=4)
+        return context.get_dummy_value()
+    return types.none(src, s_off, s_stride, dst, d_off), codegen
+
+
 # -- memory ---------------------------------------------------------------------------------------
 
 PREFETCH_BYTES = 4096
@@ -912,14 +946,9 @@ def prefetch(typingctx, array, offset):
     """Ask for the cache line of ``array``'s element ``offset`` ahead of its use (a hint: no
     fault past the array's end, no effect on results)."""
     def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
-            "llvm.prefetch.p0i8")
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
-        builder.call(fn, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3),
-                          ir.Constant(_I32, 1)])
+        address = _pointer(context, builder, sig.args[0], *args, _I8)
+        _x86(builder, "llvm.prefetch.p0i8", ir.VoidType(), address, ir.Constant(_I32, 0),
+             ir.Constant(_I32, 3), ir.Constant(_I32, 1))  # a read, kept in every cache level
         return context.get_dummy_value()
     return types.none(array, offset), codegen
 
@@ -940,6 +969,18 @@ def bf16_to_f32(typingctx, bits):
     def codegen(context, builder, sig, args):
         return builder.bitcast(builder.shl(args[0], ir.Constant(_I32, 16)), _F32)
     return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def f32_to_bf16(typingctx, x):
+    """The bfloat16 bits (a uint16) nearest a float32, ties to even (a NaN stays a NaN unless
+    its payload is all in the low half)."""
+    def codegen(context, builder, sig, args):
+        u = builder.bitcast(args[0], _I32)
+        odd = builder.and_(builder.lshr(u, ir.Constant(_I32, 16)), ir.Constant(_I32, 1))
+        u = builder.add(builder.add(u, ir.Constant(_I32, 0x7FFF)), odd)
+        return builder.trunc(builder.lshr(u, ir.Constant(_I32, 16)), _I16)
+    return types.uint16(types.float32), codegen
 
 
 @intrinsic
