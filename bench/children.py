@@ -202,6 +202,33 @@ def best_pp_tg(model, ids: list[int], D: int, repeat: int) -> tuple[float, float
     return max(r[0] for r in runs), max(r[1] for r in runs)
 
 
+def depth_steps(model, depth: int, D: int, ids: list[int], repeat: int) -> float:
+    """Decode tokens a second of our ``model`` after ``depth`` cached positions: every self
+    KV cache's rows [0, depth) first filled with random values of a key's scale (as a prompt
+    would leave them: written pages, so attention reads real memory; an untouched cache reads
+    the kernel's one zero page), then D single-token steps at positions [depth, depth + D),
+    the best of ``repeat`` runs after one warm-up run. Their values do not change the work."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for cache in model.model.getKVCaches("self"):
+        for a in (cache.key, cache.value):
+            rows = rng.standard_normal(a[:, :, :depth].shape, np.float32)
+            a[:, :, :depth] = rows.astype(np.float16).view(np.uint16) if a.dtype == np.uint16 \
+                else rows
+    step = np.zeros((1, 1), np.float32)
+
+    def steps():
+        t = time.perf_counter()
+        for pos in range(depth, depth + D):
+            step[0, 0] = ids[pos % len(ids)]
+            model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
+        return D / (time.perf_counter() - t)
+
+    steps()
+    return max(steps() for _ in range(repeat))
+
+
 _LLAMA_LOG = None
 
 

@@ -9,6 +9,7 @@ and checked afterwards.
 
 import math
 import os
+import sys
 
 import numpy as np
 import orjson
@@ -632,6 +633,71 @@ def test_attention_split_by_heads(dtype):
     want = ref.mha(q[0, pos0:], kf[0], vf[0], np.arange(pos0, T), np.arange(T), nh, nkv, cos,
                    sin, 1 << 32, True, d ** -0.5)
     close(out[0], want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+@pytest.mark.parametrize("pos0,nrows", [(0, 70), (23, 130)])
+@pytest.mark.parametrize("case", ["causal", "causal_window_softcap_sinks"])
+def test_a_long_causal_step_runs_as_blocks_of_matrix_products(case, pos0, nrows, dtype, threads,
+                                                               monkeypatch):
+    """A causal step of BLOCKED_MIN_ROWS rows or more (a prompt) runs attention_blocked (here
+    whatever its keys: BLOCKED_MIN_KEYS 0): blocks of BLOCK_ROWS query rows (the last one
+    partial), the step's keys written first, a window inside and across blocks, softcap and
+    sinks, out the q buffer itself; against the reference, on one thread and on the pool."""
+    A = sys.modules["causallm.kernels.attention"]  # the module (the package exports the function)
+    assert nrows >= A.BLOCKED_MIN_ROWS and nrows % A.BLOCK_ROWS
+    blocked, original = [], A.attention_blocked
+    monkeypatch.setattr(A, "BLOCKED_MIN_KEYS", 0)
+    monkeypatch.setattr(A, "attention_blocked", lambda *a: blocked.append(1) or original(*a))
+    _, window, softcap, use_sinks, _ = ATTENTION_CASES[case]
+    window = 50 if window < 1 << 32 else window  # more keys than a block's rows: a real window
+    q_all, k_all, v_all, want_k, want_v, cos, sin = _cache_setup(pos0, nrows, seed=27, dtype=dtype)
+    total, T = pos0 + nrows, want_k.shape[2]
+    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
+    v_cache = k_cache.copy()
+    if pos0:
+        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
+                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    sinks = readonly(rand(N_HEADS, seed=32)) if use_sinks else np.zeros(0, np.float32)
+    q = q_all[:, pos0:].copy()
+    scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
+    before = K.get_num_threads()
+    try:
+        K.set_num_threads(threads)
+        K.attention(q, k_cache, v_cache, q, cos, sin, scratch, pos0, nrows, total, N_HEADS,
+                    N_KV, HEAD_DIM, scale=HEAD_DIM ** -0.5, window=window, softcap=softcap,
+                    sinks=sinks, k=k_all[:, pos0:].copy(), v=v_all[:, pos0:].copy())
+    finally:
+        K.set_num_threads(before)
+    np.testing.assert_array_equal(k_cache, want_k)
+    np.testing.assert_array_equal(v_cache, want_v)
+    want_cos, want_sin = ref.rope_tables(*K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
+                                                          original_max_position_embeddings=16), T)
+    kf, vf = k_all, v_all
+    if dtype == np.uint16:  # the keys and values as the cache holds them: rounded to FP16
+        kf, vf = (c.astype(np.float16).astype(np.float32) for c in (k_all, v_all))
+    for b in range(B):
+        want = ref.mha(q_all[b, pos0:], kf[b], vf[b], np.arange(pos0, total), np.arange(total),
+                       N_HEADS, N_KV, want_cos, want_sin, window, True, HEAD_DIM ** -0.5,
+                       softcap, sinks if use_sinks else None)
+        close(q[b], want, rtol=1e-5 if dtype == np.float32 else 2e-3)
+    assert blocked
+
+
+def test_a_step_of_several_sequences_stays_a_row_at_a_time():
+    """Rows of different slots (or positions that do not follow on) in one batch row are not
+    one prompt: attention_blocked does not take them."""
+    from causallm.kernels.attention import _runs
+    positions = np.arange(40, dtype=np.int64)[None, :].repeat(2, axis=0)
+    slots = np.array([[0] * 40, [1] * 40], np.int64)
+    assert _runs(slots, positions, 40)
+    mixed = slots.copy()
+    mixed[1, 20:] = 3
+    assert not _runs(mixed, positions, 40)
+    jump = positions.copy()
+    jump[0, 30:] += 5
+    assert not _runs(slots, jump, 40)
 
 
 @pytest.mark.parametrize("n_kv", [N_HEADS, N_KV])

@@ -481,6 +481,16 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
     cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
     slots, positions = step_rows(q.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
+    if (nrows >= BLOCKED_MIN_ROWS and causal and k_cache.ndim == 4 and bias.shape[0] == 0
+            and cross_len == 0 and key_end.shape[0] == 0
+            and min(positions[:, 0].min() + nrows // 2, window) >= BLOCKED_MIN_KEYS
+            and _runs(slots, positions, nrows)):
+        if k.shape[0] > 0:
+            _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
+        attention_blocked(q, k_cache, v_cache, out, cos, sin, slots[:, 0], positions[:, 0],
+                          nrows, n_heads, n_kv, head_dim, scale, min(window, NO_WINDOW),
+                          softcap, sinks)
+        return
     args = (q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
             scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
             min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts,
@@ -489,6 +499,118 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
         attention_parallel(*args)
     else:
         _attend(*args, 0, q.shape[0] * n_kv * parts)
+
+
+BLOCKED_MIN_ROWS = 32
+BLOCKED_MIN_KEYS = 256
+"""A causal step over a self cache of BLOCKED_MIN_ROWS query rows or more (a prompt) whose rows
+see BLOCKED_MIN_KEYS keys or more on average runs as matrix products (``attention_blocked``)
+rather than a row at a time: the row kernel reads every key and value row again for each
+query row, a block reads them once for BLOCK_ROWS rows, but BLAS over 64 or 256 values a row
+starts slowly (docs/performance.md, "Long prompts as blocks of matrix products")."""
+
+BLOCK_ROWS = 64
+"""Query rows a block of attention_blocked: its scores (the group's heads x 64 rows x keys)
+stay in L2 through the softmax at a few thousand keys."""
+
+
+def _runs(slots, positions, nrows) -> bool:
+    """Whether every batch row's step rows are one sequence's consecutive positions."""
+    s, p = slots[:, :nrows], positions[:, :nrows]
+    return bool((s == s[:, :1]).all() and (p[:, 1:] - p[:, :-1] == 1).all())
+
+
+def attention_blocked(q, k_cache, v_cache, out, cos, sin, slots, first, nrows, n_heads, n_kv,
+                      head_dim, scale, window, softcap, sinks):
+    """``attention`` of a causal step whose batch row b is rows of slot slots[b] at positions
+    first[b] + i, i < nrows (a prompt), the step's keys already in the self cache: for each kv
+    group and block of BLOCK_ROWS query rows, with numpy's matrix products (BLAS, split over
+    the threads) and the float32 softmax of ``_block_softmax``::
+
+        S = RoPE(Q_group) K^T,   P = softmax(S * scale, masked, softcapped, with sinks),   O = P V
+
+    over the keys the block's rows see (from the first row's window start to the last row's
+    position), the caches' FP16 rows widened to float32 once a group. Same math as the per-row
+    kernel, in another summation order; out may be q (a block reads its rows of q first)."""
+    d, group, half = head_dim, n_heads // n_kv, head_dim // 2
+    for b in range(q.shape[0]):
+        slot, p0 = slots[b], first[b]
+        lo0 = max(0, p0 - window + 1)
+        for g in range(n_kv):
+            keys, values = k_cache[slot, g, lo0:p0 + nrows], v_cache[slot, g, lo0:p0 + nrows]
+            if k_cache.dtype == np.uint16:
+                keys = keys.view(np.float16).astype(np.float32)
+                values = values.view(np.float16).astype(np.float32)
+            for r0 in range(0, nrows, BLOCK_ROWS):
+                r1 = min(nrows, r0 + BLOCK_ROWS)
+                R = r1 - r0
+                lo, hi = max(0, p0 + r0 - window + 1) - lo0, p0 + r1 - lo0
+                c, s = cos[p0 + r0:p0 + r1], sin[p0 + r0:p0 + r1]
+                x = np.empty((group, R, d), np.float32)
+                for j in range(group):
+                    h = g * group + j
+                    a, a2 = q[b, r0:r1, h * d:h * d + half], q[b, r0:r1, h * d + half:(h + 1) * d]
+                    x[j, :, :half] = a * c - a2 * s
+                    x[j, :, half:] = a2 * c + a * s
+                scores = np.empty((group * R, hi - lo), np.float32)
+                matmul(x.reshape(group * R, d), keys[lo:hi].T, scores)
+                _block_softmax(scores, R, p0 + r0 - lo0 - lo, window, scale, softcap, sinks,
+                               g * group)
+                o = np.empty((group * R, d), np.float32)
+                matmul(scores, values[lo:hi], o)
+                for j in range(group):
+                    h = g * group + j
+                    out[b, r0:r1, h * d:(h + 1) * d] = o[j * R:(j + 1) * R]
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH, error_model="numpy")
+def _block_softmax(scores, R, p, window, scale, softcap, sinks, h0):
+    """Row j * R + i of ``scores``: head h0 + j's dot products of the query row i of a block
+    with the block's keys, the query at key index p + i of them. Replaced by its softmax over
+    the keys it sees (index (p + i) - window < t <= p + i; the rest 0): s * scale, softcapped
+    when softcap > 0, the head's sink in the denominator when ``sinks`` has one per head."""
+    use_sink = sinks.shape[0] > 0
+    for r in prange(scores.shape[0]):
+        t1 = p + r % R + 1
+        sink = sinks[h0 + r // R] if use_sink else np.float32(-np.inf)
+        _softmax_row(scores[r], max(0, t1 - window), t1, np.float32(scale),
+                     np.float32(softcap), sink)
+
+
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _softmax_row(row, t0, t1, scale, cap, sink):
+    """row[t0:t1] = softmax(s * scale, softcapped when cap > 0, with ``sink`` (-inf: none) in
+    the denominator); the rest of the row 0. The loops run over a slice from its index 0, so
+    LLVM knows no index is negative and vectorizes them (over row[t0 + t] they ran 15x
+    slower); a function of its own (inlined in the prange body, 3.4x slower); the maximum in
+    four running maxima (a max that keeps NaN rules does not vectorize)."""
+    seg = row[t0:t1]
+    n = seg.shape[0]
+    if cap > 0:
+        for t in range(n):
+            seg[t] = np.tanh(seg[t] * scale / cap) * cap
+    else:
+        for t in range(n):
+            seg[t] = seg[t] * scale
+    m0 = m1 = m2 = m3 = sink
+    for t in range(n // 4):
+        m0, m1 = max(m0, seg[4 * t]), max(m1, seg[4 * t + 1])
+        m2, m3 = max(m2, seg[4 * t + 2]), max(m3, seg[4 * t + 3])
+    for t in range(n - n % 4, n):
+        m0 = max(m0, seg[t])
+    top = max(max(m0, m1), max(m2, m3))
+    denom = np.float32(0.0)
+    for t in range(n):
+        e = expf(seg[t] - top)
+        seg[t] = e
+        denom += e
+    if sink > -np.inf:
+        denom += expf(sink - top)
+    inv = np.float32(1.0) / denom
+    for t in range(n):
+        seg[t] *= inv
+    row[:t0] = 0
+    row[t1:] = 0
 
 
 DENSE_BLOCK_ROWS = 512
