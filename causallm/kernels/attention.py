@@ -369,13 +369,14 @@ def _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cros
                     qr = row[qcol:]
                     _dots(row, qr, k_cache, kb, g, lo, t0, min(t1, n), d)
                     _dots(row, qr, cross_k, xb, g, -n, max(t0, n), t1, d)
-                    for t in range(t0, t1):
-                        sc = row[t] * scale32
-                        if use_bias and t < n:
-                            sc += bias[b, h, center + lo + t - p]
+                    seg = row[t0:t1]  # from index 0: the loop vectorizes (_softmax_row)
+                    for j in range(t1 - t0):
+                        sc = seg[j] * scale32
+                        if use_bias and t0 + j < n:
+                            sc += bias[b, h, center + lo + t0 + j - p]
                         if cap > 0:
                             sc = np.tanh(sc / cap) * cap
-                        row[t] = sc
+                        seg[j] = sc
             # softmax per head
             for h in range(h0, h0 + per):
                 score = scratch[b * n_heads + h, :total]

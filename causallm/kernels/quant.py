@@ -186,16 +186,24 @@ activation sums)."""
 
 @njit(cache=True, fastmath={"contract"})
 def _q8_block(x, o, n, q):
-    """Elements [o, o + n) of x as Q8_0 / Q8_1 (module docstring): q, and (d unrounded, sum)."""
-    amax = np.float32(0.0)
-    for j in range(o, o + n):
-        amax = max(amax, abs(x[j]))
+    """Elements [o, o + n) of x as Q8_0 / Q8_1 (module docstring): q, and (d unrounded, sum).
+    The loops run over slices from their index 0 (LLVM then knows no index is negative and
+    vectorizes them; over x[o + j] they did not: 2.2x the time), the largest magnitude in four
+    running maxima."""
+    xs, qs = x[o:o + n], q[o:o + n]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for j in range(n // 4):
+        a0, a1 = max(a0, abs(xs[4 * j])), max(a1, abs(xs[4 * j + 1]))
+        a2, a3 = max(a2, abs(xs[4 * j + 2])), max(a3, abs(xs[4 * j + 3]))
+    for j in range(n - n % 4, n):
+        a0 = max(a0, abs(xs[j]))
+    amax = max(max(a0, a1), max(a2, a3))
     d = amax / np.float32(127.0)
     inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
     total = 0
-    for j in range(o, o + n):
-        v = np.int32(np.rint(x[j] * inv))
-        q[j] = v
+    for j in range(n):
+        v = np.int32(np.rint(xs[j] * inv))
+        qs[j] = v
         total += v
     return d, total
 
@@ -217,10 +225,11 @@ def _q8k_block(x, o, q, bsums, bo):
         return np.float32(0.0)
     iscale = np.float32(-127.0) / xm
     for k in range(16):
+        xs, qs = x[o + 16 * k:o + 16 * k + 16], q[o + 16 * k:o + 16 * k + 16]  # (_q8_block)
         s = 0
-        for j in range(o + 16 * k, o + 16 * k + 16):
-            v = min(127, np.int32(np.rint(iscale * x[j])))
-            q[j] = v
+        for j in range(16):
+            v = min(127, np.int32(np.rint(iscale * xs[j])))
+            qs[j] = v
             s += v
         bsums[bo + k] = s
     return np.float32(1.0) / iscale
