@@ -141,7 +141,8 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     used = kernels.set_num_threads(threads)
     # the cache holds the depth run's rows too (untouched pages until then: not resident)
     model = Factory.Instance().createFromFolder(
-        folder, init_seq_len=P, num_to_generate=max(P, depth) + D + 1 - P)
+        folder, init_seq_len=P, num_to_generate=max(P, depth) + D + 1 - P,
+        max_seq_len=max(P, depth) + D + 1)
     model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
     model.initialize()
     model.load_weight()
