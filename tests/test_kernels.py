@@ -159,6 +159,17 @@ def test_rope_tables_values_and_sharing():
 
 # ---------------------------------------------------------------- attention
 
+def _caches_before(k_all, v_all, cos, sin, pos0, T, dtype):
+    """Caches (B, N_KV, T, HEAD_DIM) of ``dtype`` holding positions [0, pos0) of k_all, v_all
+    (the rest NaN), as a prefill left them."""
+    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
+    v_cache = k_cache.copy()
+    if pos0:
+        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
+                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    return k_cache, v_cache
+
+
 def _cache_setup(pos0, nrows, seed, dtype=np.float32):
     """Random q/k/v for positions [0, pos0 + nrows); cache positions [0, pos0) written by a
     prefill, [pos0, pos0 + nrows) by a second step. Caches (B, N_KV, T, HEAD_DIM) of ``dtype``
@@ -170,11 +181,7 @@ def _cache_setup(pos0, nrows, seed, dtype=np.float32):
     inv_freq, scaling = K.rope_inv_freq(HEAD_DIM, 10000.0, "yarn", factor=4.0,
                                         original_max_position_embeddings=16)
     cos, sin = K.rope_tables(inv_freq, scaling, T)
-    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
-    v_cache = k_cache.copy()
-    if pos0:
-        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
-                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    k_cache, v_cache = _caches_before(k_all, v_all, cos, sin, pos0, T, dtype)
     # the step buffers hold the new rows first and stale rows after them
     k = np.full((B, nrows + 2, N_KV * HEAD_DIM), np.nan, np.float32)
     v = np.full_like(k, np.nan)
@@ -305,11 +312,7 @@ def test_attention_writes_the_step_keys_it_is_given(pos0, nrows, dtype, threads)
     the pool (40 keys: enough work for the parallel kernel); against the reference."""
     q_all, k_all, v_all, want_k, want_v, cos, sin = _cache_setup(pos0, nrows, seed=25, dtype=dtype)
     total, T = pos0 + nrows, want_k.shape[2]
-    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
-    v_cache = k_cache.copy()
-    if pos0:
-        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
-                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    k_cache, v_cache = _caches_before(k_all, v_all, cos, sin, pos0, T, dtype)
     q = q_all[:, pos0:].copy()
     out = np.full_like(q, np.nan)
     scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
@@ -654,11 +657,7 @@ def test_a_long_causal_step_runs_as_blocks_of_matrix_products(case, pos0, nrows,
     window = 50 if window < 1 << 32 else window  # more keys than a block's rows: a real window
     q_all, k_all, v_all, want_k, want_v, cos, sin = _cache_setup(pos0, nrows, seed=27, dtype=dtype)
     total, T = pos0 + nrows, want_k.shape[2]
-    k_cache = np.full((B, N_KV, T, HEAD_DIM), np.nan, np.float32).astype(dtype)
-    v_cache = k_cache.copy()
-    if pos0:
-        K.kv_cache_write(k_all[:, :pos0].copy(), v_all[:, :pos0].copy(), k_cache, v_cache,
-                         cos, sin, 0, pos0, N_KV, HEAD_DIM)
+    k_cache, v_cache = _caches_before(k_all, v_all, cos, sin, pos0, T, dtype)
     sinks = readonly(rand(N_HEADS, seed=32)) if use_sinks else np.zeros(0, np.float32)
     q = q_all[:, pos0:].copy()
     scratch = np.empty((B * N_HEADS, T + HEAD_DIM), np.float32)
