@@ -161,7 +161,8 @@ def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
 
     Every entry of the execution plan (a layer, or a group of projections run together) has
     its ``incremental_forwarding`` wrapped (on the instance, in this process only) with a
-    perf_counter timer. Decode steps run at the positions the benchmark decoded at, after
+    perf_counter timer, and runs on its own (a decode step otherwise runs them as one team
+    program, runtime/runner.py ``team_plan``: ``step_ms`` is that step). Decode steps run at the positions the benchmark decoded at, after
     a prefill of the prompt; each figure is the best of 3 (the prefill's, of 3 prefills).
     graph overhead = step time - the sum of the layer times (the graph loop and the input and
     output copies; a layer's own Python is inside its layer's time). ``first_step_ms`` is the
@@ -227,12 +228,15 @@ def profile_decode(model, prompt_len: int, decode: int, steps: int = 8) -> dict:
                 best = (total, {k: v / per for k, v in times.items()})
         return best
 
+    from causallm.runtime import runner
+    team_rows, runner.TEAM_MAX_ROWS = runner.TEAM_MAX_ROWS, 0  # each entry its own calls
     for name, _, layer in layers:
         layer.incremental_forwarding = timed(name, layer.incremental_forwarding)
     prefill_total, prefill_names = best_of_3(prefill, 1)
     wrapped, per_name = best_of_3(lambda: steps_at(steps), steps)
     for name, _, layer in layers:
         del layer.incremental_forwarding  # back to the class method
+    runner.TEAM_MAX_ROWS = team_rows
 
     def by_type(names):
         out: dict[str, float] = {}

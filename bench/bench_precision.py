@@ -316,6 +316,8 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
     for pos in range(P, P + 4):
         model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
     times = collections.defaultdict(float)
+    from causallm.runtime import runner
+    runner.TEAM_MAX_ROWS = 0  # each entry its own calls, not one team program a step
 
     for layer, ctx in model.model.executionPlan():   # layers, and projections run as a group
         forward = layer.incremental_forwarding

@@ -12,6 +12,7 @@ another layer, as ``<layer>/activation_realized``.
 """
 
 from causallm.kernels import ACTIVATIONS, activation
+from causallm.kernels.elementwise import activation_op
 from causallm.runtime.layer import Layer
 from causallm.runtime.properties import str_
 
@@ -26,6 +27,12 @@ class ActivationLayer(Layer):
             raise context.error(f"needs 1 input, got {len(dims)}")
         self.kind = ACTIVATIONS[self.props["activation"]]
         context.setOutputDimensions([dims[0]])
+
+    def team_ops(self, context, step):
+        """The step as a team op (runtime/runner.py, ``team_plan``)."""
+        out = context.outputs[0]
+        op = activation_op(context.inputs[0], out, min(step, out.shape[1]), self.kind)
+        return None if op is None else [op]
 
     def incremental_forwarding(self, context, from_, to):
         step = min(to - from_, context.outputs[0].shape[1])

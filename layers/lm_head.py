@@ -11,6 +11,8 @@ passes true). Properties: ``unit`` (required, the vocabulary size), ``disable_bi
 """
 
 from causallm.kernels import linear
+from causallm.kernels.packed import PackedMatrix
+from causallm.kernels.quant import MatrixTable, activation_rows, quantize_op
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import uint
 from causallm.layers.fully_connected import NO_BIAS
@@ -31,6 +33,10 @@ class LmHeadLayer(Layer):
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)
         context.setOutputDimensions([head_dims(self, context, x, unit)])
+
+    def team_ops(self, context, step):
+        w = context.weights
+        return project_last_ops(context, w[0], w[1] if self.has_bias else NO_BIAS)
 
     def incremental_forwarding(self, context, from_, to):
         w = context.weights
@@ -57,3 +63,22 @@ def project_last(layer, context, w, bias) -> None:
     for b in range(x.shape[0]):
         rows[b, :n] = x[b, step.last[b, :n]]
     linear(rows, w, bias, out, 0, 0, n)
+
+
+def project_last_ops(context, w, bias):
+    """``project_last`` as team ops (runtime/runner.py, ``team_plan``): every batch's row
+    ``step.last_row`` rounded, then multiplied by the block matrix w; None for a step whose
+    rows need gathering or for a weight not in ggml blocks."""
+    x, out, rows = context.inputs[0], context.outputs[0], context.step
+    if (rows.last_row is None or not isinstance(w, PackedMatrix) or w.qtype is None
+            or not w.transposed or out.ndim != 3):
+        return None
+    rounding = quantize_op(w.qtype.act, x, min(rows.last_row, x.shape[1] - 1), 1)
+    try:
+        table = MatrixTable(w.qtype, [(w.blocks, bias, out)])
+    except ValueError:
+        return None
+    product = table.op(*activation_rows(x.shape[0], x.shape[2]), 1)
+    if rounding is None or product is None:
+        return None
+    return [rounding, (*product, table)]

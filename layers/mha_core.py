@@ -97,6 +97,7 @@ from causallm.kernels.attention import (
     NO_KV,
     NO_SINKS,
     attention_dense,
+    attention_ops,
 )
 from causallm.runtime.kv_cache import CACHE_DTYPES
 from causallm.runtime.layer import Layer
@@ -273,11 +274,31 @@ class MHACoreLayer(Layer):
             mscale_all_dim=p["rope_scaling_mscale_all_dim"] or None)
         return rope_tables(inv_freq, scaling, T)
 
+    def check_step(self, context):
+        """Raise when the step reaches past the KV cache (runtime/runner.StageState)."""
+        if context.step.end > self.max_timestep:
+            raise context.error(f"position {context.step.end - 1} is past max_timestep "
+                                f"{self.max_timestep} (the KV cache length)")
+
+    def team_ops(self, context, step):
+        """A decode step of a causal layer over its own cache, as team ops (runtime/runner.py,
+        ``team_plan``; kernels.attention.attention_ops); None for any other layer."""
+        if (self.cross_inputs is not None or self.cross or self.cacheless or self.has_bias
+                or self.blocks or not self.causal):
+            return None
+        rows, inputs = context.step, context.inputs
+        sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]
+        # kv_len: a causal step's keys end at each row's position (read when the ops run)
+        return attention_ops(inputs[0], context.tensors[0], context.tensors[1],
+                             context.outputs[0], self.cos, self.sin, context.tensors[self.scores],
+                             step, self.max_timestep, self.n_heads, self.n_kv, self.head_dim,
+                             scale=self.scale, window=self.window, softcap=self.softcap,
+                             sinks=sinks, slots=rows.slots, positions=rows.positions,
+                             k=inputs[1], v=inputs[2])
+
     def incremental_forwarding(self, context, from_, to):
         rows = context.step  # each row's cache slot and position (runtime/runner.StageState)
-        if rows.end > self.max_timestep:
-            raise context.error(f"position {rows.end - 1} is past max_timestep "
-                                f"{self.max_timestep} (the KV cache length)")
+        self.check_step(context)
         step = to - from_
         inputs, tensors = context.inputs, context.tensors
         sinks = NO_SINKS if self.sink_index is None else context.weights[self.sink_index]

@@ -11,6 +11,7 @@ Weight ``gamma`` ``(feature_size,)``. Properties: ``feature_size`` (required), `
 """
 
 from causallm.kernels import rms_norm
+from causallm.kernels.norm import rms_norm_op
 from causallm.runtime.layer import Layer
 from causallm.runtime.properties import float_, str_, uint
 
@@ -31,6 +32,13 @@ class ReshapedRMSNormLayer(Layer):
         self.feature_size, self.eps = fs, self.props["epsilon"]
         context.requestWeight("gamma", (fs,))
         context.setOutputDimensions([dims[0]])
+
+    def team_ops(self, context, step):
+        """The step as a team op (runtime/runner.py, ``team_plan``)."""
+        out = context.outputs[0]
+        op = rms_norm_op(context.inputs[0], context.weights[0], out, min(step, out.shape[1]),
+                         self.eps, self.feature_size)
+        return None if op is None else [op]
 
     def incremental_forwarding(self, context, from_, to):
         out = context.outputs[0]

@@ -18,7 +18,7 @@ from causallm.runtime.layer import Layer
 from causallm.runtime.properties import float_, uint
 from causallm.layers.embedding_layer import embedding_lookup, finalize_embedding
 from causallm.layers.fully_connected import NO_BIAS
-from causallm.layers.lm_head import head_dims, project_last
+from causallm.layers.lm_head import head_dims, project_last, project_last_ops
 
 
 class TieWordEmbedding(Layer):
@@ -41,6 +41,12 @@ class TieWordEmbedding(Layer):
         if self.has_bias:
             context.requestWeight("bias", (unit,), context.activation_dtype)
         context.setOutputDimensions([head_dims(self, context, x, unit)])
+
+    def team_ops(self, context, step):
+        if not self.lm_head or self.scale != 1.0:
+            return None
+        w = context.weights
+        return project_last_ops(context, w[0].T, w[1] if self.has_bias else NO_BIAS)
 
     def incremental_forwarding(self, context, from_, to):
         w = context.weights

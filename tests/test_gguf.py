@@ -125,12 +125,13 @@ def test_rows_feeding_a_group_round_them_in_the_same_call(name):
 
 
 def test_bound_kernel_calls_follow_the_activation_buffers(monkeypatch):
-    """The plan's entries keep their kernel calls, bound to views of the shared activation
-    buffers (runner.BoundCalls). A step longer than any before makes those buffers anew: every
-    kept call is dropped and bound again on the new ones, so none holds the old buffers alive,
-    and the prompt and cached steps after one-row steps on a fresh pool stay within the int8
-    activations' distance of transformers."""
+    """A decode step's team program points into the shared activation buffers, as the plan's
+    kept kernel calls hold views of them (runner.BoundCalls). A step longer than any before
+    makes those buffers anew: the programs are made again on the new ones and none points into
+    the old, so the prompt and cached steps after one-row steps on a fresh pool stay within the
+    int8 activations' distance of transformers."""
     from causallm.kernels import quant
+    from causallm.runtime.runner import Team
 
     monkeypatch.setattr(quant, "_activations", quant.Activations())
     name = "gguf-qwen3-q4_0"
@@ -139,14 +140,14 @@ def test_bound_kernel_calls_follow_the_activation_buffers(monkeypatch):
     old = quant._activations._q
     parity.check_close(model, ref, parity.INT8_ACTIVATIONS_RTOL, parity.INT8_ACTIVATIONS_MARGIN,
                        "int8 activations after one-row steps")
-    assert quant._activations._q is not old  # the prompt made the buffers anew
-    kept = [args for layer, _ in model.model.executionPlan() if hasattr(layer, "_calls")
-            for calls in layer._calls.calls.values() for _, args in calls]
-    assert kept  # the decode steps' calls
-    held = [a for args in kept for a in args
-            if isinstance(a, np.ndarray) and a.dtype == np.int8 and a.size]  # rows of q
-    assert held and not any(np.shares_memory(a, old) for a in held)
-    assert all(np.shares_memory(a, quant._activations._q) for a in held)
+    new = quant._activations._q
+    assert new is not old  # the prompt made the buffers anew
+    words = np.concatenate([args for entry, _ in model.model._stage(None).execution(1)
+                            if isinstance(entry, Team) for _, args, *_ in entry.program.ops])
+
+    def inside(a):
+        return ((words >= a.ctypes.data) & (words < a.ctypes.data + a.nbytes)).any()
+    assert inside(new) and not inside(old)
 
 
 HELD = {

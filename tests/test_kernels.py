@@ -20,6 +20,7 @@ import reference as ref
 from causallm import kernels as K
 from causallm.kernels.expf import expf
 from causallm.kernels.quant import GLU_MULTIPLY, GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
+from causallm.kernels.team import Program
 
 B, HEAD_DIM, N_HEADS, N_KV, VOCAB = 2, 80, 6, 2, 1003
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -561,7 +562,8 @@ def test_set_num_threads_clamps():
 @pytest.mark.slow
 def test_serial_and_parallel_kernels_agree_exactly():
     """The one-thread variants run the same per-task code as the parallel ones (the dispatchers
-    pick one by the size of the work), so the results are bit-identical."""
+    pick one by the size of the work), so the results are bit-identical; attention's row
+    kernel is one team program on either (kernels/team.py)."""
     import importlib
     att = importlib.import_module("causallm.kernels.attention")
     lin = importlib.import_module("causallm.kernels.linear")
@@ -584,15 +586,14 @@ def test_serial_and_parallel_kernels_agree_exactly():
     v = rng.standard_normal((B, 5, KV * D)).astype(np.float32)
     outs = []
     slots, positions = att.step_rows(B, 7, 5, B)
-    serial = lambda *args: att._attend(*args, 0, B * KV * 3)  # noqa: E731  every task, in turn
-    for kernel in (att.attention_parallel, serial):
+    for n_threads in (2, 1):  # one task a head (3 parts a group) on the pool, or one whole task
         out = np.zeros_like(q)
         scratch = np.zeros((B * H, T + D), np.float32)
         caches = kc.copy(), vc.copy()
-        kernel(q, k, v, *caches, out, cos, sin, np.zeros(0, np.float32),
-               np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
-               np.zeros((0, 0, 0), np.float32), np.zeros((0, 0), np.int64), scratch, slots,
-               positions, 5, 12, 0, H, KV, D, 4, 4, True, 0.0, D ** -0.5, 3, True)
+        ops = att.attention_ops(q, *caches, out, cos, sin, scratch, 5, 12, H, KV, D,
+                                scale=D ** -0.5, window=4, slots=slots, positions=positions,
+                                k=k, v=v, n_threads=n_threads)
+        Program(ops, n_threads).run(n_threads)
         outs += [out, *caches]
     for a, b in zip(outs[:3], outs[3:]):
         np.testing.assert_array_equal(a, b)

@@ -66,6 +66,8 @@ from causallm.kernels.expf import expf
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.simd import (addf16, fmaf, fmaf16, fold8, hsum, load1f, load8f,
                                    load16f, splatf, store8f, store16f, store_hsum4, zerof16)
+from causallm.kernels.team import (Program, address, array1, array2, array3, array4, encode,
+                                   real, words)
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # reorder dot products; keep NaN/Inf rules
@@ -111,7 +113,8 @@ def kv_cache_write(k, v, k_cache, v_cache, cos, sin, pos0, nrows, n_kv, head_dim
     p = positions[b, i] (default pos0 + i). The caches (S, n_kv, T, d) are float32, or uint16
     FP16 bits (values rounded to nearest even)."""
     slots, positions = step_rows(k.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
-    _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
+    Program([_write_op(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv,
+                       head_dim)]).run(1)
 
 
 def step_rows(batch, pos0, nrows, key_rows=None, slots=None, positions=None):
@@ -409,22 +412,6 @@ def _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cros
                     _weighted_rows(o, score, cross_v, xb, g, -n, max(t0, n), t1, d)
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def attention_parallel(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
-                       key_end, scratch, slots, positions, nrows, kv_len, cross_len, n_heads,
-                       n_kv, head_dim, window, window_right, causal, softcap, scale, parts,
-                       write):
-    """attention() with the (b, kv head, part) tasks spread over the thread pool, after the
-    step's keys and values are written (with ``write``)."""
-    if write:
-        _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
-    for task in prange(q.shape[0] * n_kv * parts):
-        _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v,
-                key_end, scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv,
-                head_dim, window, window_right, causal, softcap, scale, parts, False, task,
-                task + 1)
-
-
 NO_WINDOW = 1 << 40
 NO_SINKS = np.zeros(0, dtype=np.float32)
 NO_BIAS = np.zeros((0, 0, 0), dtype=np.float32)
@@ -455,6 +442,101 @@ def _parts(groups: int, group: int, n_threads: int) -> int:
     return group
 
 
+def _ops(dtype, ndim):
+    """The row kernel's two team ops (kernels/team.py) for key and value caches of ``dtype``
+    and ``ndim`` (``attention_ops``): the step's keys and values written into a self cache, a
+    task a batch row; then ``_attend``, a task one (b, kv head, part). Their words (``encode``)
+    are attention()'s arguments in its order, a 3-D cache followed by a 0 (five words a cache
+    either way)."""
+
+    @njit(cache=True)
+    def write(args, k0, k1):
+        w = words(args, 70)
+        k, v = array3(w, 4, np.float32), array3(w, 8, np.float32)
+        slots, positions = array2(w, 52, np.int64), array2(w, 55, np.int64)
+        _kv_write(k[k0:k1], v[k0:k1], _cache(w, 12, dtype, ndim), _cache(w, 17, dtype, ndim),
+                  array2(w, 26, np.float32), array2(w, 29, np.float32), slots[k0:k1],
+                  positions[k0:k1], w[58], w[62], w[63])
+
+    @njit(cache=True)
+    def attend(args, k0, k1):
+        w = words(args, 70)
+        _attend(array3(w, 0, np.float32), array3(w, 4, np.float32), array3(w, 8, np.float32),
+                _cache(w, 12, dtype, ndim), _cache(w, 17, dtype, ndim), array3(w, 22, np.float32),
+                array2(w, 26, np.float32), array2(w, 29, np.float32), array1(w, 32, np.float32),
+                array3(w, 34, np.float32), array3(w, 38, np.float32), array3(w, 42, np.float32),
+                array2(w, 46, np.int64), array2(w, 49, np.float32), array2(w, 52, np.int64),
+                array2(w, 55, np.int64), w[58], w[59], w[60], w[61], w[62], w[63], w[64], w[65],
+                w[66] != 0, real(args, 67), real(args, 68), w[69], False, k0, k1)
+
+    return write, attend
+
+
+def _cache(w, i, dtype, ndim):
+    """The cache at words i.. of an op's (ndim 3 or 4, a literal)."""
+
+
+@overload(_cache, inline="always")
+def _cache_of(w, i, dtype, ndim):
+    if not isinstance(ndim, types.IntegerLiteral):
+        return None  # typed again with the literal the ops pass
+    if ndim.literal_value == 4:
+        return lambda w, i, dtype, ndim: array4(w, i, dtype)
+    return lambda w, i, dtype, ndim: array3(w, i, dtype)
+
+
+_OPS: dict = {}
+
+
+def attention_ops(q, k_cache, v_cache, out, cos, sin, scratch, nrows, kv_len, n_heads, n_kv,
+                  head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
+                  softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
+                  cross_len=0, key_end=NO_KEY_END, slots, positions, k=NO_KV, v=NO_KV,
+                  n_threads=None):
+    """The row kernel of ``attention`` (its arguments; ``slots`` and ``positions`` as
+    ``step_rows`` gives them) as team ops (kernels/team.py): [(address, args, tasks)], the
+    cache write first when ``k`` has rows; None when an array is not C-contiguous or of
+    another type (float32; int64 slots, positions and key ends; caches float32 or FP16 bits).
+    The arrays are read when the ops run: a decode step's program made once reads each step's
+    rows (``StageState``). Tasks split each group's heads for ``n_threads`` (``_parts``)."""
+    window_right = window if window_right is None else window_right
+    floats = (q, k, v, out, cos, sin, scratch, sinks, bias, cross_k, cross_v)
+    if (k_cache.ndim not in (3, 4) or k_cache.shape != v_cache.shape
+            or k_cache.dtype != v_cache.dtype or k_cache.dtype not in (np.float32, np.uint16)
+            or any(a.dtype != np.float32 for a in floats)
+            or any(a.dtype != np.int64 for a in (slots, positions, key_end))):
+        return None
+    n_threads = threads() if n_threads is None else n_threads
+    parts = _parts(q.shape[0] * n_kv, n_heads // n_kv, n_threads) if n_threads > 1 else 1
+    pad = [0] if k_cache.ndim == 3 else []
+    args = encode(q, k, v, k_cache, *pad, v_cache, *pad, out, cos, sin, sinks, bias, cross_k,
+                  cross_v, key_end, scratch, slots, positions, nrows, kv_len, cross_len,
+                  n_heads, n_kv, head_dim, min(window, NO_WINDOW), min(window_right, NO_WINDOW),
+                  int(causal), float(softcap), float(scale), parts)
+    if args is None:
+        return None
+    ops = _OPS.get((k_cache.dtype, k_cache.ndim))
+    if ops is None:
+        ops = _OPS[k_cache.dtype, k_cache.ndim] = _ops(
+            np.float32 if k_cache.dtype == np.float32 else np.uint16, k_cache.ndim)
+    attend = (address(ops[1]), args, q.shape[0] * n_kv * parts)
+    if k.shape[0] == 0 or k_cache.ndim != 4:
+        return [attend]
+    return [(address(ops[0]), args, q.shape[0]), attend]
+
+
+def _write_op(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
+    """The cache write of ``attention_ops`` alone (every write of the step's keys runs this one
+    compiled copy: two copies of ``_kv_write`` may fuse its multiply-adds differently)."""
+    k, v, slots, positions = (np.ascontiguousarray(a) for a in (k, v, slots, positions))
+    return attention_ops(k, k_cache, v_cache, k, cos, sin, NO_SCRATCH, nrows, 0, n_kv, n_kv,
+                         head_dim, scale=1.0, slots=slots, positions=positions, k=k, v=v,
+                         n_threads=1)[0]
+
+
+NO_SCRATCH = np.zeros((0, 0), dtype=np.float32)
+
+
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,
               head_dim, *, scale, window=NO_WINDOW, window_right=None, causal=True,
               softcap=0.0, sinks=NO_SINKS, bias=NO_BIAS, cross_k=NO_CROSS, cross_v=NO_CROSS,
@@ -464,10 +546,13 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     Given the step's keys and values ``k``, ``v`` (B, H, n_kv * d), the same call first writes
     them into the caches as ``kv_cache_write`` does (one kernel call a decode step, not two).
 
-    One task per (b, kv head): the heads of a group read each key and value row once; when
-    there are fewer such tasks than threads, each group's heads are split over more tasks. On
-    the thread pool when there is enough work. q is read (into scratch) before out is
-    written, so out may be q.
+    A causal step of BLOCKED_MIN_ROWS rows or more over a self cache whose rows see
+    BLOCKED_MIN_KEYS keys or more on average runs as blocks of matrix products
+    (``attention_blocked``). Any other step runs the row kernel ``_attend`` as the team ops
+    ``attention_ops`` give (kernels/team.py), the ones a decode step's program runs: one task
+    per (b, kv head), the heads of a group reading each key and value row once, split over
+    more tasks when there are fewer such tasks than threads; on the thread pool when there is
+    enough work. q is read (into scratch) before out is written, so out may be q.
     """
     window_right = window if window_right is None else window_right
     if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
@@ -476,33 +561,35 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
                          "read by flat offset)")
     work = q.shape[0] * n_heads * nrows * (min(kv_len, window + window_right) + cross_len) \
         * head_dim
-    group = n_heads // n_kv
     parallel = work >= PARALLEL_MIN_WORK and threads() > 1  # a region of one thread costs more
-    parts = _parts(q.shape[0] * n_kv, group, threads()) if parallel else 1
-    cos, sin, sinks, bias = read_only(cos), read_only(sin), read_only(sinks), read_only(bias)
-    cross_k, cross_v, key_end = read_only(cross_k), read_only(cross_v), read_only(key_end)
+    key_end = np.ascontiguousarray(key_end)
     slots, positions = step_rows(q.shape[0], pos0, nrows, k_cache.shape[0], slots, positions)
     if (nrows >= BLOCKED_MIN_ROWS and causal and k_cache.ndim == 4 and bias.shape[0] == 0
             and cross_len == 0 and key_end.shape[0] == 0
             and min(positions[:, 0].min() + nrows // 2, window) >= BLOCKED_MIN_KEYS
             and _runs(slots, positions, nrows)):
         if k.shape[0] > 0:
-            _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
+            Program([_write_op(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv,
+                               head_dim)]).run(1)
+        cos, sin, sinks = read_only(cos), read_only(sin), read_only(sinks)
         attention_blocked(q, k_cache, v_cache, out, cos, sin, slots[:, 0], positions[:, 0],
                           nrows, n_heads, n_kv, head_dim, scale, min(window, NO_WINDOW),
                           softcap, sinks)
         return
-    args = (q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
-            scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim,
-            min(window, NO_WINDOW), min(window_right, NO_WINDOW), causal, softcap, scale, parts,
-            k.shape[0] > 0)
-    if parallel:
-        attention_parallel(*args)
-    else:
-        _attend(*args, 0, q.shape[0] * n_kv * parts)
+    n_threads = threads() if parallel else 1
+    ops = attention_ops(q, k_cache, v_cache, out, cos, sin, scratch, nrows, kv_len, n_heads, n_kv,
+                        head_dim, scale=scale, window=window, window_right=window_right,
+                        causal=causal, softcap=softcap, sinks=sinks, bias=bias, cross_k=cross_k,
+                        cross_v=cross_v, cross_len=cross_len, key_end=key_end, slots=slots,
+                        positions=positions, k=k, v=v, n_threads=n_threads)
+    if ops is None:
+        raise ValueError("attention: float32 C-contiguous arrays (int64 rows, caches float32 or "
+                         "FP16 bits) expected")
+    Program(ops, n_threads).run(n_threads)
 
 
 BLOCKED_MIN_ROWS = 32
+"""Query rows from which a causal step may run as blocks of matrix products (below)."""
 BLOCKED_MIN_KEYS = 256
 """A causal step over a self cache of BLOCKED_MIN_ROWS query rows or more (a prompt) whose rows
 see BLOCKED_MIN_KEYS keys or more on average runs as matrix products (``attention_blocked``)

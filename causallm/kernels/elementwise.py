@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from causallm.kernels.expf import expf
+from causallm.kernels.team import address, array3, encode, words
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # for the softmax sum; keep NaN/Inf rules
 
@@ -96,6 +97,25 @@ def activation(x, y, nrows, kind):
     for b in range(x.shape[0]):
         for r in range(nrows):
             _act_row(x[b, r], y[b, r], kind)
+
+
+@njit(cache=True, error_model="numpy")
+def _activation_team(args, k0, k1):
+    """Rows [k0, k1) of ``activation`` (row t: batch t // nrows, row t % nrows), a team op."""
+    w = words(args, 10)
+    x, y = array3(w, 0, np.float32), array3(w, 4, np.float32)
+    nrows = w[8]
+    for t in range(k0, k1):
+        _act_row(x[t // nrows, t % nrows], y[t // nrows, t % nrows], w[9])
+
+
+def activation_op(x, y, nrows: int, kind: int):
+    """``activation`` as a team op (kernels/team.py): (address, args, tasks), a task a row;
+    None for arrays it cannot read (float32, C-contiguous) or an unknown kind."""
+    if x.dtype != np.float32 or y.dtype != np.float32 or not ACT_NONE <= kind <= ACT_SIGMOID:
+        return None
+    args = encode(x, y, nrows, kind)
+    return None if args is None else (address(_activation_team), args, x.shape[0] * nrows)
 
 
 @njit(cache=True, error_model="numpy")

@@ -11,6 +11,8 @@ of a q/k projection on its own (``reshaped_rms_norm``). All in float32.
 import numpy as np
 from numba import njit
 
+from causallm.kernels.team import address, array1, array3, encode, real, words
+
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # vectorize the sum of squares; keep NaN/Inf
 
 
@@ -38,3 +40,26 @@ def rms_norm(x, gamma, y, nrows, eps, feature_size):
             for s0 in range(0, x.shape[2], feature_size):
                 rms_segment(x[b, r, s0:s0 + feature_size], gamma, y[b, r, s0:s0 + feature_size],
                             eps32, size32)
+
+
+@njit(cache=True)
+def _rms_norm_team(args, k0, k1):
+    """Rows [k0, k1) of ``rms_norm`` (row t: batch t // nrows, row t % nrows), a team op."""
+    w = words(args, 13)
+    x, gamma, y = array3(w, 0, np.float32), array1(w, 4, np.float32), array3(w, 6, np.float32)
+    nrows, fs = w[10], w[12]
+    eps32 = np.float32(real(args, 11))
+    size32 = np.float32(fs)
+    for t in range(k0, k1):
+        b, r = t // nrows, t % nrows
+        for s0 in range(0, x.shape[2], fs):
+            rms_segment(x[b, r, s0:s0 + fs], gamma, y[b, r, s0:s0 + fs], eps32, size32)
+
+
+def rms_norm_op(x, gamma, y, nrows: int, eps: float, feature_size: int):
+    """``rms_norm`` as a team op (kernels/team.py): (address, args, tasks), a task a row; None
+    for arrays it cannot read (float32, C-contiguous)."""
+    if any(a.dtype != np.float32 for a in (x, gamma, y)) or gamma.ndim != 1:
+        return None
+    args = encode(x, gamma, y, nrows, float(eps), feature_size)
+    return None if args is None else (address(_rms_norm_team), args, x.shape[0] * nrows)

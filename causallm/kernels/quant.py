@@ -49,10 +49,10 @@ import warnings
 
 import numpy as np
 from numba import carray, get_thread_id, njit, prange
-from numba.core import cgutils, types
 from numba.core import config as numba_config
+from numba.core import types
 from numba.core.errors import NumbaIRAssumptionWarning
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from causallm.kernels import amx, simd
 from causallm.kernels.elementwise import swiglu_row
@@ -114,6 +114,7 @@ from causallm.kernels.simd import (
     zerof,
     zerof16,
 )
+from causallm.kernels.team import address, array1, array2, array3, encode, pointer, real, words
 from causallm.kernels.threads import threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -149,7 +150,8 @@ class QType:
 
     @property
     def kernels(self):
-        """(rows, rows_parallel, widen, rows_table): this type's compiled entry points."""
+        """(rows, rows_parallel, widen, rows_table, rows_team): this type's compiled entry
+        points."""
         if self._kernels is None:
             self._kernels = _entry_points(self.kind, self.qk)
         return self._kernels
@@ -263,6 +265,18 @@ def _quantize_parallel(act, x, x_row, nrows, q, d, s, u):
         _quantize_row(act, x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
 
 
+@njit(cache=True)
+def _quantize_team(args, k0, k1):
+    """Rows [k0, k1) of ``_quantize_serial`` as a team op (``quantize_op``)."""
+    w = words(args, 19)
+    x = array3(w, 1, np.float32)
+    q, d = array2(w, 7, np.int8), array2(w, 10, np.float32)
+    s, u = array2(w, 13, np.float32), array2(w, 16, np.int32)
+    x_row, nrows = w[5], w[6]
+    for t in range(k0, k1):
+        _quantize_row(w[0], x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
+
+
 class Activations:
     """Reused buffers of quantized activation rows: q int8 (T, K); d (T, K / 32) float32 (the
     block scales); s (T, K / 16) float32 (Q8_1's (d, d * sum) pairs); u (T, K / 16) int32
@@ -319,6 +333,16 @@ def quantize_call(act: int, x, x_row: int, nrows: int, bufs: Activations | None 
     q, d, s, u = (_activations if bufs is None else bufs).take(T, K)
     kernel = _quantize_parallel if T >= 8 and threads() > 1 else _quantize_serial
     return kernel, (act, x, x_row, nrows, q, d, s, u)
+
+
+def quantize_op(act: int, x, x_row: int, nrows: int):
+    """``quantize_call``'s work as a team op (kernels/team.py): (address, args, tasks), a task
+    a row; None when x is not float32 C-contiguous."""
+    if x.dtype != np.float32:
+        return None
+    T, K = x.shape[0] * nrows, x.shape[2]
+    args = encode(act, x, x_row, nrows, *_activations.take(T, K))
+    return None if args is None else (address(_quantize_team), args, T)
 
 
 def quantize_activations(act: int, x, x_row: int, nrows: int, bufs: Activations | None = None):
@@ -399,7 +423,28 @@ def _row_kernels(act: int):
         for t in prange(gate.shape[0] * nrows):
             _glu_row(act, kind, gate, up, out, nrows, q, d, s, u, t)
 
-    return (norm_rows, glu_rows), (norm_rows_parallel, glu_rows_parallel)
+    @njit(cache=True)
+    def norm_team(args, k0, k1):
+        w = words(args, 32)
+        a, b, total = array3(w, 0, np.float32), array3(w, 4, np.float32), array3(w, 8, np.float32)
+        gamma = array1(w, 12, np.float32)
+        y = array3(w, 14, np.float32)
+        q, d = array2(w, 20, np.int8), array2(w, 23, np.float32)
+        s, u = array2(w, 26, np.float32), array2(w, 29, np.int32)
+        for t in range(k0, k1):
+            _norm_row(act, a, b, total, gamma, y, w[18], real(args, 19), q, d, s, u, t)
+
+    @njit(cache=True)
+    def glu_team(args, k0, k1):
+        w = words(args, 26)
+        gate, up, out = array3(w, 1, np.float32), array3(w, 5, np.float32), array3(w, 9, np.float32)
+        q, d = array2(w, 14, np.int8), array2(w, 17, np.float32)
+        s, u = array2(w, 20, np.float32), array2(w, 23, np.int32)
+        for t in range(k0, k1):
+            _glu_row(act, w[0], gate, up, out, w[13], q, d, s, u, t)
+
+    return ((norm_rows, glu_rows), (norm_rows_parallel, glu_rows_parallel),
+            (norm_team, glu_team))
 
 
 _ROW_KERNELS: dict = {}
@@ -422,10 +467,36 @@ def row_kernels(act: int = NO_ACT, rows: int = 1):
     i * nrows + r of (q, d, s, u), as ``quantize_activations`` rounds it. Outputs may be
     inputs. For ``rows`` rows in all (batches times nrows) of PARALLEL_MIN_ROWS or more, on
     more than one thread, the rows are divided between the threads (the same values)."""
+    return _row_kernel_sets(act)[rows >= PARALLEL_MIN_ROWS and threads() > 1]
+
+
+def _row_kernel_sets(act: int):
+    """``_row_kernels(act)``, made at the first ask."""
     kernels = _ROW_KERNELS.get(act)
     if kernels is None:
         kernels = _ROW_KERNELS[act] = _row_kernels(act)
-    return kernels[rows >= PARALLEL_MIN_ROWS and threads() > 1]
+    return kernels
+
+
+def norm_op(act: int, a, b, total, gamma, y, nrows: int, eps: float, q, d, s, u):
+    """``norm_rows`` as a team op (kernels/team.py): (address, args, tasks), a task a row;
+    None when an array is not float32 C-contiguous."""
+    if any(v.dtype != np.float32 for v in (a, b, total, gamma, y)) or gamma.ndim != 1:
+        return None
+    args = encode(a, b, total, gamma, y, nrows, float(eps), q, d, s, u)
+    if args is None:
+        return None
+    return address(_row_kernel_sets(act)[2][0]), args, y.shape[0] * nrows
+
+
+def glu_op(act: int, kind: int, gate, up, out, nrows: int, q, d, s, u):
+    """``glu_rows`` as a team op, as ``norm_op``."""
+    if any(v.dtype != np.float32 for v in (gate, up, out)):
+        return None
+    args = encode(kind, gate, up, out, nrows, q, d, s, u)
+    if args is None:
+        return None
+    return address(_row_kernel_sets(act)[2][1]), args, out.shape[0] * nrows
 
 
 # -- one row of weights with one row of activations ----------------------------------------------
@@ -1545,7 +1616,23 @@ def _entry_points(kind: int, qk: int):
             _rows(kind, qk, w, q, d, s, u, bias, y, np.int64(0), nrows, t * PANEL,
                   min(w.shape[0], t * PANEL + PANEL))
 
-    return rows, rows_parallel, widen, rows_table
+    @njit(cache=True)
+    def rows_team(args, k0, k1):
+        # tasks [k0, k1) of rows_table (a decode step: no tiles), a team op (MatrixTable.op)
+        w = words(args, 16)
+        table = array2(w, 0, np.int64)
+        q, d = array2(w, 3, np.int8), array2(w, 6, np.float32)
+        s, u = array2(w, 9, np.float32), array2(w, 12, np.int32)
+        nrows = w[15]
+        for task in range(k0, k1):
+            m, y, bias, t = _table_task(table, task, panelled)
+            if panelled:
+                _panel_rows(kind, m, q, d, s, u, bias, y, np.int64(0), nrows, t, t + 1)
+            else:
+                _rows(kind, qk, m, q, d, s, u, bias, y, np.int64(0), nrows, t * PANEL,
+                      min(m.shape[0], t * PANEL + PANEL))
+
+    return rows, rows_parallel, widen, rows_table, rows_team
 
 
 @njit(cache=True, inline="always")
@@ -1555,9 +1642,9 @@ def _table_task(table, task, panelled):
     m, t = _member_task(table, task)
     e = table[m]
     wrows = (e[1] + PANEL - 1) // PANEL * PANEL if panelled else e[1]
-    return (carray(_pointer(e[0]), (wrows, e[2]), np.uint8),
-            carray(_pointer(e[3]), (e[4], e[5], e[1]), np.float32),
-            carray(_pointer(e[6]), (e[7],), np.float32), t)
+    return (carray(pointer(e[0]), (wrows, e[2]), np.uint8),
+            carray(pointer(e[3]), (e[4], e[5], e[1]), np.float32),
+            carray(pointer(e[6]), (e[7],), np.float32), t)
 
 
 @njit(cache=True)
@@ -1570,14 +1657,6 @@ def _member_task(table, task):
         m += 1
         n = (table[m, 1] + PANEL - 1) // PANEL
     return m, t
-
-
-@intrinsic
-def _pointer(typingctx, address):
-    """The int64 ``address`` as a pointer (for numba.carray)."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-    return types.voidptr(types.int64), codegen
 
 
 PARALLEL_MIN_BYTES = 1 << 16
@@ -1661,6 +1740,14 @@ class MatrixTable:
             return [(self.qtype.kernels[3], (self.table, q, d, s, u, nrows, panels))]
         rows = self.qtype.kernels[0]
         return [(rows, (w, q, d, s, u, bias, y, 0, nrows, panels)) for w, bias, y in self.members]
+
+    def op(self, q, d, s, u, nrows: int):
+        """``run`` as a team op (kernels/team.py) for fewer than AMX_MIN_ROWS activation rows:
+        (address, args, tasks), a task a panel of 16 output rows of a member."""
+        if q.shape[0] >= AMX_MIN_ROWS:
+            return None
+        tasks = sum((y.shape[-1] + PANEL - 1) // PANEL for _, _, y in self.members)
+        return (address(self.qtype.kernels[4]), encode(self.table, q, d, s, u, nrows), tasks)
 
     def run(self, q, d, s, u, nrows: int) -> None:
         """Every member's y[b, i] = x[b, i] @ W + bias for i < nrows, x the rows quantized as

@@ -8,7 +8,9 @@ decode step allocates nothing inside the layer loop: layers hand whole buffers a
 kernels. A stage runs the execution plan of its layers (``make_plan``), which runs every fully
 connected layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
 together, and lets the norm, swiglu or multiply before such a group round its rows for it (with a
-norm's residual addition) in one kernel call.
+norm's residual addition) in one kernel call. A step of at most TEAM_MAX_ROWS rows (decode) runs
+the plan's consecutive entries that can as one team program in one parallel region
+(``team_plan``, kernels/team.py).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from causallm.kernels.quant import (
     MatrixTable,
     activation_rows,
     activations_generation,
+    glu_op,
+    norm_op,
     quantize_call,
+    quantize_op,
     row_kernels,
 )
+from causallm.kernels.team import Program
 from causallm.kernels.threads import threads
 from causallm.runtime.layer import RunLayerContext
 
@@ -50,7 +56,7 @@ class StageState:
     """
 
     __slots__ = ("name", "from_", "to", "slots", "positions", "last", "n_last", "last_row",
-                 "end", "n_slots", "_spans")
+                 "end", "n_slots", "_spans", "generation")
 
     def __init__(self, name: str, batch: int = 1, rows: int = 1, n_slots: int | None = None,
                  heads: int = 1) -> None:
@@ -63,6 +69,7 @@ class StageState:
         self.last_row: int | None = 0  # the one row every batch's head projects, when so
         self.end = 0
         self._spans = False  # whether slots holds the span layout (slot b for batch row b)
+        self.generation = 0  # times slots and positions were made anew (``_hold``)
 
     @property
     def rows(self) -> int:
@@ -75,6 +82,7 @@ class StageState:
             self.slots = np.zeros((B, n), dtype=np.int64)
             self.positions = np.zeros((B, n), dtype=np.int64)
             self._spans = False
+            self.generation += 1
 
     def span(self, from_: int, to: int) -> None:
         """Rows [0, to - from_) of batch b: slot b, positions [from_, to)."""
@@ -131,6 +139,8 @@ class StageRunner:
         self._inputs = [buffers[n][0].reshape(batch, -1) for n in inputs]
         self._outputs = [buffers[n][0].reshape(batch, -1) for n in outputs]
         self._plan: list | None = None
+        self._teams: dict = {}
+        self._teams_stamp = None
 
     @property
     def plan(self) -> list:
@@ -143,6 +153,28 @@ class StageRunner:
     def replan(self) -> None:
         """Forget the execution plan (the weights changed); the next run makes it again."""
         self._plan = None
+        self._teams = {}
+
+    def execution(self, step: int) -> list:
+        """What a step of ``step`` rows runs: the plan, with runs of its entries that can
+        run as one team program (``team_plan``) so joined when the step has at most
+        TEAM_MAX_ROWS rows in all. Made once for each step length and head row, and again
+        when the buffers the programs point to are made anew (the shared activation rows,
+        the state's rows) or the thread count changes."""
+        if step * self.batch > TEAM_MAX_ROWS:
+            return self.plan
+        stamp = (activations_generation(), threads(), self.state.generation)
+        if stamp != self._teams_stamp:
+            self._teams, self._teams_stamp = {}, stamp
+        key = (step, self.state.last_row)
+        plan = self._teams.get(key)
+        while plan is None:
+            plan = team_plan(self.plan, step)
+            if activations_generation() != stamp[0]:  # an op made the buffers anew: again
+                stamp = self._teams_stamp = (activations_generation(),) + stamp[1:]
+                self._teams, plan = {}, None
+        self._teams[key] = plan
+        return plan
 
     def input_rows(self) -> int:
         """The most values per batch row any input holds (its step buffer)."""
@@ -182,7 +214,7 @@ class StageRunner:
                 state.from_ = state.to = 0
                 raise
         try:
-            for layer, ctx in self.plan:
+            for layer, ctx in self.execution(step):
                 layer.incremental_forwarding(ctx, from_, to)
         except BaseException:
             state.from_ = state.to = 0  # half a step: nothing downstream may read it
@@ -240,6 +272,72 @@ def make_plan(steps: list) -> list:
                 plan[-1] = (GluRows(prev, plan[-1][1], layer), None)
         plan.append((layer, ctx))
     return plan
+
+
+TEAM_MAX_ROWS = 8
+"""Steps of up to this many rows in all (batches times rows: decode steps) run consecutive plan
+entries as one team program (``team_plan``); longer ones (prompts) call their kernels, each
+parallel over rows or tiles of its own."""
+
+
+def team_plan(plan: list, step: int) -> list:
+    """``plan`` for a step of ``step`` rows, each run of consecutive entries that give team ops
+    for it (``team_ops(step)`` of LinearGroup, NormRows, GluRows; a layer's
+    ``team_ops(context, step)``: mha_core, reshaped_rms_norm, activation, the heads) joined
+    into one ``Team``, which runs
+    their kernels' work as one program in one parallel region (kernels/team.py), in order, each
+    op's tasks done before the next op starts: the same values, without a Python call or a
+    region's start for each kernel (docs/performance.md, "A decode step in one region")."""
+    out: list = []
+    run: list = []
+    names: list = []
+    checks: list = []
+
+    def close() -> None:
+        if run:
+            out.append((Team(list(run), "+".join(names), list(checks)), None))
+            run.clear()
+            names.clear()
+            checks.clear()
+
+    for entry, ctx in plan:
+        if ctx is None:
+            ops = entry.team_ops(step)
+        else:
+            layer_ops = getattr(entry, "team_ops", None)
+            ops = None if layer_ops is None else layer_ops(ctx, step)
+            if ops is not None and hasattr(entry, "check_step"):
+                checks.append((entry.check_step, ctx))
+        if ops is None:
+            close()
+            out.append((entry, ctx))
+        else:
+            run.extend(ops)
+            names.append(entry.name if ctx is None else ctx.name)
+    close()
+    return out
+
+
+class Team:
+    """Plan entries run as one team program (``team_plan``); ``ops`` [(op address, args,
+    tasks, *what it keeps alive)]; ``checks`` [(check_step, context)] of its layers, called
+    before (a step past a KV cache raises, as the layer itself would)."""
+
+    type = "team"
+
+    def __init__(self, ops: list, name: str, checks: list) -> None:
+        self.name, self.checks = name, checks
+        # ops of one task each (a norm of one row between float products) need no region
+        self.threads = threads() if any(tasks > 1 for _, _, tasks, *_ in ops) else 1
+        self.program = Program(ops, self.threads)
+
+    def getType(self) -> str:
+        return self.type
+
+    def incremental_forwarding(self, context, from_: int, to: int) -> None:
+        for check, ctx in self.checks:
+            check(ctx)
+        self.program.run(self.threads)
 
 
 def _same(a, b) -> bool:
@@ -334,6 +432,26 @@ class LinearGroup:
             calls += table.calls(q, d, s, u, nrows)
         return calls
 
+    def team_ops(self, step: int) -> list | None:
+        """The group's work for a step of ``step`` rows as team ops (kernels/team.py), or None
+        when a kernel cannot run as one."""
+        nrows = min(step, self.rows)
+        if self.quantized:
+            ops = []
+            q, d, s, u = self.activations(nrows)
+        else:
+            op = quantize_op(self.act, self.x, 0, nrows)
+            if op is None:
+                return None
+            ops = [op]
+            q, d, s, u = self.activations(nrows)
+        for table in self.tables:
+            op = table.op(q, d, s, u, nrows)
+            if op is None:
+                return None
+            ops.append(op)
+        return ops
+
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         for kernel, args in self._calls(min(to - from_, self.rows)):
             kernel(*args)
@@ -373,6 +491,17 @@ class NormRows:
         return [(kernel, (self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
                           self.layer.eps, q, d, s, u))]
 
+    def team_ops(self, step: int) -> list | None:
+        """As ``LinearGroup.team_ops``."""
+        nrows = min(step, self.y.shape[1])
+        if self.group is None:
+            act, (q, d, s, u) = NO_ACT, (NO_Q, NO_D, NO_D, NO_U)
+        else:
+            act, (q, d, s, u) = self.group.act, self.group.activations(nrows)
+        op = norm_op(act, self.a, self.b, self.total, self.ctx.weights[0], self.y, nrows,
+                     self.layer.eps, q, d, s, u)
+        return None if op is None else [op]
+
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         for kernel, args in self._calls(min(to - from_, self.y.shape[1])):
             kernel(*args)
@@ -399,6 +528,13 @@ class GluRows:
         q, d, s, u = self.group.activations(nrows)
         kernel = row_kernels(self.group.act, self.out.shape[0] * nrows)[1]
         return [(kernel, (self.kind, self.gate, self.up, self.out, nrows, q, d, s, u))]
+
+    def team_ops(self, step: int) -> list | None:
+        """As ``LinearGroup.team_ops``."""
+        nrows = min(step, self.out.shape[1])
+        op = glu_op(self.group.act, self.kind, self.gate, self.up, self.out, nrows,
+                    *self.group.activations(nrows))
+        return None if op is None else [op]
 
     def incremental_forwarding(self, context, from_: int, to: int) -> None:
         for kernel, args in self._calls(min(to - from_, self.out.shape[1])):

@@ -1,0 +1,207 @@
+"""A team of threads that runs many small kernels in one parallel region.
+
+A decode step of a small model is some 270 kernel calls of a few microseconds of work each; run
+one by one, each pays numba's dispatch from Python and, for most, an OpenMP region's start
+(docs/performance.md, "A decode step in one region"). Here a run of such calls is a *program*:
+rows ``[op address, args address, tasks, grain]`` of int64, one per call, that ``run`` executes
+in one region. Every thread walks the program::
+
+    for each op i:
+        claim a chunk of ``grain`` tasks [k0, k1) of op i (an atomic counter) until none is
+        left, running op(args, k0, k1) for each and counting them done;
+        wait until all of op i's tasks are done (another thread may still run one)
+
+so op i + 1 sees every output of op i, and a thread that starts late (the OS runs another
+process on its core) finds fewer tasks left rather than making the others wait for its share.
+No thread ever waits for a task nobody has claimed: one thread running the region alone runs
+every task, so the program cannot deadlock whatever the thread pool does.
+
+An op is an ``@njit`` function ``op(args, k0, k1)`` of three int64: ``args`` the address of its
+own int64 words (``encode``: an array is its address then its shape, a float its bits), which
+it reads back with ``words`` / ``array*`` / ``real``. ``address(op)`` compiles it (or reads it
+from the kernel cache, as any kernel) and gives the address of numba's C-callable wrapper of
+it, which ``_call`` calls. Task k of an op computes what one iteration of the kernel's own loop
+does, in the same order, so a program gives the values the calls it replaces give.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LINE = 8
+"""int64 counters a cache line: each op's two counters sit on lines of their own."""
+
+
+@intrinsic
+def pointer(typingctx, address):
+    """The int64 ``address`` as a pointer (for numba.carray)."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(types.int64), codegen
+
+
+@intrinsic
+def _atomic_add(typingctx, counters, i, value):
+    """counters[i] += value atomically; the value before."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", builder.gep(array.data, [args[1]]), args[2], "seq_cst")
+    return types.int64(counters, i, value), codegen
+
+
+@intrinsic
+def _atomic_load(typingctx, counters, i):
+    """counters[i], read with acquire order (what was written before its store is seen)."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(builder.gep(array.data, [args[1]]), "acquire", 8)
+    return types.int64(counters, i), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    """The spin-wait hint (x86 ``pause``; nothing elsewhere)."""
+    def codegen(context, builder, signature, args):
+        if context.target_data is not None and "x86" in builder.module.triple:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@intrinsic
+def _call(typingctx, op, args, k0, k1):
+    """op(args, k0, k1) through the op's address."""
+    def codegen(context, builder, signature, a):
+        i64 = ir.IntType(64)
+        fn = builder.inttoptr(a[0], ir.FunctionType(ir.VoidType(), [i64, i64, i64]).as_pointer())
+        builder.call(fn, [a[1], a[2], a[3]])
+        return context.get_dummy_value()
+    return types.none(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@njit(cache=True)
+def _walk(program, counters):
+    """One thread's walk through the program (module doc)."""
+    for i in range(program.shape[0]):
+        op, args, tasks, grain = program[i, 0], program[i, 1], program[i, 2], program[i, 3]
+        claim, done = 2 * LINE * i, 2 * LINE * i + LINE
+        while True:
+            k0 = _atomic_add(counters, claim, grain)
+            if k0 >= tasks:
+                break
+            k1 = min(tasks, k0 + grain)
+            _call(op, args, k0, k1)
+            _atomic_add(counters, done, k1 - k0)
+        while _atomic_load(counters, done) < tasks:
+            _pause()
+
+
+@njit(cache=True, parallel=True)
+def _run_parallel(program, counters, n_threads):
+    counters[:] = 0
+    for _ in prange(n_threads):
+        _walk(program, counters)
+
+
+@njit(cache=True)
+def _run_serial(program, counters):
+    counters[:] = 0
+    _walk(program, counters)
+
+
+CHUNKS = 4
+"""Chunks of an op's tasks a thread, when a program is made for a thread count: threads claim
+them one by one, so one the OS runs less claims fewer."""
+
+
+class Program:
+    """A program (module doc) for ``n_threads`` threads and what it needs kept alive: ``ops``
+    [(op address, args (int64 words), tasks, *anything else to keep)], each op's tasks
+    claimed CHUNKS chunks a thread. ``run(n_threads)`` executes it (on any thread count: the
+    chunks only change how the tasks are shared)."""
+
+    def __init__(self, ops: list, n_threads: int = 1) -> None:
+        self.ops = ops  # the words the program points to, and what an op keeps alive
+        self.table = np.array([[op, a.ctypes.data, tasks, max(1, -(-tasks // (CHUNKS * n_threads)))]
+                               for op, a, tasks, *_ in ops], dtype=np.int64).reshape(-1, 4)
+        self.counters = np.zeros(2 * LINE * max(1, len(ops)), dtype=np.int64)
+
+    def run(self, n_threads: int) -> None:
+        if n_threads > 1:
+            _run_parallel(self.table, self.counters, n_threads)
+        else:
+            _run_serial(self.table, self.counters)
+
+
+OP_SIGNATURE = (types.int64, types.int64, types.int64)
+_addresses: dict = {}
+
+
+def address(op) -> int:
+    """The address of the C-callable wrapper of ``op`` (an @njit function of three int64),
+    compiled or read from the cache at the first ask."""
+    found = _addresses.get(op)
+    if found is None:
+        op.compile(OP_SIGNATURE)
+        result = op.overloads[OP_SIGNATURE]
+        found = _addresses[op] = result.library.get_pointer_to_function(
+            result.fndesc.llvm_cfunc_wrapper_name)
+    return found
+
+
+def encode(*parts) -> np.ndarray | None:
+    """An op's argument words: an array as its address then its shape (C-contiguous, else None:
+    the op cannot read it), a float as its float64 bits, an int as itself."""
+    out: list[int] = []
+    for p in parts:
+        if isinstance(p, np.ndarray):
+            if not p.flags.c_contiguous:
+                return None
+            out.append(p.ctypes.data)
+            out.extend(p.shape)
+        elif isinstance(p, float):
+            out.append(int(np.float64(p).view(np.int64)))
+        else:
+            out.append(int(p))
+    return np.array(out, dtype=np.int64)
+
+
+# -- reading an op's arguments back -----------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def words(args, n):
+    """The first n words at ``args``."""
+    return carray(pointer(args), (n,), np.int64)
+
+
+@njit(cache=True, inline="always")
+def array1(w, i, dtype):
+    """The 1-D array whose address and shape are words i, i + 1 of w."""
+    return carray(pointer(w[i]), (w[i + 1],), dtype)
+
+
+@njit(cache=True, inline="always")
+def array2(w, i, dtype):
+    return carray(pointer(w[i]), (w[i + 1], w[i + 2]), dtype)
+
+
+@njit(cache=True, inline="always")
+def array3(w, i, dtype):
+    return carray(pointer(w[i]), (w[i + 1], w[i + 2], w[i + 3]), dtype)
+
+
+@njit(cache=True, inline="always")
+def array4(w, i, dtype):
+    return carray(pointer(w[i]), (w[i + 1], w[i + 2], w[i + 3], w[i + 4]), dtype)
+
+
+@njit(cache=True, inline="always")
+def real(args, i):
+    """Word i at ``args`` read as the float64 ``encode`` stored there."""
+    return carray(pointer(args + 8 * i), (1,), np.float64)[0]

@@ -1,0 +1,162 @@
+"""A team program (causallm/kernels/team.py) and decode steps run as one (runtime/runner.py,
+``team_plan``): ops see every task of the op before them whatever thread ran it, a region whose
+threads the pool runs one after another still finishes, and a step's logits are those of its
+plan run one kernel call at a time; tests/test_gguf.py and the parity tests check those against
+transformers."""
+
+import contextlib
+
+import numba
+import numpy as np
+import parity
+import pytest
+from numba import njit
+
+from causallm.kernels import team, threads
+from causallm.runtime import runner
+from causallm.runtime.runner import Team
+
+
+@njit(cache=True)
+def _fill(args, k0, k1):
+    """Task k: x[k] = (k + 1) * f."""
+    w = team.words(args, 3)
+    x = team.array1(w, 0, np.float64)
+    for k in range(k0, k1):
+        x[k] = (k + 1) * team.real(args, 2)
+
+
+@njit(cache=True)
+def _prefix(args, k0, k1):
+    """Task k: y[k] = x[0] + ... + x[k] (every task of the op before)."""
+    w = team.words(args, 4)
+    x, y = team.array1(w, 0, np.float64), team.array1(w, 2, np.float64)
+    for k in range(k0, k1):
+        s = 0.0
+        for j in range(k + 1):
+            s += x[j]
+        y[k] = s
+
+
+@pytest.mark.parametrize("grain", [1, 3, 64])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_each_op_sees_every_task_of_the_op_before(n_threads, grain):
+    n = 200
+    x, y = np.zeros(n), np.zeros(n)
+    ops = [(team.address(_fill), team.encode(x, 0.5), n),
+           (team.address(_prefix), team.encode(x, y), n)]
+    ops += ops  # the same ops again: their counters are each op's own
+    program = team.Program(ops, n_threads)
+    program.table[:, 3] = grain
+    for _ in range(20):
+        y[:] = 0
+        program.run(n_threads)
+        np.testing.assert_array_equal(y, 0.5 * np.arange(1, n + 1).cumsum())
+
+
+def test_a_region_whose_threads_run_in_turn_still_finishes():
+    """Two walks of the program on one pool thread (numba runs the prange's two iterations in
+    turn): the first runs every task, the second finds none left; no thread waits for a task
+    nobody claimed."""
+    n = 50
+    x, y = np.zeros(n), np.zeros(n)
+    program = team.Program([(team.address(_fill), team.encode(x, 1.0), n),
+                            (team.address(_prefix), team.encode(x, y), n)], 2)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        program.run(2)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(y, np.arange(1, n + 1).cumsum())
+
+
+def test_an_array_an_op_cannot_read_is_refused():
+    assert team.encode(np.zeros((4, 4))[:, ::2]) is None
+    words = team.encode(np.zeros((2, 3), np.float32), 7, 0.25)
+    assert words[1:4].tolist() == [2, 3, 7]
+    assert words[4] == np.float64(0.25).view(np.int64)
+
+
+def _load(name):
+    model = parity.load_folder(name, initialize=False, init_seq_len=64, num_to_generate=64)
+    model.initialize()
+    model.load_weight()
+    return model
+
+
+def _steps(model, ref, n):
+    logits = [parity.prefill(model, ref["prompt_ids"])]
+    P = len(ref["prompt_ids"])
+    for k in range(1, n):
+        logits.append(parity.decode_step(model, ref["tokens"][k - 1], P + k - 1))
+    return np.stack(logits)
+
+
+@pytest.mark.parametrize("name", ["gguf-llama-q8_0", "gguf-qwen3-q4_0"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_a_decode_step_is_one_team_program_with_the_plans_values(name, n_threads, monkeypatch):
+    """After the embedding, a one-row step runs every layer (norms and their residual
+    additions, the block products, Qwen3's q / k norms, attention with its cache write, swiglu,
+    the final norm and the head) as one program; its logits over many cached steps are those of
+    the same plan run one kernel call at a time, bit for bit."""
+    with _threads(n_threads):
+        model, ref, teamed, stage = _teamed_steps(name)
+        execution = stage.execution(1)
+        teams = [entry for entry, _ in execution if isinstance(entry, Team)]
+        assert len(teams) == 1 and execution[-1][0] is teams[0]
+        names = teams[0].name.split("+")
+        for i in range(model.NUM_LAYERS):
+            assert {f"layer{i}_attention", f"layer{i}_wq", f"layer{i}_ffn_down"} <= set(names)
+        assert names[-1] == "output_of_causallm"
+        monkeypatch.setattr(runner, "TEAM_MAX_ROWS", 0)
+        assert stage.execution(1) == stage.plan
+        np.testing.assert_array_equal(_steps(model, ref, len(teamed)), teamed)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_float_weights_run_their_other_layers_as_programs_between_the_products(n_threads,
+                                                                               monkeypatch):
+    """Gemma 3 with F16 matrices: the products are float kernels of their own, and between them
+    the norms (the sandwich ones too), q / k norms, attention and gelu-tanh run as programs; the
+    logits are the plan's, bit for bit."""
+    with _threads(n_threads):
+        model, ref, teamed, stage = _teamed_steps("gguf-gemma3-f16")
+        kinds = {entry.getType() for entry, ctx in stage.execution(1) if ctx is not None}
+        assert "mha_core" not in kinds and "activation" not in kinds
+        assert "reshaped_rms_norm" not in kinds and "fully_connected" in kinds
+        monkeypatch.setattr(runner, "TEAM_MAX_ROWS", 0)
+        np.testing.assert_array_equal(_steps(model, ref, len(teamed)), teamed)
+
+
+def _teamed_steps(name):
+    """The fixture held as stored, its prompt and cached steps run (their logits), and its
+    stage."""
+    model, ref = _load(name), parity.expected(name)
+    return model, ref, _steps(model, ref, len(ref["tokens"])), model.model._stage(None)
+
+
+@contextlib.contextmanager
+def _threads(n):
+    before = threads.threads()
+    threads.set_threads(n)
+    try:
+        yield
+    finally:
+        threads.set_threads(before)
+
+
+def test_a_longer_prompt_makes_the_steps_rows_anew_and_the_programs_with_them():
+    """A prompt longer than any before makes the step's row arrays anew (StageState); the
+    programs, which read the rows there, are made again, and the cached steps after it stay
+    within the int8 activations' distance of transformers."""
+    name = "gguf-qwen3-q4_0"
+    model, ref = _load(name), parity.expected(name)
+    stage = model.model._stage(None)
+    parity.prefill(model, ref["prompt_ids"][:2])
+    parity.decode_step(model, ref["prompt_ids"][2], 2)
+    first, rows = stage.execution(1), stage.state.positions
+    parity.check_close(model, ref, parity.INT8_ACTIVATIONS_RTOL, parity.INT8_ACTIVATIONS_MARGIN,
+                       "int8 activations after a longer prompt")
+    assert stage.state.positions is not rows
+    assert stage.execution(1) is not first
