@@ -25,7 +25,8 @@ RSS, and our ratios to each peer run in the same invocation:
 - llama.cpp (``llama-cpp-python``, when installed): the same-type GGUF through its low-level
   API, the same threads, n_batch 512, F16 KV cache (its default); pp = one 128-token batch on an
   empty cache, tg = 64 one-token batches, depth = the cache first filled by real prompt batches
-  (untimed), as ``llama-bench -d``.
+  (untimed), as ``llama-bench -d``. On a CPU with AMX, on the libraries of bench_gguf.py's
+  build with the AMX fix (``amx_library``).
 - transformers (when torch is installed): fp32 and bf16 (it has no Q8_0 / Q4_0 CPU path),
   prefill with ``logits_to_keep=1``, decode with ``past_key_values``, greedy.
 - roofline: decode tok/s <= bandwidth / bytes a step must read (every weight once in its type,
@@ -339,6 +340,24 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
 
 # -- parent -----------------------------------------------------------------------------------
 
+def amx_library(threads: int, log) -> None:
+    """On a CPU with AMX, point llama-cpp-python at the libraries of bench_gguf.py's llama.cpp
+    build with the AMX fix, in its cache folder (``LLAMA_CPP_LIB_PATH``, which the llama.cpp
+    children inherit), building it when missing: the package's own native build dies with
+    SIGILL in its AMX kernels there (the same llama.cpp version, so the same API)."""
+    from bench_gguf import CACHE_DIR, Skip, cpu_has_amx, llama_cpp_tools
+
+    if not cpu_has_amx():
+        return
+    try:
+        tools = llama_cpp_tools(CACHE_DIR, threads)
+    except Skip as e:
+        log(f"[llama.cpp] {e}; llama-cpp-python's own build runs")
+        return
+    os.environ["LLAMA_CPP_LIB_PATH"] = tools["bin_dir"]
+    log(f"[llama.cpp] llama-cpp-python on {tools['bin_dir']} (the AMX fix)")
+
+
 def make_folder(cache_dir: str, threads: int, log) -> str:
     folder = os.path.join(cache_dir, f"qwen3-0.6b-shape-bf16-seed{SEED}-{FOLDER_VERSION}")
     if not os.path.isdir(folder):
@@ -428,6 +447,8 @@ def main(argv=None) -> None:
     for p in args.peers:
         if not have[p]:
             log(f"[peers] {p} is not installed: skipped")
+    if "llama.cpp" in peers:
+        amx_library(T, log)
     folder = make_folder(args.cache_dir, T, log)
     log("[bandwidth] ...")
     probes = [spawn(os.path.join(BENCH, "bench_decode.py"), ["bandwidth", str(T)], T)]
