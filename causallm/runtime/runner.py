@@ -22,6 +22,7 @@ import numpy as np
 from causallm.errors import CausalLMError
 from causallm.kernels.packed import PackedMatrix
 from causallm.kernels.quant import (
+    AMX_MIN_ROWS,
     GLU_MULTIPLY,
     GLU_SWIGLU,
     NO_ACT,
@@ -274,10 +275,11 @@ def make_plan(steps: list) -> list:
     return plan
 
 
-TEAM_MAX_ROWS = 8
-"""Steps of up to this many rows in all (batches times rows: decode steps) run consecutive plan
-entries as one team program (``team_plan``); longer ones (prompts) call their kernels, each
-parallel over rows or tiles of its own."""
+TEAM_MAX_ROWS = AMX_MIN_ROWS - 1
+"""Steps of up to this many rows in all (batches times rows: decode steps, a batch's, short
+prompts) run consecutive plan entries as one team program (``team_plan``); longer ones call
+their kernels, each parallel over rows or tiles of its own (their block products go to AMX
+tiles from AMX_MIN_ROWS rows). SmolLM2's 12-token prompt: 18.6 -> 15.6 ms, the same logits."""
 
 
 def team_plan(plan: list, step: int) -> list:
