@@ -27,10 +27,10 @@ For each file, ours and llama.cpp side by side, with our ratio, measured in this
    with ``--depth`` d (4096 unless 0), tg again after d cached positions: ours over caches
    whose first d rows hold random values (children.depth_steps), llama.cpp's ``llama-bench -p
    0 -n D -d d`` (its cache filled by a real prompt, untimed);
-4. with ``--busy``: pp again, both engines, while another process keeps one core busy (a
-   Python loop, started before and killed after each engine's runs: bench/children.py
-   ``busy_neighbour``); each engine's busy / quiet pp ratio, and ours against llama.cpp's
-   (target: >= 1, ours slowed no more than llama.cpp by the same neighbour);
+4. with ``--busy``: pp and tg again, both engines, while another process keeps one core busy
+   (a Python loop, started before and killed after each engine's runs: bench/children.py
+   ``busy_neighbour``); each engine's busy / quiet pp and tg ratios, and ours against
+   llama.cpp's (target: >= 1, ours slowed no more than llama.cpp by the same neighbour);
 5. quality (``--no-quality`` skips): transformers in float32 reading the same GGUF (its
    weights dequantized) is the reference. Seven prompts (plain and chat-formatted), 64 greedy
    tokens each: how many leading tokens each engine shares with the reference. Over one
@@ -93,7 +93,8 @@ numba cache adds minutes to the first run."""
 TARGETS = """\
 targets: start to first token <= 1.5x llama.cpp's; peak RSS <= 1.2x llama.cpp's; greedy
 agreement with the reference >= llama.cpp's; mean KL from the reference <= llama.cpp's;
-with --busy, pp beside a busy core slowed no more than llama.cpp's (busy / quiet ratio >= its)"""
+with --busy, pp and tg beside a busy core slowed no more than llama.cpp's (busy / quiet ratio
+>= its)"""
 
 
 @dataclass(frozen=True)
@@ -631,15 +632,15 @@ def measure_file(mf: ModelFile, path: str, tools: dict | None, args, have: dict)
         attempt(entry["speed"], "llama.cpp", llama_bench, tools, path, T, R, P, D, args.depth)
     if args.busy:
         entry["busy"] = {}
-        log(f"[{mf.key}] pp{P} beside a busy neighbour, ours ...")
+        log(f"[{mf.key}] pp{P} / tg{D} beside a busy neighbour, ours ...")
         with busy_neighbour():
             attempt(entry["busy"], "ours", spawn, __file__,
-                    ["speed", path, str(T), str(R), str(P), "1"], T, timeout=TIMEOUT["speed"],
+                    ["speed", path, str(T), str(R), str(P), str(D)], T, timeout=TIMEOUT["speed"],
                     quiet=True)
         if tools:
-            log(f"[{mf.key}] pp{P} beside a busy neighbour, llama-bench ...")
+            log(f"[{mf.key}] pp{P} / tg{D} beside a busy neighbour, llama-bench ...")
             with busy_neighbour():
-                attempt(entry["busy"], "llama.cpp", llama_bench, tools, path, T, R, P, 0)
+                attempt(entry["busy"], "llama.cpp", llama_bench, tools, path, T, R, P, D)
     if args.no_quality:
         return entry
     entry["quality"] = quality = {}
@@ -685,7 +686,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-quality", action="store_true", help="skip the quality comparison")
     ap.add_argument("--no-llama-cpp", action="store_true", help="measure ours alone")
     ap.add_argument("--busy", action="store_true",
-                    help="measure pp again beside a process that keeps one core busy")
+                    help="measure pp and tg again beside a process that keeps one core busy")
     output_options(ap, CACHE_DIR)
     args = ap.parse_args(argv)
     if args.from_json:
@@ -769,14 +770,14 @@ def print_table(doc: dict, out) -> None:
         if doc.get("depth"):
             rows.append((f"tg{D} at depth {doc['depth']}, tok/s",
                          pair("speed", "tg_depth", "{:.1f}", label="speed")))
-        if "busy" in f:
-            rows.append((f"pp{P} beside a busy core, tok/s",
-                         pair("busy", "pp", "{:.1f}", label="busy")))
-            slowed = [f["busy"].get(who, {}).get("pp", 0) / f["speed"][who]["pp"]
-                      if f["speed"].get(who, {}).get("pp") and f["busy"].get(who, {}).get("pp")
+        for what, n in (("pp", P), ("tg", D)) if "busy" in f else ():
+            rows.append((f"{what}{n} beside a busy core, tok/s",
+                         pair("busy", what, "{:.1f}", label="busy")))
+            slowed = [f["busy"].get(who, {}).get(what, 0) / f["speed"][who][what]
+                      if f["speed"].get(who, {}).get(what) and f["busy"].get(who, {}).get(what)
                       else None for who in ("ours", "llama.cpp")]
             both = None not in slowed
-            rows.append((f"pp{P} busy / quiet",
+            rows.append((f"{what}{n} busy / quiet",
                          [f"{x:.2f}" if x else "-" for x in slowed]
                          + ([f"{slowed[0] / slowed[1]:.2f}",
                              f">= 1 {'met' if slowed[0] >= slowed[1] else 'MISSED'}"]
