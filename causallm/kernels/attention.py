@@ -157,20 +157,6 @@ def _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, h
                     vd[j] = _store_impl(vs[j], vd)
 
 
-def _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
-    """``_kv_write`` into a self cache (S, n_kv, T, d); nothing for keys given as rows (a cross
-    layer's, which are never written), so the attention kernels type for both."""
-
-
-@overload(_write_step)
-def _write_step_of(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim):
-    if k_cache.ndim == 4:
-        return lambda k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, \
-            head_dim: _kv_write(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows,
-                                n_kv, head_dim)
-    return lambda k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim: None
-
-
 @njit(cache=True, fastmath=_FASTMATH, inline="always")
 def _dot(x, cache, o, d):
     """sum_j x[j] * cache[o + j] (flat offsets; a cache of float32 or FP16 bits), sixteen lanes
@@ -313,18 +299,14 @@ PARALLEL_MIN_WORK = 1 << 15
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def _attend(q, k, v, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end,
-            scratch, slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
-            window_right, causal, softcap, scale, parts, write, task0, task1):
+def _attend(q, k_cache, v_cache, out, cos, sin, sinks, bias, cross_k, cross_v, key_end, scratch,
+            slots, positions, nrows, kv_len, cross_len, n_heads, n_kv, head_dim, window,
+            window_right, causal, softcap, scale, parts, task0, task1):
     """Tasks [task0, task1), each rows i < nrows of the query heads [h0, h1) of kv head g of
     batch b: task = (b, g, part), the group's heads split into ``parts``. Each key and value row
     is read once for them all; head h keeps its scores and rotated query in scratch row
-    b * n_heads + h. With ``write``, the step's keys and values (k, v) go into the caches
-    first (``_kv_write``). Called with every task on one thread, or one task per prange
-    iteration (a serial wrapper would have LLVM optimize this body a second time, inlined: 0.4 s
-    of a first compile)."""
-    if write:
-        _write_step(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, head_dim)
+    b * n_heads + h. Run by the team op ``attend`` (``attention_ops``), the step's keys and
+    values written before by the op ``write``."""
     d = head_dim
     qcol = scratch.shape[1] - d  # the rotated query's columns in a scratch row
     half = d // 2
@@ -461,13 +443,13 @@ def _ops(dtype, ndim):
     @njit(cache=True)
     def attend(args, k0, k1):
         w = words(args, 70)
-        _attend(array3(w, 0, np.float32), array3(w, 4, np.float32), array3(w, 8, np.float32),
-                _cache(w, 12, dtype, ndim), _cache(w, 17, dtype, ndim), array3(w, 22, np.float32),
-                array2(w, 26, np.float32), array2(w, 29, np.float32), array1(w, 32, np.float32),
+        _attend(array3(w, 0, np.float32), _cache(w, 12, dtype, ndim), _cache(w, 17, dtype, ndim),
+                array3(w, 22, np.float32), array2(w, 26, np.float32), array2(w, 29, np.float32),
+                array1(w, 32, np.float32),
                 array3(w, 34, np.float32), array3(w, 38, np.float32), array3(w, 42, np.float32),
                 array2(w, 46, np.int64), array2(w, 49, np.float32), array2(w, 52, np.int64),
                 array2(w, 55, np.int64), w[58], w[59], w[60], w[61], w[62], w[63], w[64], w[65],
-                w[66] != 0, real(args, 67), real(args, 68), w[69], False, k0, k1)
+                w[66] != 0, real(args, 67), real(args, 68), w[69], k0, k1)
 
     return write, attend
 
@@ -529,12 +511,12 @@ def _write_op(k, v, k_cache, v_cache, cos, sin, slots, positions, nrows, n_kv, h
     """The cache write of ``attention_ops`` alone (every write of the step's keys runs this one
     compiled copy: two copies of ``_kv_write`` may fuse its multiply-adds differently)."""
     k, v, slots, positions = (np.ascontiguousarray(a) for a in (k, v, slots, positions))
-    return attention_ops(k, k_cache, v_cache, k, cos, sin, NO_SCRATCH, nrows, 0, n_kv, n_kv,
+    return attention_ops(k, k_cache, v_cache, k, cos, sin, NO_SCORES, nrows, 0, n_kv, n_kv,
                          head_dim, scale=1.0, slots=slots, positions=positions, k=k, v=v,
                          n_threads=1)[0]
 
 
-NO_SCRATCH = np.zeros((0, 0), dtype=np.float32)
+NO_SCORES = np.zeros((0, 0), dtype=np.float32)
 
 
 def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, n_heads, n_kv,

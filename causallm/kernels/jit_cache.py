@@ -46,7 +46,7 @@ together and exports the copies as weak (``linkonce_odr``) symbols; the JIT bind
 to the first definition the process loaded. A process that compiles the caller has compiled the
 callee on its own first, so the caller's calls went to that separately optimized copy; a
 process that reads the caller from the cache ran the caller's own copy. Under fastmath the two
-copies round differently (``attention_parallel``'s ``_attend``: the embedded model's prefill
+copies round differently (the parallel attention kernel's ``_attend``: the embedded model's prefill
 logits differed by 4e-6). ``install()`` makes every linked-in copy internal once numba has
 optimized the module, so a caller always runs its own copies, compiled or loaded; the cache
 keys carry ``LINKING`` so code saved under the old rule is not read back. They also carry a

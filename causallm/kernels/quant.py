@@ -265,13 +265,20 @@ def _quantize_parallel(act, x, x_row, nrows, q, d, s, u):
         _quantize_row(act, x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
 
 
+@njit(cache=True, inline="always")
+def _activation_words(w, i):
+    """The activation rows (q, d, s, u) whose addresses and shapes are words i .. i + 11 of a
+    team op's (``encode``: four 2-D arrays)."""
+    return (array2(w, i, np.int8), array2(w, i + 3, np.float32), array2(w, i + 6, np.float32),
+            array2(w, i + 9, np.int32))
+
+
 @njit(cache=True)
 def _quantize_team(args, k0, k1):
     """Rows [k0, k1) of ``_quantize_serial`` as a team op (``quantize_op``)."""
     w = words(args, 19)
     x = array3(w, 1, np.float32)
-    q, d = array2(w, 7, np.int8), array2(w, 10, np.float32)
-    s, u = array2(w, 13, np.float32), array2(w, 16, np.int32)
+    q, d, s, u = _activation_words(w, 7)
     x_row, nrows = w[5], w[6]
     for t in range(k0, k1):
         _quantize_row(w[0], x[t // nrows, x_row + t % nrows], q[t], d[t], s[t], u[t])
@@ -429,8 +436,7 @@ def _row_kernels(act: int):
         a, b, total = array3(w, 0, np.float32), array3(w, 4, np.float32), array3(w, 8, np.float32)
         gamma = array1(w, 12, np.float32)
         y = array3(w, 14, np.float32)
-        q, d = array2(w, 20, np.int8), array2(w, 23, np.float32)
-        s, u = array2(w, 26, np.float32), array2(w, 29, np.int32)
+        q, d, s, u = _activation_words(w, 20)
         for t in range(k0, k1):
             _norm_row(act, a, b, total, gamma, y, w[18], real(args, 19), q, d, s, u, t)
 
@@ -438,8 +444,7 @@ def _row_kernels(act: int):
     def glu_team(args, k0, k1):
         w = words(args, 26)
         gate, up, out = array3(w, 1, np.float32), array3(w, 5, np.float32), array3(w, 9, np.float32)
-        q, d = array2(w, 14, np.int8), array2(w, 17, np.float32)
-        s, u = array2(w, 20, np.float32), array2(w, 23, np.int32)
+        q, d, s, u = _activation_words(w, 14)
         for t in range(k0, k1):
             _glu_row(act, w[0], gate, up, out, w[13], q, d, s, u, t)
 
@@ -1621,8 +1626,7 @@ def _entry_points(kind: int, qk: int):
         # tasks [k0, k1) of rows_table (a decode step: no tiles), a team op (MatrixTable.op)
         w = words(args, 16)
         table = array2(w, 0, np.int64)
-        q, d = array2(w, 3, np.int8), array2(w, 6, np.float32)
-        s, u = array2(w, 9, np.float32), array2(w, 12, np.int32)
+        q, d, s, u = _activation_words(w, 3)
         nrows = w[15]
         for task in range(k0, k1):
             m, y, bias, t = _table_task(table, task, panelled)

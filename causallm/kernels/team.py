@@ -172,7 +172,7 @@ def encode(*parts) -> np.ndarray | None:
     return np.array(out, dtype=np.int64)
 
 
-# -- reading an op's arguments back -----------------------------------------------------------------
+# -- reading an op's arguments back ----------------------------------------------------------------
 
 @njit(cache=True, inline="always")
 def words(args, n):

@@ -8,9 +8,9 @@ decode step allocates nothing inside the layer loop: layers hand whole buffers a
 kernels. A stage runs the execution plan of its layers (``make_plan``), which runs every fully
 connected layer with block weights as a ``LinearGroup`` and multiplies those reading the same tensor
 together, and lets the norm, swiglu or multiply before such a group round its rows for it (with a
-norm's residual addition) in one kernel call. A step of at most TEAM_MAX_ROWS rows (decode) runs
-the plan's consecutive entries that can as one team program in one parallel region
-(``team_plan``, kernels/team.py).
+norm's residual addition) in one kernel call. A step of at most TEAM_MAX_ROWS rows (decode, a
+short prompt) runs the plan's consecutive entries that can as one team program in one parallel
+region (``team_plan``, kernels/team.py).
 """
 
 from __future__ import annotations
@@ -169,12 +169,13 @@ class StageRunner:
             self._teams, self._teams_stamp = {}, stamp
         key = (step, self.state.last_row)
         plan = self._teams.get(key)
-        while plan is None:
+        if plan is None:
             plan = team_plan(self.plan, step)
-            if activations_generation() != stamp[0]:  # an op made the buffers anew: again
-                stamp = self._teams_stamp = (activations_generation(),) + stamp[1:]
-                self._teams, plan = {}, None
-        self._teams[key] = plan
+            if activations_generation() != stamp[0]:  # an op made the buffers anew (they
+                # only grow: made again, the programs point at the new ones)
+                self._teams, self._teams_stamp = {}, (activations_generation(),) + stamp[1:]
+                plan = team_plan(self.plan, step)
+            self._teams[key] = plan
         return plan
 
     def input_rows(self) -> int:
@@ -286,10 +287,10 @@ def team_plan(plan: list, step: int) -> list:
     """``plan`` for a step of ``step`` rows, each run of consecutive entries that give team ops
     for it (``team_ops(step)`` of LinearGroup, NormRows, GluRows; a layer's
     ``team_ops(context, step)``: mha_core, reshaped_rms_norm, activation, the heads) joined
-    into one ``Team``, which runs
-    their kernels' work as one program in one parallel region (kernels/team.py), in order, each
-    op's tasks done before the next op starts: the same values, without a Python call or a
-    region's start for each kernel (docs/performance.md, "A decode step in one region")."""
+    into one ``Team``, which runs their kernels' work as one program in one parallel region
+    (kernels/team.py), in order, each op's tasks done before the next op starts: the same
+    values, without a Python call or a region's start for each kernel (docs/performance.md,
+    "A decode step in one region")."""
     out: list = []
     run: list = []
     names: list = []
@@ -363,17 +364,18 @@ def _same_input(a, b) -> bool:
 
 
 BOUND_MAX_ROWS = 64
-"""Steps of up to this many rows keep their kernel calls (``BoundCalls``): decode steps, of one
-sequence or a batch's; a longer step (a prompt) finds its calls again, a small cost beside its
-products, and leaves nothing behind."""
+"""Steps of up to this many rows keep their kernel calls (``BoundCalls``): of those, the ones
+above TEAM_MAX_ROWS (a large batch's decode step, a short prompt; smaller steps run team
+programs); a longer step finds its calls again, a small cost beside its products, and leaves
+nothing behind."""
 
 
 class BoundCalls:
     """A plan entry's kernel calls [(kernel, args)] for a step of ``nrows`` rows: made by
     ``make(nrows)`` once and kept while the shared activation buffers and the thread count stay
     the same (the arguments are the entry's own buffers, views of those rows, and choices made
-    from the thread count), so a decode step repeats its calls without the Python that found
-    them (docs/performance.md, "Attention in one call, kernel calls bound once, nibbles in
+    from the thread count), so a step of the same length repeats its calls without the Python
+    that found them (docs/performance.md, "Attention in one call, kernel calls bound once, nibbles in
     three instructions"). When the buffers are made anew (a longer step than any before) every
     kept call is dropped, with the views that held the old buffers."""
 
