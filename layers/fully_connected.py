@@ -13,6 +13,7 @@ Properties: ``unit`` (required), ``disable_bias`` (false), ``lora_rank``/``lora_
 import numpy as np
 
 from causallm.kernels import linear
+from causallm.kernels.linear import linear_ops
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import uint
 
@@ -44,6 +45,12 @@ class FullyConnectedLayer(Layer):
         several layers that read the same x together (runtime/runner.py)."""
         w = context.weights
         return context.inputs[0], w[0], w[1] if self.has_bias else NO_BIAS, context.outputs[0]
+
+    def team_ops(self, context, step):
+        """The step as team ops (runtime/runner.py, ``team_plan``): a float W's product (a W in
+        ggml blocks runs in the runner's LinearGroup)."""
+        x, w, bias, y = self.linear_operands(context)
+        return linear_ops(x, w, bias, y, 0, 0, min(step, y.shape[1]))
 
     def incremental_forwarding(self, context, from_, to):
         x, w, bias, y = self.linear_operands(context)

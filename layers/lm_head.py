@@ -11,8 +11,7 @@ passes true). Properties: ``unit`` (required, the vocabulary size), ``disable_bi
 """
 
 from causallm.kernels import linear
-from causallm.kernels.packed import PackedMatrix
-from causallm.kernels.quant import MatrixTable, activation_rows, quantize_op
+from causallm.kernels.linear import linear_ops
 from causallm.runtime.layer import Layer, TensorDim
 from causallm.runtime.properties import uint
 from causallm.layers.fully_connected import NO_BIAS
@@ -66,19 +65,9 @@ def project_last(layer, context, w, bias) -> None:
 
 
 def project_last_ops(context, w, bias):
-    """``project_last`` as team ops (runtime/runner.py, ``team_plan``): every batch's row
-    ``step.last_row`` rounded, then multiplied by the block matrix w; None for a step whose
-    rows need gathering or for a weight not in ggml blocks."""
+    """``project_last`` as team ops (runtime/runner.py, ``team_plan``; ``linear_ops``): every
+    batch's row ``step.last_row`` times w; None for a step whose rows need gathering."""
     x, out, rows = context.inputs[0], context.outputs[0], context.step
-    if (rows.last_row is None or not isinstance(w, PackedMatrix) or w.qtype is None
-            or not w.transposed or out.ndim != 3):
+    if rows.last_row is None:
         return None
-    rounding = quantize_op(w.qtype.act, x, min(rows.last_row, x.shape[1] - 1), 1)
-    try:
-        table = MatrixTable(w.qtype, [(w.blocks, bias, out)])
-    except ValueError:
-        return None
-    product = table.op(*activation_rows(x.shape[0], x.shape[2]), 1)
-    if rounding is None or product is None:
-        return None
-    return [rounding, (*product, table)]
+    return linear_ops(x, w, bias, out, min(rows.last_row, x.shape[1] - 1), 0, 1)

@@ -7,7 +7,7 @@ multi-token step that does not start at position 0; the step buffer makes that n
 docs/nntrainer.md, "Multi-token steps after position 0".)
 """
 
-from causallm.kernels.quant import GLU_MULTIPLY, NO_D, NO_Q, NO_U, row_kernels
+from causallm.kernels.quant import GLU_MULTIPLY, NO_ACT, NO_D, NO_Q, NO_U, glu_op, row_kernels
 from causallm.runtime.layer import Layer
 
 
@@ -21,6 +21,13 @@ class MultiplyLayer(Layer):
         if dims[0] != dims[1]:
             raise context.error(f"input dims differ: {dims[0]} vs {dims[1]}")
         context.setOutputDimensions([dims[0]])
+
+    def team_ops(self, context, step):
+        """The step as a team op (runtime/runner.py, ``team_plan``)."""
+        out = context.outputs[0]
+        op = glu_op(NO_ACT, GLU_MULTIPLY, context.inputs[0], context.inputs[1], out,
+                    min(step, out.shape[1]), NO_Q, NO_D, NO_D, NO_U)
+        return None if op is None else [op]
 
     def incremental_forwarding(self, context, from_, to):
         step = min(to - from_, context.outputs[0].shape[1])

@@ -6,7 +6,7 @@ Inputs ``[gate, up]`` (every model passes ``ffn_gate, ffn_up`` in that order), e
 output: the dims of ``gate``. No properties.
 """
 
-from causallm.kernels.quant import GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
+from causallm.kernels.quant import GLU_SWIGLU, NO_ACT, NO_D, NO_Q, NO_U, glu_op, row_kernels
 from causallm.runtime.layer import Layer
 
 
@@ -20,6 +20,13 @@ class SwiGLULayer(Layer):
         if dims[0] != dims[1]:
             raise context.error(f"gate and up dims differ: {dims[0]} vs {dims[1]}")
         context.setOutputDimensions([dims[0]])
+
+    def team_ops(self, context, step):
+        """The step as a team op (runtime/runner.py, ``team_plan``)."""
+        out = context.outputs[0]
+        op = glu_op(NO_ACT, GLU_SWIGLU, context.inputs[0], context.inputs[1], out,
+                    min(step, out.shape[1]), NO_Q, NO_D, NO_D, NO_U)
+        return None if op is None else [op]
 
     def incremental_forwarding(self, context, from_, to):
         step = min(to - from_, context.outputs[0].shape[1])

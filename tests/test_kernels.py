@@ -19,6 +19,7 @@ import reference as ref
 
 from causallm import kernels as K
 from causallm.kernels.expf import expf
+from causallm.kernels.simd import FLOAT_PREFETCH_BYTES
 from causallm.kernels.quant import GLU_MULTIPLY, GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
 from causallm.kernels.team import Program
 
@@ -67,7 +68,8 @@ def test_linear_kernels(layout, has_bias, nrows, ro):
         K.linear_io(x, readonly(w) if ro else w, bias, y, x_row, y_row, nrows)
     else:
         wt = np.ascontiguousarray(w.T)
-        K.linear_oi(x, readonly(wt) if ro else wt, bias, y, x_row, y_row, nrows)
+        K.linear_oi(x, readonly(wt) if ro else wt, bias, y, x_row, y_row, nrows,
+                    FLOAT_PREFETCH_BYTES)
     for b in range(B):
         close(y[b, y_row:y_row + nrows], ref.linear(x[b, x_row:x_row + nrows], w, bias))
     untouched(y, slice(y_row, y_row + nrows))
@@ -571,11 +573,13 @@ def test_serial_and_parallel_kernels_agree_exactly():
     x = rng.standard_normal((2, 3, 67)).astype(np.float32)
     w = rng.standard_normal((67, 301)).astype(np.float32)
     bias = rng.standard_normal(301).astype(np.float32)
-    for par, ser, weight in ((lin.linear_io, lin.linear_io_serial, w),
-                             (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T))):
+    for par, ser, weight, more in (
+            (lin.linear_io, lin.linear_io_serial, w, ()),
+            (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T), (0,)),
+            (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T), (4096,))):
         y1, y2 = np.zeros((2, 3, 301), np.float32), np.zeros((2, 3, 301), np.float32)
-        par(x, weight, bias, y1, 0, 0, 3)
-        ser(x, weight, bias, y2, 0, 0, 3)
+        par(x, weight, bias, y1, 0, 0, 3, *more)
+        ser(x, weight, bias, y2, 0, 0, 3, *more)
         np.testing.assert_array_equal(y1, y2)
     B, T, H, KV, D = 2, 16, 6, 2, 80
     q = rng.standard_normal((B, 5, H * D)).astype(np.float32)

@@ -78,8 +78,9 @@ def test_an_array_an_op_cannot_read_is_refused():
     assert words[4] == np.float64(0.25).view(np.int64)
 
 
-def _load(name):
+def _load(name, fmt=None):
     model = parity.load_folder(name, initialize=False, init_seq_len=64, num_to_generate=64)
+    model.precision.setWeightFormat(fmt)
     model.initialize()
     model.load_weight()
     return model
@@ -115,25 +116,29 @@ def test_a_decode_step_is_one_team_program_with_the_plans_values(name, n_threads
         np.testing.assert_array_equal(_steps(model, ref, len(teamed)), teamed)
 
 
+@pytest.mark.parametrize("name, fmt", [("gguf-gemma3-f16", None), ("llama-f16-yarn-bias", None),
+                                       ("llama-hd80-bf16-sharded", None), ("qwen2-gqa4", "FP32")])
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_float_weights_run_their_other_layers_as_programs_between_the_products(n_threads,
-                                                                               monkeypatch):
-    """Gemma 3 with F16 matrices: the products are float kernels of their own, and between them
-    the norms (the sandwich ones too), q / k norms, attention and gelu-tanh run as programs; the
-    logits match transformers' and are the plan's, bit for bit."""
+def test_a_float_models_decode_step_is_one_team_program_too(name, fmt, n_threads, monkeypatch):
+    """F16, BF16 and float32 matrices multiply in the program too (Gemma 3 with its sandwich
+    norms, q / k norms and gelu-tanh; Llama's F16 with biases, its BF16 with a tied head; Qwen2's
+    biased q / k / v widened to float32 at load): after the embedding a one-row step is one
+    program, its logits match transformers' and are the plan's, bit for bit."""
     with _threads(n_threads):
-        model, ref, teamed, stage = _teamed_steps("gguf-gemma3-f16", parity.RTOL)
-        kinds = {entry.getType() for entry, ctx in stage.execution(1) if ctx is not None}
-        assert "mha_core" not in kinds and "activation" not in kinds
-        assert "reshaped_rms_norm" not in kinds and "fully_connected" in kinds
+        model, ref, teamed, stage = _teamed_steps(name, parity.RTOL, fmt)
+        execution = stage.execution(1)
+        teams = [entry for entry, _ in execution if isinstance(entry, Team)]
+        assert len(teams) == 1 and execution[-1][0] is teams[0]
+        assert "layer0_wq" in teams[0].name.split("+")
         monkeypatch.setattr(runner, "TEAM_MAX_ROWS", 0)
+        assert stage.execution(1) == stage.plan
         np.testing.assert_array_equal(_steps(model, ref, len(teamed)), teamed)
 
 
-def _teamed_steps(name, rtol):
-    """The fixture held as stored, its prompt and cached steps run, their logits within
-    ``rtol`` of transformers', and its stage."""
-    model, ref = _load(name), parity.expected(name)
+def _teamed_steps(name, rtol, fmt=None):
+    """The fixture held as stored (or as ``fmt``), its prompt and cached steps run, their
+    logits within ``rtol`` of transformers', and its stage."""
+    model, ref = _load(name, fmt), parity.expected(name)
     logits = _steps(model, ref, len(ref["tokens"]))
     for k, row in enumerate(logits):
         parity.assert_logits_close(row, ref["step_logits"][k], f"{name}, step {k}", rtol)

@@ -20,9 +20,13 @@ so results differ from a sequential sum by float32 rounding; NaN/Inf semantics a
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from causallm.kernels.jit_cache import read_only
+from causallm.kernels.simd import (FLOAT_PREFETCH_BYTES, addf16, bf16_to_f32, bf16x16,
+                                   f16_to_f32, fmaf16, fold8, hsum, load16f, prefetch, zerof16)
+from causallm.kernels.team import address, array1, array2, array3, encode, words
 from causallm.kernels.threads import matmul
 
 # reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
@@ -119,45 +123,100 @@ def linear_io_serial(x, w, bias, y, x_row, y_row, nrows):
                   min(blk * cols + cols, w.shape[1]))
 
 
+FP32, BF16, F16 = 0, 1, 2
+"""How a weight row's values are stored (``_dot_cols``): float32, bfloat16 bits, IEEE half bits."""
+
+
+def _wide16(form, w, o):
+    """16 values of the flat weights w from element o as float32 lanes (``form`` a literal)."""
+
+
+@overload(_wide16, inline="always")
+def _wide16_of(form, w, o):
+    if not isinstance(form, types.IntegerLiteral):
+        return None  # typed again with the literal the kernels pass
+    if form.literal_value == BF16:
+        return lambda form, w, o: bf16x16(w, o)
+    return lambda form, w, o: load16f(w, o)  # float32, or half bits widened
+
+
+def _wide1(form, w, o):
+    """Value o of the flat weights w as float32 (``form`` a literal)."""
+
+
+@overload(_wide1, inline="always")
+def _wide1_of(form, w, o):
+    if not isinstance(form, types.IntegerLiteral):
+        return None
+    if form.literal_value == BF16:
+        return lambda form, w, o: bf16_to_f32(np.uint32(w[o]))
+    if form.literal_value == F16:
+        return lambda form, w, o: f16_to_f32(w[o])
+    return lambda form, w, o: w[o]
+
+
 @njit(cache=True, fastmath=_FASTMATH)
-def _oi_cols(x, wt, bias, y, x_row, y_row, nrows, n0, n1):
-    """Columns [n0, n1) of y = x @ wt.T + bias: each a dot product of a contiguous row of wt
-    with the input row (a wt row stays in L1 across the B * nrows rows)."""
+def _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
+    """Columns [n0, n1) of y = x @ wt.T + bias, wt (N, K) C-contiguous rows of ``form``: each
+    row read once, in order (one memory stream; its bytes ``ahead`` bytes on asked for unless
+    0: simd.FLOAT_PREFETCH_BYTES), and multiplied with every input row while in L1, 64 values a
+    step in four independent sums."""
     B = x.shape[0]
-    K = wt.shape[1]
+    N, K = wt.shape
+    K64, K16 = K - K % 64, K - K % 16
+    flat = wt.reshape(N * K)
     has_bias = bias.shape[0] > 0
+    ahead, line = ahead // wt.itemsize, 64 // wt.itemsize
     for n in range(n0, n1):
-        wn = wt[n]
+        o = n * K
         for b in range(B):
             for i in range(nrows):
                 xr = x[b, x_row + i]
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += xr[k] * wn[k]
-                if has_bias:
-                    acc += bias[n]
-                y[b, y_row + i, n] = acc
+                a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
+                for k in range(0, K64, 64):
+                    if ahead > 0:
+                        for j in range(0, 64, line):
+                            prefetch(flat, o + k + ahead + j)
+                    a0 = fmaf16(a0, _wide16(form, flat, o + k), load16f(xr, k))
+                    a1 = fmaf16(a1, _wide16(form, flat, o + k + 16), load16f(xr, k + 16))
+                    a2 = fmaf16(a2, _wide16(form, flat, o + k + 32), load16f(xr, k + 32))
+                    a3 = fmaf16(a3, _wide16(form, flat, o + k + 48), load16f(xr, k + 48))
+                for k in range(K64, K16, 16):
+                    a0 = fmaf16(a0, _wide16(form, flat, o + k), load16f(xr, k))
+                t = np.float32(0.0)
+                for k in range(K16, K):
+                    t += xr[k] * _wide1(form, flat, o + k)
+                v = hsum(fold8(addf16(addf16(a0, a1), addf16(a2, a3)))) + t
+                y[b, y_row + i, n] = v + bias[n] if has_bias else v
+
+
+@njit(cache=True)
+def _oi_cols(x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
+    """Columns [n0, n1) of y = x @ wt.T + bias, wt (N, K) float32 (``_dot_cols``)."""
+    _dot_cols(FP32, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead)
 
 
 _OI_COLS = 64  # output columns per parallel task
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def linear_oi(x, wt, bias, y, x_row, y_row, nrows):
-    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in].
+def linear_oi(x, wt, bias, y, x_row, y_row, nrows, ahead):
+    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in]; ``ahead``
+    the prefetch distance in bytes (0: none; simd.FLOAT_PREFETCH_BYTES).
 
     Parallel over blocks of output columns; W is streamed once per call.
     """
     N = wt.shape[0]
     for blk in prange((N + _OI_COLS - 1) // _OI_COLS):
         _oi_cols(x, wt, bias, y, x_row, y_row, nrows, blk * _OI_COLS,
-                 min(blk * _OI_COLS + _OI_COLS, N))
+                 min(blk * _OI_COLS + _OI_COLS, N), ahead)
 
 
 @njit(cache=True, fastmath=_FASTMATH)
-def linear_oi_serial(x, wt, bias, y, x_row, y_row, nrows):
+def linear_oi_serial(x, wt, bias, y, x_row, y_row, nrows, ahead):
     """linear_oi on one thread (small matrices)."""
-    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, np.int64(0), wt.shape[0])  # linear_oi's types
+    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, np.int64(0), wt.shape[0],  # linear_oi's types
+             ahead)
 
 
 def linear(x, w, bias, y, x_row, y_row, nrows):
@@ -169,6 +228,8 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
     without copying) writes each batch straight into y, and the bias is added afterwards.
     """
     bias = read_only(bias)
+    if x.strides[2] != x.itemsize:  # the kernels read an input row as one run of values
+        x = np.ascontiguousarray(x)
     if not isinstance(w, np.ndarray):  # a PackedMatrix (causallm/kernels/packed.py)
         w.linear(x, bias, y, x_row, y_row, nrows)
         return
@@ -178,10 +239,58 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
         if w.flags.c_contiguous:
             (linear_io if big else linear_io_serial)(x, w, bias, y, x_row, y_row, nrows)
         else:
-            (linear_oi if big else linear_oi_serial)(x, w.T, bias, y, x_row, y_row, nrows)
+            (linear_oi if big else linear_oi_serial)(x, w.T, bias, y, x_row, y_row, nrows,
+                                                     FLOAT_PREFETCH_BYTES)
         return
     for b in range(x.shape[0]):
         out = y[b, y_row:y_row + nrows]
         matmul(x[b, x_row:x_row + nrows], w, out)
         if bias.shape[0]:
             out += bias
+
+
+# -- team ops (kernels/team.py): a task is one block of the parallel kernel's loop --------------
+
+@njit(cache=True)
+def _io_team(args, k0, k1):
+    """linear_io's column blocks [k0, k1): words x (3), w (2), bias (1), y (3), x_row, y_row,
+    nrows, the block width."""
+    a = words(args, 17)
+    x, w, bias = array3(a, 0, np.float32), array2(a, 4, np.float32), array1(a, 7, np.float32)
+    y, cols = array3(a, 9, np.float32), a[16]
+    for blk in range(k0, k1):
+        _io_block(x, w, bias, y, a[13], a[14], a[15], blk * cols,
+                  min(blk * cols + cols, w.shape[1]))
+
+
+@njit(cache=True)
+def _oi_team(args, k0, k1):
+    """linear_oi's column blocks [k0, k1): words x (3), wt (2), bias (1), y (3), x_row, y_row,
+    nrows, ahead."""
+    a = words(args, 17)
+    x, wt, bias = array3(a, 0, np.float32), array2(a, 4, np.float32), array1(a, 7, np.float32)
+    y = array3(a, 9, np.float32)
+    for blk in range(k0, k1):
+        _oi_cols(x, wt, bias, y, a[13], a[14], a[15], blk * _OI_COLS,
+                 min(blk * _OI_COLS + _OI_COLS, wt.shape[0]), a[16])
+
+
+def linear_ops(x, w, bias, y, x_row, y_row, nrows):
+    """``linear`` as team ops (kernels/team.py) for a step of fewer than BLAS_MIN_ROWS rows:
+    [(address, args, tasks, what the words point into)], a task a block of output columns of
+    the kernel ``linear`` calls, so the values are its own; None when an array is not one the
+    ops read (float32, C-contiguous, or W the transpose of one)."""
+    if not isinstance(w, np.ndarray):  # a PackedMatrix
+        return w.linear_ops(x, bias, y, x_row, y_row, nrows)
+    if nrows >= BLAS_MIN_ROWS or w.dtype != np.float32 or x.dtype != np.float32 \
+            or y.dtype != np.float32 or x.ndim != 3 or y.ndim != 3:
+        return None
+    if w.flags.c_contiguous:
+        cols, tasks = _io_blocking(x.shape[0], nrows, w.shape[1])
+        op, args = _io_team, encode(x, w, bias, y, x_row, y_row, nrows, cols)
+    elif w.T.flags.c_contiguous:
+        tasks = (w.shape[1] + _OI_COLS - 1) // _OI_COLS
+        op, args = _oi_team, encode(x, w.T, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
+    else:
+        return None
+    return None if args is None else [(address(op), args, tasks, (x, w, bias, y))]

@@ -49,10 +49,10 @@ from causallm.kernels.jit_cache import read_only
 
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
-from causallm.kernels.linear import BLAS_MIN_ROWS, PARALLEL_MIN_WEIGHTS
+from causallm.kernels.linear import BF16, BLAS_MIN_ROWS, F16, PARALLEL_MIN_WEIGHTS, _dot_cols
 from causallm.kernels import amx, simd
-from causallm.kernels.simd import (PREFETCH_BYTES, bf16_to_f32, f16_to_f32, f32_to_bf16,
-                                   prefetch, transpose16)
+from causallm.kernels.simd import FLOAT_PREFETCH_BYTES, bf16_to_f32, f32_to_bf16, transpose16
+from causallm.kernels.team import address, array1, array2, array3, encode, words
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -62,59 +62,58 @@ FORMATS = ("BF16", "F16", *quant.QTYPES)
 
 # -- decode kernels: columns [n0, n1) of y = x @ W + bias, W the packed (K, N) ------------------
 
-@njit(cache=True, fastmath=_FASTMATH)
-def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
-    K = bits.shape[1]
-    has_bias = bias.shape[0] > 0
-    flat = bits.reshape(bits.shape[0] * K)
-    for n in range(n0, n1):
-        for j in range(0, K, 32):  # the rows PREFETCH_BYTES ahead
-            prefetch(flat, n * K + PREFETCH_BYTES // 2 + j)
-        w = bits[n]
-        for b in range(x.shape[0]):
-            for i in range(nrows):
-                xr = x[b, x_row + i]
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += xr[k] * bf16_to_f32(np.uint32(w[k]))
-                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+@njit(cache=True)
+def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead):
+    """Columns [n0, n1) of y = x @ W + bias, W's rows (N, K) bfloat16 bits (linear._dot_cols)."""
+    _dot_cols(BF16, x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead)
 
 
-@njit(cache=True, fastmath=_FASTMATH)
-def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1):
-    K = bits.shape[1]
-    has_bias = bias.shape[0] > 0
-    flat = bits.reshape(bits.shape[0] * K)
-    for n in range(n0, n1):
-        for j in range(0, K, 32):  # the rows PREFETCH_BYTES ahead
-            prefetch(flat, n * K + PREFETCH_BYTES // 2 + j)
-        w = bits[n]
-        for b in range(x.shape[0]):
-            for i in range(nrows):
-                xr = x[b, x_row + i]
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += xr[k] * f16_to_f32(w[k])
-                y[b, y_row + i, n] = acc + bias[n] if has_bias else acc
+@njit(cache=True)
+def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead):
+    """The same for IEEE half bits."""
+    _dot_cols(F16, x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead)
 
 
 _COLS = 64  # output rows per parallel task
 
 
 @njit(cache=True, parallel=True)
-def _bf16_parallel(x, bits, bias, y, x_row, y_row, nrows):
+def _bf16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
     N = bits.shape[0]
     for blk in prange((N + _COLS - 1) // _COLS):
         _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
-                   min(blk * _COLS + _COLS, N))
+                  min(blk * _COLS + _COLS, N), ahead)
 
 
 @njit(cache=True, parallel=True)
-def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows):
+def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
     N = bits.shape[0]
     for blk in prange((N + _COLS - 1) // _COLS):
         _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
-                  min(blk * _COLS + _COLS, N))
+                 min(blk * _COLS + _COLS, N), ahead)
+
+
+@njit(cache=True)
+def _bf16_team(args, k0, k1):
+    """_bf16_parallel's blocks [k0, k1) as a team op (kernels/team.py): words x (3), bits (2),
+    bias (1), y (3), x_row, y_row, nrows, ahead."""
+    a = words(args, 17)
+    x, bits, bias = array3(a, 0, np.float32), array2(a, 4, np.uint16), array1(a, 7, np.float32)
+    y = array3(a, 9, np.float32)
+    for blk in range(k0, k1):
+        _bf16_cols(x, bits, bias, y, a[13], a[14], a[15], blk * _COLS,
+                   min(blk * _COLS + _COLS, bits.shape[0]), a[16])
+
+
+@njit(cache=True)
+def _f16_team(args, k0, k1):
+    """_f16_parallel's blocks [k0, k1), as ``_bf16_team``."""
+    a = words(args, 17)
+    x, bits, bias = array3(a, 0, np.float32), array2(a, 4, np.uint16), array1(a, 7, np.float32)
+    y = array3(a, 9, np.float32)
+    for blk in range(k0, k1):
+        _f16_cols(x, bits, bias, y, a[13], a[14], a[15], blk * _COLS,
+                  min(blk * _COLS + _COLS, bits.shape[0]), a[16])
 
 
 # -- BF16 prompts on AMX tiles (module docstring) ------------------------------------------------
@@ -454,6 +453,11 @@ class PackedMatrix:
                              "(N, K): use its .T")
         packed_linear(x, self, bias, y, x_row, y_row, nrows)
 
+    def linear_ops(self, x, bias, y, x_row, y_row, nrows):
+        """``linear`` with this (transposed) matrix as W, as team ops (``packed_linear_ops``)."""
+        return packed_linear_ops(x, self, bias, y, x_row, y_row, nrows) if self.transposed \
+            else None
+
     def gather(self, index: np.ndarray, out: np.ndarray) -> None:
         """Rows ``index`` (int array) as float32 into ``out`` (len(index), C)."""
         if self.qtype is None:
@@ -483,6 +487,34 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     big = w.rows_shape[0] * w.rows_shape[1] >= PARALLEL_MIN_WEIGHTS
     kernel = {"BF16": (_bf16_parallel, _bf16_cols), "F16": (_f16_parallel, _f16_cols)}[fmt]
     if big:
-        kernel[0](x, a, bias, y, x_row, y_row, nrows)
+        kernel[0](x, a, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
     else:
-        kernel[1](x, a, bias, y, x_row, y_row, nrows, 0, N)
+        kernel[1](x, a, bias, y, x_row, y_row, nrows, 0, N, FLOAT_PREFETCH_BYTES)
+
+
+def packed_linear_ops(x, w: PackedMatrix, bias, y, x_row, y_row, nrows):
+    """``packed_linear`` as team ops (kernels/team.py) for a step of fewer than BLAS_MIN_ROWS
+    rows (a block type: fewer than quant.AMX_MIN_ROWS activation rows): a block type's rows
+    rounded, then its product; BF16 / F16 a task a block of output rows of their kernel. None
+    when an array is not one the ops read."""
+    if x.dtype != np.float32 or y.dtype != np.float32 or x.ndim != 3 or y.ndim != 3:
+        return None
+    if w.qtype is not None:
+        if y_row:  # a table writes its outputs' first rows
+            return None
+        rounding = quant.quantize_op(w.qtype.act, x, x_row, nrows)
+        try:
+            table = quant.MatrixTable(w.qtype, [(w.blocks, bias, y)])
+        except ValueError:
+            return None
+        product = table.op(*quant.activation_rows(x.shape[0] * nrows, x.shape[2]), nrows)
+        if rounding is None or product is None:
+            return None
+        return [rounding, (*product, table)]
+    if nrows >= BLAS_MIN_ROWS:
+        return None
+    op = {"BF16": _bf16_team, "F16": _f16_team}[w.format]
+    bits = w.blocks
+    args = encode(x, bits, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
+    tasks = (bits.shape[0] + _COLS - 1) // _COLS
+    return None if args is None else [(address(op), args, tasks, (x, bits, bias, y))]

@@ -65,7 +65,9 @@ AVX-512::
     zero16(), zerof16(), scale16(f, x) = f * x, fma16(acc, v, f) = acc + float32(v) * f,
     fmaf16(acc, f, x) = acc + f * x (x one float32), addf16(a, b), store16f(a, o, v),
     lane16(v, i)
-    load16f(a, o)           16 float lanes, as load8f's 8 (attention's cache rows)
+    load16f(a, o)           16 float lanes, as load8f's 8 (attention's cache rows; a float
+                            weight row's, F16 bits widened)
+    bf16x16(a, o)           16 bfloat16 bits of a uint16 array as float32 lanes
     fold8(v)                an F32x16's lanes k and k + 8 added: an F32x8 (for store_hsum4)
 
 ``prefetch(a, o)`` asks for the cache line of a[o] ahead of its use (decode's weight
@@ -889,6 +891,21 @@ def fold8(typingctx, v):
 
 
 @intrinsic
+def bf16x16(typingctx, array, offset):
+    """The 16 bfloat16 bits of a uint16 array from element ``offset`` as float32 lanes (each
+    moved to the high half of its lane)."""
+    if not isinstance(array, types.Array) or array.dtype != types.uint16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.load(_pointer(context, builder, sig.args[0], *args,
+                                     ir.VectorType(_I16, 16)), align=2)
+        wide = builder.shl(builder.zext(bits, _W32), ir.Constant(_W32, [16] * 16))
+        return builder.bitcast(wide, _WF)
+    return F32x16(array, offset), codegen
+
+
+@intrinsic
 def lane16(typingctx, v, i):
     """Lane i of an F32x16."""
     def codegen(context, builder, sig, args):
@@ -939,6 +956,15 @@ thread to stream a matrix from memory at the rate two reach: with the hint, one-
 from DRAM took 0.61-0.93 of the time (quant's panels: Q4_1 the most, Q8_0 the least; BF16 and
 F16 rows 0.61-0.72), and SmolLM2's and Gemma 3's decode steps about 0.8 and 0.85
 (docs/performance.md, "Weights asked for ahead")."""
+
+
+FLOAT_PREFETCH_BYTES = 0 if llvm.get_host_cpu_name().startswith("znver") else PREFETCH_BYTES
+"""How far ahead a one-row product of float rows (float32, BF16, F16 weights: linear._dot_cols)
+asks for their next bytes; 0: not at all. The hint took 0.61-0.72 of the time of a BF16 / F16
+product from DRAM on the Xeon with AMX (above), but 1.4-1.8x on AMD Zen 5, at any distance
+from 512 bytes to 16 KB (one thread, 252 MB of BF16 rows: 16-19 against 25-28 GB/s), where the
+hardware's own prefetch keeps up with a row's one stream. A kernel's argument, not a constant
+compiled in, so the kernels prebuilt for a CPU level serve both."""
 
 
 @intrinsic
