@@ -196,7 +196,8 @@ def _oi_cols(x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
     _dot_cols(FP32, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead)
 
 
-_OI_COLS = 64  # output columns per parallel task
+ROWS_BLOCK = 64
+"""Output columns (rows of wt) a task of the float row products (linear_oi, BF16 / F16)."""
 
 
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
@@ -207,9 +208,9 @@ def linear_oi(x, wt, bias, y, x_row, y_row, nrows, ahead):
     Parallel over blocks of output columns; W is streamed once per call.
     """
     N = wt.shape[0]
-    for blk in prange((N + _OI_COLS - 1) // _OI_COLS):
-        _oi_cols(x, wt, bias, y, x_row, y_row, nrows, blk * _OI_COLS,
-                 min(blk * _OI_COLS + _OI_COLS, N), ahead)
+    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
+        _oi_cols(x, wt, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
+                 min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
 
 
 @njit(cache=True, fastmath=_FASTMATH)
@@ -264,15 +265,32 @@ def _io_team(args, k0, k1):
 
 
 @njit(cache=True)
-def _oi_team(args, k0, k1):
-    """linear_oi's column blocks [k0, k1): words x (3), wt (2), bias (1), y (3), x_row, y_row,
-    nrows, ahead."""
-    a = words(args, 17)
-    x, wt, bias = array3(a, 0, np.float32), array2(a, 4, np.float32), array1(a, 7, np.float32)
-    y = array3(a, 9, np.float32)
+def _rows_team(args, k0, k1):
+    """Blocks [k0, k1) of ROWS_BLOCK output rows of a float row product (``_dot_cols``: the
+    parallel kernels' tasks) as a team op: words x (3), wt (2), bias (1), y (3), x_row, y_row,
+    nrows, ahead, form; wt float32 or uint16 bits as the form says."""
+    a = words(args, 18)
+    x, bias, y = array3(a, 0, np.float32), array1(a, 7, np.float32), array3(a, 9, np.float32)
+    form, N = a[17], a[5]
     for blk in range(k0, k1):
-        _oi_cols(x, wt, bias, y, a[13], a[14], a[15], blk * _OI_COLS,
-                 min(blk * _OI_COLS + _OI_COLS, wt.shape[0]), a[16])
+        n0, n1 = blk * ROWS_BLOCK, min(blk * ROWS_BLOCK + ROWS_BLOCK, N)
+        if form == BF16:
+            _dot_cols(BF16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
+                      a[16])
+        elif form == F16:
+            _dot_cols(F16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
+                      a[16])
+        else:
+            _dot_cols(FP32, x, array2(a, 4, np.float32), bias, y, a[13], a[14], a[15], n0, n1,
+                      a[16])
+
+
+def rows_ops(form: int, x, wt, bias, y, x_row, y_row, nrows):
+    """y = x @ wt.T + bias for wt (N, K) float rows of ``form`` as one team op (``_rows_team``),
+    or None when an array is not C-contiguous."""
+    args = encode(x, wt, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES, form)
+    tasks = (wt.shape[0] + ROWS_BLOCK - 1) // ROWS_BLOCK
+    return None if args is None else [(address(_rows_team), args, tasks, (x, wt, bias, y))]
 
 
 def linear_ops(x, w, bias, y, x_row, y_row, nrows):
@@ -285,12 +303,9 @@ def linear_ops(x, w, bias, y, x_row, y_row, nrows):
     if nrows >= BLAS_MIN_ROWS or w.dtype != np.float32 or x.dtype != np.float32 \
             or y.dtype != np.float32 or x.ndim != 3 or y.ndim != 3:
         return None
-    if w.flags.c_contiguous:
-        cols, tasks = _io_blocking(x.shape[0], nrows, w.shape[1])
-        op, args = _io_team, encode(x, w, bias, y, x_row, y_row, nrows, cols)
-    elif w.T.flags.c_contiguous:
-        tasks = (w.shape[1] + _OI_COLS - 1) // _OI_COLS
-        op, args = _oi_team, encode(x, w.T, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
-    else:
-        return None
-    return None if args is None else [(address(op), args, tasks, (x, w, bias, y))]
+    if not w.flags.c_contiguous:  # linear_oi's layout, or none the kernels read
+        return rows_ops(FP32, x, w.T, bias, y, x_row, y_row, nrows) if w.T.flags.c_contiguous \
+            else None
+    cols, tasks = _io_blocking(x.shape[0], nrows, w.shape[1])
+    args = encode(x, w, bias, y, x_row, y_row, nrows, cols)
+    return None if args is None else [(address(_io_team), args, tasks, (x, w, bias, y))]

@@ -49,10 +49,11 @@ from causallm.kernels.jit_cache import read_only
 
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
-from causallm.kernels.linear import BF16, BLAS_MIN_ROWS, F16, PARALLEL_MIN_WEIGHTS, _dot_cols
+from causallm.kernels.linear import (BF16, BLAS_MIN_ROWS, F16, PARALLEL_MIN_WEIGHTS, ROWS_BLOCK,
+                                     _dot_cols, rows_ops)
 from causallm.kernels import amx, simd
-from causallm.kernels.simd import FLOAT_PREFETCH_BYTES, bf16_to_f32, f32_to_bf16, transpose16
-from causallm.kernels.team import address, array1, array2, array3, encode, words
+from causallm.kernels.simd import (FLOAT_PREFETCH_BYTES, bf16_to_f32, f16_to_f32, f32_to_bf16,
+                                   transpose16)
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -74,46 +75,20 @@ def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead):
     _dot_cols(F16, x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead)
 
 
-_COLS = 64  # output rows per parallel task
-
-
 @njit(cache=True, parallel=True)
 def _bf16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
     N = bits.shape[0]
-    for blk in prange((N + _COLS - 1) // _COLS):
-        _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
-                  min(blk * _COLS + _COLS, N), ahead)
+    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
+        _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
+                   min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
 
 
 @njit(cache=True, parallel=True)
 def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
     N = bits.shape[0]
-    for blk in prange((N + _COLS - 1) // _COLS):
-        _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * _COLS,
-                 min(blk * _COLS + _COLS, N), ahead)
-
-
-@njit(cache=True)
-def _bf16_team(args, k0, k1):
-    """_bf16_parallel's blocks [k0, k1) as a team op (kernels/team.py): words x (3), bits (2),
-    bias (1), y (3), x_row, y_row, nrows, ahead."""
-    a = words(args, 17)
-    x, bits, bias = array3(a, 0, np.float32), array2(a, 4, np.uint16), array1(a, 7, np.float32)
-    y = array3(a, 9, np.float32)
-    for blk in range(k0, k1):
-        _bf16_cols(x, bits, bias, y, a[13], a[14], a[15], blk * _COLS,
-                   min(blk * _COLS + _COLS, bits.shape[0]), a[16])
-
-
-@njit(cache=True)
-def _f16_team(args, k0, k1):
-    """_f16_parallel's blocks [k0, k1), as ``_bf16_team``."""
-    a = words(args, 17)
-    x, bits, bias = array3(a, 0, np.float32), array2(a, 4, np.uint16), array1(a, 7, np.float32)
-    y = array3(a, 9, np.float32)
-    for blk in range(k0, k1):
-        _f16_cols(x, bits, bias, y, a[13], a[14], a[15], blk * _COLS,
-                  min(blk * _COLS + _COLS, bits.shape[0]), a[16])
+    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
+        _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
+                  min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
 
 
 # -- BF16 prompts on AMX tiles (module docstring) ------------------------------------------------
@@ -262,12 +237,23 @@ def bf16_tile_linear(x, bits, bias, y, x_row, y_row, nrows) -> None:
 
 # -- widening -----------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True)
+def _widen_rows(bits, out, bf16):
+    """out = BF16 (``bf16``) or F16 bits (R, C) as float32, in one pass; without the GIL, so
+    the threads of a prompt's product widen their parts at once (``packed_linear``)."""
+    for r in range(bits.shape[0]):
+        b, o = bits[r], out[r]
+        if bf16:
+            for c in range(b.shape[0]):
+                o[c] = bf16_to_f32(np.uint32(b[c]))
+        else:
+            for c in range(b.shape[0]):
+                o[c] = f16_to_f32(b[c])
+
+
 def _widen_bits(fmt: str, a: np.ndarray, out: np.ndarray) -> None:
     """BF16 / F16 bits (R, C) as float32 into ``out``."""
-    if fmt == "BF16":
-        out.view(np.uint32)[...] = a.astype(np.uint32) << 16
-    else:
-        out[...] = a.view(np.float16)
+    _widen_rows(read_only(a), out, fmt == "BF16")
 
 
 _PACK_CHUNK = 1024
@@ -310,16 +296,14 @@ def pack_rows(fmt: str, R: int, C: int, rows_of) -> np.ndarray:
 _scratch = np.zeros(0, dtype=np.float32)
 
 
-def _widened(w: "PackedMatrix") -> np.ndarray:
-    """BF16 / F16 rows as float32 in a buffer reused between calls (the prefill's BLAS
-    operand)."""
+def _widened_rows(w: "PackedMatrix") -> np.ndarray:
+    """Room for BF16 / F16 rows as float32, a buffer reused between calls (the prefill's BLAS
+    operand, widened a part at a time by the threads that multiply it)."""
     global _scratch
     R, C = w.rows_shape
     if _scratch.size < R * C:
         _scratch = np.empty(R * C, dtype=np.float32)
-    out = _scratch[:R * C].reshape(R, C)
-    _widen_bits(w.format, w.data, out)
-    return out
+    return _scratch[:R * C].reshape(R, C)
 
 
 class _Held:
@@ -477,10 +461,14 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
         bf16_tile_linear(x, a, bias, y, x_row, y_row, nrows)
         return
     if nrows >= BLAS_MIN_ROWS:
-        W = _widened(w).T
+        rows, bits, bf16 = _widened_rows(w), read_only(w.data), fmt == "BF16"
+
+        def widen(c0: int, c1: int) -> None:  # rows [c0, c1) of W.T
+            _widen_rows(bits[c0:c1], rows[c0:c1], bf16)
+
         for b in range(x.shape[0]):
             out = y[b, y_row:y_row + nrows]
-            matmul(x[b, x_row:x_row + nrows], W, out)
+            matmul(x[b, x_row:x_row + nrows], rows.T, out, widen if b == 0 else None)
             if bias.shape[0]:
                 out += bias
         return
@@ -513,8 +501,5 @@ def packed_linear_ops(x, w: PackedMatrix, bias, y, x_row, y_row, nrows):
         return [rounding, (*product, table)]
     if nrows >= BLAS_MIN_ROWS:
         return None
-    op = {"BF16": _bf16_team, "F16": _f16_team}[w.format]
-    bits = w.blocks
-    args = encode(x, bits, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
-    tasks = (bits.shape[0] + _COLS - 1) // _COLS
-    return None if args is None else [(address(op), args, tasks, (x, bits, bias, y))]
+    return rows_ops(BF16 if w.format == "BF16" else F16, x, w.blocks, bias, y, x_row, y_row,
+                    nrows)

@@ -89,14 +89,18 @@ def _workers(n: int) -> ThreadPoolExecutor:
     return _pool
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, before=None) -> None:
     """out = a @ b for 2-D float arrays (out (M, N) with unit column stride), split by columns
-    of b over ``threads()`` threads when the product is large enough (module docstring)."""
+    of b over ``threads()`` threads when the product is large enough (module docstring);
+    ``before(c0, c1)``, when given, makes columns [c0, c1) of b, on the thread that multiplies
+    them, just before (a BF16 matrix widened a part at a time, while it is in cache)."""
     _pin_blas()
     m, k = a.shape
     n = b.shape[1]
     parts = min(_count * PARTS_PER_THREAD, n // SPLIT_ALIGN)
     if _count < 2 or parts < 2 or m * k * n < SPLIT_MIN_WORK:
+        if before is not None:
+            before(0, n)
         np.matmul(a, b, out=out)
         return
     step = -(-n // parts // SPLIT_ALIGN) * SPLIT_ALIGN
@@ -110,6 +114,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
                 c = todo.get_nowait()
             except Empty:
                 return
+            if before is not None:
+                before(c, min(n, c + step))
             np.matmul(a, b[:, c:c + step], out=out[:, c:c + step])
 
     pool = _workers(_count - 1)
