@@ -155,6 +155,15 @@ def _wide1_of(form, w, o):
     return lambda form, w, o: w[o]
 
 
+@njit(cache=True, inline="always")
+def _dot64(form, flat, o, xr, k, a0, a1, a2, a3):
+    """The four sums of ``_dot_cols`` plus weights flat[o : o + 64] times xr[k : k + 64]."""
+    return (fmaf16(a0, _wide16(form, flat, o), load16f(xr, k)),
+            fmaf16(a1, _wide16(form, flat, o + 16), load16f(xr, k + 16)),
+            fmaf16(a2, _wide16(form, flat, o + 32), load16f(xr, k + 32)),
+            fmaf16(a3, _wide16(form, flat, o + 48), load16f(xr, k + 48)))
+
+
 @njit(cache=True, fastmath=_FASTMATH)
 def _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
     """Columns [n0, n1) of y = x @ wt.T + bias, wt (N, K) C-contiguous rows of ``form``: each
@@ -173,14 +182,14 @@ def _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
             for i in range(nrows):
                 xr = x[b, x_row + i]
                 a0, a1, a2, a3 = zerof16(), zerof16(), zerof16(), zerof16()
-                for k in range(0, K64, 64):
-                    if ahead > 0:
+                if ahead > 0:  # two loops: a test in the loop slowed it by a third
+                    for k in range(0, K64, 64):
                         for j in range(0, 64, line):
                             prefetch(flat, o + k + ahead + j)
-                    a0 = fmaf16(a0, _wide16(form, flat, o + k), load16f(xr, k))
-                    a1 = fmaf16(a1, _wide16(form, flat, o + k + 16), load16f(xr, k + 16))
-                    a2 = fmaf16(a2, _wide16(form, flat, o + k + 32), load16f(xr, k + 32))
-                    a3 = fmaf16(a3, _wide16(form, flat, o + k + 48), load16f(xr, k + 48))
+                        a0, a1, a2, a3 = _dot64(form, flat, o + k, xr, k, a0, a1, a2, a3)
+                else:
+                    for k in range(0, K64, 64):
+                        a0, a1, a2, a3 = _dot64(form, flat, o + k, xr, k, a0, a1, a2, a3)
                 for k in range(K64, K16, 16):
                     a0 = fmaf16(a0, _wide16(form, flat, o + k), load16f(xr, k))
                 t = np.float32(0.0)
