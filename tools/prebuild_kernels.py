@@ -18,9 +18,11 @@ products (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) any file of those types. For a level it 
 (AVX-512 on an AVX2 CPU), the embedded model's runs go with every kernel call replaced by a
 compile for its arguments' types (``COMPILE_ONLY``): what a run compiles depends on the types it
 passes, never on the values it computes (the x86-64-v3 folder made that way held exactly the
-entries of real runs). A GGUF run cannot go that way (its vocabulary is built by kernels whose
-results it reads), so such a level holds the embedded model's kernels alone until the tool runs
-on a machine of that level. A level the machine can execute is then checked: a run on an empty
+entries of real runs). A GGUF run reads what its vocabulary's kernels compute, so in such a run
+those kernels run too (``TOKENIZER_MODULES``): a level whose instructions this CPU has but for
+AMX's tiles (x86-64-v4-amx on an AVX-512 CPU without AMX) gets the real files' kernels that
+way; a level whose vector instructions it lacks holds the embedded model's kernels alone until
+the tool runs on a machine of that level. A level the machine can execute is then checked: a run on an empty
 cache compiles nothing (tests/test_numba_cache.py also compares its tokens with a run that
 compiles for the machine). A level's entries are valid for the sources, Python and numba they
 were made with (the key and the file names carry them); jit_cache compiles whatever they do not
@@ -53,11 +55,16 @@ with AMX's int8 tiles), each with its folder."""
 LEVELS = tuple(FOLDERS)
 
 COMPILE_ONLY = """
-import runpy, sys
+import os, runpy, sys
 import causallm.kernels  # noqa: F401  (the kernels' cache, jit_cache.install)
 from numba.core import dispatcher
 
+real = set(filter(None, os.environ.get("PREBUILD_RUN_MODULES", "").split(",")))
+call = dispatcher.Dispatcher.__call__
+
 def compile_only(self, *args):
+    if self.py_func.__module__ in real:
+        return call(self, *args)
     self.compile(tuple(self.typeof_pyval(a) for a in args))
 
 dispatcher.Dispatcher.__call__ = compile_only
@@ -70,7 +77,13 @@ else:
 """
 """Run a script (or ``-m module``) with every numba kernel call compiling for the arguments'
 types and running nothing: the buffers keep whatever they held, the generated tokens are
-nonsense, and the kernels a real run calls are compiled."""
+nonsense, and the kernels a real run calls are compiled. The kernels of the modules that
+PREBUILD_RUN_MODULES names run as well (TOKENIZER_MODULES: a GGUF vocabulary's, whose results a
+run reads)."""
+
+TOKENIZER_MODULES = "causallm.kernels.bpe,causallm.kernels.strings"
+"""The kernels a GGUF file's vocabulary is read and built by: they run in a compile-only run of
+a level whose instructions this CPU has but for AMX's (none of them uses a tile)."""
 
 RUNS = [
     ["main.py"],
@@ -99,13 +112,15 @@ def real_file_runs(folder: str) -> list[list[str]]:
         ["main.py", f, long, "-n", "4", "-t", "2"])]
 
 
-def build(level: str, runnable: bool) -> str:
+def build(level: str, runnable: bool, tokenizes: bool) -> str:
+    """The level's folder, from real runs (``runnable``) or compile-only ones, with the real
+    GGUF files too when the level's vocabulary kernels run here (``tokenizes``)."""
     cpu, features = TARGETS[level]
     cache = tempfile.mkdtemp(prefix="causallm-prebuild-")
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
-               PYTHONPATH=ROOT)
+               PYTHONPATH=ROOT, PREBUILD_RUN_MODULES=TOKENIZER_MODULES if tokenizes else "")
     try:
-        runs = RUNS + real_file_runs(cache) if runnable else RUNS
+        runs = RUNS + real_file_runs(cache) if runnable or tokenizes else RUNS
         for args in runs:
             how = [] if runnable else ["-c", COMPILE_ONLY]
             run = subprocess.run([sys.executable, *how, *args], cwd=ROOT, env=env,
@@ -161,10 +176,11 @@ def main() -> None:
     host = {name for name, on in llvm.get_host_cpu_features().items() if on}
     for level in args.level:
         needs = target_needs(level)
-        out = build(level, needs <= host)
+        tiles = {f for f in needs if f.startswith("amx")}
+        out = build(level, needs <= host, needs - tiles <= host)
         n = len(glob.glob(os.path.join(out, "*.nbi")))
         if not needs <= host:
-            print(f"{os.path.relpath(out, ROOT)}: {n} kernels (not run: this CPU lacks "
+            print(f"{os.path.relpath(out, ROOT)}: {n} kernels (compiled, not run: this CPU lacks "
                   f"{', '.join(sorted(needs - host))})")
             continue
         stderr = check()

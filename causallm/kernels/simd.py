@@ -124,7 +124,9 @@ def target_needs(level: str) -> set[str]:
 
 def _usable_level(features: set[str]) -> str:
     level = _level(features)
-    if level == "amx" and not amx.permitted():  # a Linux that keeps the tiles' state (< 5.16)
+    # a Linux that keeps the tiles' state (< 5.16) lowers as "vnni"; a target named through
+    # NUMBA_CPU_NAME is compiled for as named (tools/prebuild_kernels.py on a CPU without AMX)
+    if level == "amx" and not amx.permitted() and not config.CPU_NAME:
         return _level(features - {"amx-tile"})
     return level
 
