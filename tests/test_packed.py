@@ -57,6 +57,31 @@ def test_linear_is_widen_then_multiply(fmt, N, nrows):
         assert np.isnan(y[:, :2]).all()           # only the rows asked for are written
 
 
+@pytest.mark.parametrize("fmt", ["FP32", "BF16", "F16"])
+def test_float_rows_with_and_without_the_prefetch_hint(fmt):
+    """The float row product (linear._dot_cols) asks for its rows ahead on some CPUs and not on
+    others (simd.FLOAT_PREFETCH_BYTES): both loops give the float32 product, bit for bit the
+    same (K = 203: a 64-value body, a 16-value step and single values; N = 131: a last short
+    block)."""
+    K, N, B, nrows = 203, 131, 2, 3
+    w = rand(N, K, seed=11, scale=0.1)
+    x = rand(B, nrows, K, seed=12)
+    bias = rand(N, seed=13)
+    if fmt == "FP32":
+        run, data, W = kernels.linear_oi, w, w.T.astype(np.float64)
+    else:
+        m = PackedMatrix.fromFloat(fmt, w)
+        run = packed._bf16_parallel if fmt == "BF16" else packed._f16_parallel
+        data, W = m.data, m.rowsFloat().T.astype(np.float64)
+    outs = []
+    for ahead in (0, 4096):
+        y = np.full((B, nrows, N), np.nan, np.float32)
+        run(x, data, bias, y, 0, 0, nrows, ahead)
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], x.astype(np.float64) @ W + bias, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.skipif(not packed.BF16_TILES, reason="this CPU has no AMX tiles (or may not use them)")
 @pytest.mark.parametrize("B,nrows,K,N", [(1, 130, 100, 45), (2, 20, 64, 33), (1, 16, 512, 96)])
 def test_bf16_prompt_on_tiles_is_the_float32_product(B, nrows, K, N):
