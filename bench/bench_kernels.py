@@ -72,7 +72,8 @@ def child(threads, reps):
         calls = max(copies, 8)
         runs = {
             "io": lambda c: K.linear_io(x, w_io[c % copies], empty, y, 0, 0, 1),
-            "oi": lambda c: K.linear_oi(x, w_oi[c % copies], empty, y, 0, 0, 1, FLOAT_PREFETCH_BYTES),
+            "oi": lambda c: K.linear_oi(x, w_oi[c % copies], empty, y, 0, 0, 1,
+                                        FLOAT_PREFETCH_BYTES),
             "blas_io": lambda c: np.matmul(x[0], w_io[c % copies], out=y[0]),
             "blas_oi": lambda c: np.matmul(x[0], w_oi[c % copies].T, out=y[0]),
         }
@@ -100,7 +101,8 @@ def child(threads, reps):
                         out += bias
                 calls = 20
                 line["io"].append(_time(lambda c: K.linear_io(x, w, bias, y, 0, 0, nrows), calls, reps))
-                line["oi"].append(_time(lambda c: K.linear_oi(x, wt, bias, y, 0, 0, nrows, FLOAT_PREFETCH_BYTES), calls, reps))
+                line["oi"].append(_time(lambda c: K.linear_oi(x, wt, bias, y, 0, 0, nrows,
+                                                              FLOAT_PREFETCH_BYTES), calls, reps))
                 line["blas[io]"].append(_time(lambda c: blas(c, w), calls, reps))
                 line["blas[oi]"].append(_time(lambda c: blas(c, wt.T), calls, reps))
             for name, ts in line.items():

@@ -22,9 +22,9 @@ entries of real runs). A GGUF run reads what its vocabulary's kernels compute, s
 those kernels run too (``TOKENIZER_MODULES``): a level whose instructions this CPU has but for
 AMX's tiles (x86-64-v4-amx on an AVX-512 CPU without AMX) gets the real files' kernels that
 way; a level whose vector instructions it lacks holds the embedded model's kernels alone until
-the tool runs on a machine of that level. A level the machine can execute is then checked: a run on an empty
-cache compiles nothing (tests/test_numba_cache.py also compares its tokens with a run that
-compiles for the machine). A level's entries are valid for the sources, Python and numba they
+the tool runs on a machine of that level. A level the machine can execute is then checked: a
+run on an empty cache compiles nothing (tests/test_numba_cache.py also compares its tokens with
+a run that compiles for the machine). A level's entries are valid for the sources, Python and numba they
 were made with (the key and the file names carry them); jit_cache compiles whatever they do not
 hold. Run it after any change to causallm/kernels/ (tests/test_numba_cache.py fails until then):
 
