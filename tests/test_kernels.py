@@ -19,7 +19,6 @@ import reference as ref
 
 from causallm import kernels as K
 from causallm.kernels.expf import expf
-from causallm.kernels.simd import FLOAT_PREFETCH_BYTES
 from causallm.kernels.quant import GLU_MULTIPLY, GLU_SWIGLU, NO_D, NO_Q, NO_U, row_kernels
 from causallm.kernels.team import Program
 
@@ -65,11 +64,10 @@ def test_linear_kernels(layout, has_bias, nrows, ro):
         bias = readonly(bias)
     y = np.full((B, 9, n_out), np.nan, np.float32)
     if layout == "io":
-        K.linear_io(x, readonly(w) if ro else w, bias, y, x_row, y_row, nrows)
+        K.linear(x, readonly(w) if ro else w, bias, y, x_row, y_row, nrows)
     else:
         wt = np.ascontiguousarray(w.T)
-        K.linear_oi(x, readonly(wt) if ro else wt, bias, y, x_row, y_row, nrows,
-                    FLOAT_PREFETCH_BYTES)
+        K.linear(x, (readonly(wt) if ro else wt).T, bias, y, x_row, y_row, nrows)
     for b in range(B):
         close(y[b, y_row:y_row + nrows], ref.linear(x[b, x_row:x_row + nrows], w, bias))
     untouched(y, slice(y_row, y_row + nrows))
@@ -563,24 +561,25 @@ def test_set_num_threads_clamps():
 
 @pytest.mark.slow
 def test_serial_and_parallel_kernels_agree_exactly():
-    """The one-thread variants run the same per-task code as the parallel ones (the dispatchers
-    pick one by the size of the work), so the results are bit-identical; attention's row
-    kernel is one team program on either (kernels/team.py)."""
+    """A product's or attention's team ops give the same bits run by one thread or shared by
+    two (a task computes the same values whoever runs it; kernels/team.py): the [in, out] and
+    [out, in] float32 layouts, BF16 and F16 rows, attention's row kernel."""
     import importlib
     att = importlib.import_module("causallm.kernels.attention")
     lin = importlib.import_module("causallm.kernels.linear")
+    from causallm.kernels.packed import PackedMatrix
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 67)).astype(np.float32)
-    w = rng.standard_normal((67, 301)).astype(np.float32)
-    bias = rng.standard_normal(301).astype(np.float32)
-    for par, ser, weight, more in (
-            (lin.linear_io, lin.linear_io_serial, w, ()),
-            (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T), (0,)),
-            (lin.linear_oi, lin.linear_oi_serial, np.ascontiguousarray(w.T), (4096,))):
-        y1, y2 = np.zeros((2, 3, 301), np.float32), np.zeros((2, 3, 301), np.float32)
-        par(x, weight, bias, y1, 0, 0, 3, *more)
-        ser(x, weight, bias, y2, 0, 0, 3, *more)
-        np.testing.assert_array_equal(y1, y2)
+    w = rng.standard_normal((67, 701)).astype(np.float32)  # 11 blocks of output rows
+    bias = rng.standard_normal(701).astype(np.float32)
+    for weight in (w, np.ascontiguousarray(w.T).T, PackedMatrix.fromFloat("BF16", w.T),
+                   PackedMatrix.fromFloat("F16", w.T)):
+        outs = []
+        for n_threads in (1, 2):
+            y = np.zeros((2, 3, 701), np.float32)
+            Program(lin.linear_ops(x, weight, bias, y, 0, 0, 3), n_threads).run(n_threads)
+            outs.append(y)
+        np.testing.assert_array_equal(outs[0], outs[1])
     B, T, H, KV, D = 2, 16, 6, 2, 80
     q = rng.standard_normal((B, 5, H * D)).astype(np.float32)
     kc = rng.standard_normal((B, KV, T, D)).astype(np.float32)

@@ -5,6 +5,8 @@ and the .bin round trip of every quantized layout (NNTrainer's x86 Q4_0 repack a
 spec's recipe). The block types' kernels: tests/test_quant.py; the quantizers:
 tests/test_quantize.py."""
 
+import importlib
+
 import gguf
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from causallm import kernels
 from causallm.io import nntr_bin
 from causallm.kernels import linear, packed
 from causallm.kernels.packed import FORMATS, QUANTIZABLE, PackedMatrix
+from causallm.kernels.team import Program
+
+linear_module = importlib.import_module("causallm.kernels.linear")  # `linear` is the function
 
 
 def rand(*shape, seed, scale=1.0):
@@ -68,15 +73,16 @@ def test_float_rows_with_and_without_the_prefetch_hint(fmt):
     x = rand(B, nrows, K, seed=12)
     bias = rand(N, seed=13)
     if fmt == "FP32":
-        run, data, W = kernels.linear_oi, w, w.T.astype(np.float64)
+        form, data, W = linear_module.FP32, w, w.T.astype(np.float64)
     else:
         m = PackedMatrix.fromFloat(fmt, w)
-        run = packed._bf16_parallel if fmt == "BF16" else packed._f16_parallel
+        form = linear_module.BF16 if fmt == "BF16" else linear_module.F16
         data, W = m.data, m.rowsFloat().T.astype(np.float64)
     outs = []
     for ahead in (0, 4096):
         y = np.full((B, nrows, N), np.nan, np.float32)
-        run(x, data, bias, y, 0, 0, nrows, ahead)
+        ops = linear_module.rows_ops(form, x, data, bias, y, 0, 0, nrows, ahead=ahead)
+        Program(ops, 2).run(2)
         outs.append(y)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], x.astype(np.float64) @ W + bias, rtol=2e-5, atol=2e-5)

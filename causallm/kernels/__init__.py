@@ -42,7 +42,7 @@ from causallm.kernels.elementwise import (  # noqa: E402
     softmax_rows,
 )
 from causallm.kernels.embedding import embedding  # noqa: E402
-from causallm.kernels.linear import BLAS_MIN_ROWS, linear, linear_io, linear_oi  # noqa: E402
+from causallm.kernels.linear import BLAS_MIN_ROWS, linear  # noqa: E402
 from causallm.kernels.norm import rms_norm  # noqa: E402
 from causallm.kernels.rope import rope_inv_freq, rope_tables  # noqa: E402
 from causallm.progress import progress  # noqa: E402
@@ -125,6 +125,6 @@ __all__ = [
     "ACT_GELU", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_SILU", "ACT_TANH", "ACT_TANH_GELU",
     "ACTIVATIONS", "BLAS_MIN_ROWS", "activation", "add", "add_row", "attention", "compile_report",
     "embedding",
-    "get_num_threads", "kv_cache_write", "linear", "linear_io", "linear_oi",
+    "get_num_threads", "kv_cache_write", "linear",
     "rms_norm", "rope_inv_freq", "rope_tables", "set_num_threads", "softmax_rows",
 ]

@@ -7,36 +7,39 @@ batch b < B and row i < nrows::
 
 W is the logical [in, out] = (K, N) matrix, stored one of two ways:
 
-- ``linear_io(x, w, ...)``: w is (K, N) C-contiguous, NNTrainer's FC layout [in, out];
-- ``linear_oi(x, wt, ...)``: wt is (N, K) C-contiguous, PyTorch's layout [out, in] (W = wt.T).
+- w (K, N) C-contiguous, NNTrainer's FC layout [in, out] (``_io_block``);
+- the transpose view of wt (N, K) C-contiguous, PyTorch's layout [out, in] (W = wt.T): rows of
+  float32, bfloat16 or half values (``_dot_cols``; BF16 / F16 rows come as a PackedMatrix).
 
-``linear`` picks one: the numba kernel of the layout for a few rows (decode, memory bound),
-numpy's BLAS sgemm from Python for many rows (prefill, compute bound). Measured crossover:
-see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py. For decode, linear_oi is the faster layout.
+``linear`` picks: for a few rows (decode, memory bound) the layout's kernel, as team ops
+(kernels/team.py: ``linear_ops``) that a decode step's program runs among its others, or a
+program of their own for a call; for many rows (prefill, compute bound) numpy's BLAS sgemm from
+Python. Measured crossover: see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py. For decode, the
+[out, in] rows are the faster layout.
 
-The kernels are parallel over output columns (``prange``) and write only into ``y``; they
-never allocate. ``fastmath`` here lets LLVM reorder the dot-product sums (to vectorize them),
-so results differ from a sequential sum by float32 rounding; NaN/Inf semantics are kept.
+A task is a block of output columns; the kernels write only into ``y`` and never allocate.
+``fastmath`` here lets LLVM reorder the dot-product sums (to vectorize them), so results differ
+from a sequential sum by float32 rounding; NaN/Inf semantics are kept.
 """
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.simd import (FLOAT_PREFETCH_BYTES, addf16, bf16_to_f32, bf16x16,
                                    f16_to_f32, fmaf16, fold8, hsum, load16f, prefetch, zerof16)
-from causallm.kernels.team import address, array1, array2, array3, encode, words
-from causallm.kernels.threads import matmul
+from causallm.kernels.team import Program, address, array1, array2, array3, encode, words
+from causallm.kernels.threads import matmul, threads
 
 # reassociate / contract to FMA / ignore signed zeros / use reciprocals; keep NaN and Inf rules
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-_TILE = 4096  # linear_io: y values (B*nrows rows x block columns) a task keeps in L1: 16 KiB
+_TILE = 4096  # _io_block: y values (B*nrows rows x block columns) a task keeps in L1: 16 KiB
 
 # Rows per batch (nrows) from which linear() uses numpy BLAS instead of the numba kernels.
 # bench/bench_kernels.py on a 2-core AMD EPYC (Zen 4) VM, OpenBLAS 0.3.31, 1024->3072 and
 # 3072->1024, 1 and 2 threads: OpenBLAS sgemm costs about as much for 2 rows as for 12 (it
-# packs all of W), while linear_oi adds ~0.1-0.2 ms per row, so BLAS wins from 16-32 rows,
+# packs all of W), while the row kernel adds ~0.1-0.2 ms per row, so BLAS wins from 16-32 rows,
 # and the count that matters is the rows of each sgemm call (one per batch), not B * nrows:
 # B=2 crosses over at the same nrows as B=1. For one row numba streams cold weights at
 # ~31-35 GB/s against ~21-33 GB/s for sgemv.
@@ -50,7 +53,7 @@ PARALLEL_MIN_WEIGHTS = 1 << 19
 
 @njit(cache=True)
 def _io_blocking(B, nrows, N):
-    """Column block width and count for linear_io: as wide as the L1 tile allows (long runs of
+    """Column block width and count for ``_io_block``: as wide as the L1 tile allows (long runs of
     each W row stream better from DRAM) but at least 8 blocks when N >= 2048."""
     max_cols = max(256, _TILE // max(1, B * nrows))
     cols = min(max_cols, max(256, ((N + 7) // 8 + 15) // 16 * 16))
@@ -100,27 +103,6 @@ def _io_block(x, w, bias, y, x_row, y_row, nrows, n0, n1):
                 yb = y[b, y_row + i, n0:n1]
                 for n in range(yb.shape[0]):
                     yb[n] += xk * wk[n]
-
-
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def linear_io(x, w, bias, y, x_row, y_row, nrows):
-    """y[b, y_row+i] = x[b, x_row+i] @ w + bias, w (K, N) C-contiguous [in, out].
-
-    Parallel over blocks of output columns; W is streamed once per call whatever B * nrows is.
-    """
-    cols, nblocks = _io_blocking(x.shape[0], nrows, w.shape[1])
-    for blk in prange(nblocks):
-        _io_block(x, w, bias, y, x_row, y_row, nrows, blk * cols,
-                  min(blk * cols + cols, w.shape[1]))
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def linear_io_serial(x, w, bias, y, x_row, y_row, nrows):
-    """linear_io on one thread (small matrices)."""
-    cols, nblocks = _io_blocking(x.shape[0], nrows, w.shape[1])
-    for blk in range(nblocks):
-        _io_block(x, w, bias, y, x_row, y_row, nrows, blk * cols,
-                  min(blk * cols + cols, w.shape[1]))
 
 
 FP32, BF16, F16 = 0, 1, 2
@@ -199,58 +181,28 @@ def _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
                 y[b, y_row + i, n] = v + bias[n] if has_bias else v
 
 
-@njit(cache=True)
-def _oi_cols(x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
-    """Columns [n0, n1) of y = x @ wt.T + bias, wt (N, K) float32 (``_dot_cols``)."""
-    _dot_cols(FP32, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead)
-
-
 ROWS_BLOCK = 64
-"""Output columns (rows of wt) a task of the float row products (linear_oi, BF16 / F16)."""
-
-
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
-def linear_oi(x, wt, bias, y, x_row, y_row, nrows, ahead):
-    """y[b, y_row+i] = x[b, x_row+i] @ wt.T + bias, wt (N, K) C-contiguous [out, in]; ``ahead``
-    the prefetch distance in bytes (0: none; simd.FLOAT_PREFETCH_BYTES).
-
-    Parallel over blocks of output columns; W is streamed once per call.
-    """
-    N = wt.shape[0]
-    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
-        _oi_cols(x, wt, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
-                 min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def linear_oi_serial(x, wt, bias, y, x_row, y_row, nrows, ahead):
-    """linear_oi on one thread (small matrices)."""
-    _oi_cols(x, wt, bias, y, x_row, y_row, nrows, np.int64(0), wt.shape[0],  # linear_oi's types
-             ahead)
+"""Output columns (rows of wt) a task of the float row products (``_rows_team``)."""
 
 
 def linear(x, w, bias, y, x_row, y_row, nrows):
     """y[b, y_row+i] = x[b, x_row+i] @ w + bias for b < B, i < nrows; w is the logical (K, N).
 
     w is either C-contiguous (K, N) [in, out], or the transpose view ``wt.T`` of a C-contiguous
-    (N, K) [out, in] array, or a transposed ``PackedMatrix`` (its own kernels). Below ``BLAS_MIN_ROWS`` rows the numba kernel of that layout
-    runs (one pass over W for all batches; on one thread below ``PARALLEL_MIN_WEIGHTS``); otherwise numpy's BLAS (sgemm accepts both layouts
-    without copying) writes each batch straight into y, and the bias is added afterwards.
+    (N, K) [out, in] array, or a transposed ``PackedMatrix`` (its own kernels). Below
+    ``BLAS_MIN_ROWS`` rows the layout's team ops run as a program (one pass over W for all
+    batches; on one thread below ``PARALLEL_MIN_WEIGHTS``); otherwise numpy's BLAS (sgemm
+    accepts both layouts without copying) writes each batch straight into y, and the bias is
+    added afterwards.
     """
     bias = read_only(bias)
-    if x.strides[2] != x.itemsize:  # the kernels read an input row as one run of values
+    if not x.flags.c_contiguous:  # the kernels read an input row as one run of values
         x = np.ascontiguousarray(x)
     if not isinstance(w, np.ndarray):  # a PackedMatrix (causallm/kernels/packed.py)
         w.linear(x, bias, y, x_row, y_row, nrows)
         return
     if nrows < BLAS_MIN_ROWS:
-        w = read_only(w)
-        big = w.size >= PARALLEL_MIN_WEIGHTS
-        if w.flags.c_contiguous:
-            (linear_io if big else linear_io_serial)(x, w, bias, y, x_row, y_row, nrows)
-        else:
-            (linear_oi if big else linear_oi_serial)(x, w.T, bias, y, x_row, y_row, nrows,
-                                                     FLOAT_PREFETCH_BYTES)
+        run_ops(linear_ops(x, w, bias, y, x_row, y_row, nrows), w.size)
         return
     for b in range(x.shape[0]):
         out = y[b, y_row:y_row + nrows]
@@ -259,11 +211,21 @@ def linear(x, w, bias, y, x_row, y_row, nrows):
             out += bias
 
 
+def run_ops(ops, weights: int) -> None:
+    """A product's team ops (``linear_ops``) run as a program of their own: on every thread
+    from PARALLEL_MIN_WEIGHTS weights, else on the caller's."""
+    if ops is None:
+        raise ValueError("linear: float32 arrays expected, x (B, rows, K) and y (B, rows, N) "
+                         "C-contiguous, W (K, N) C-contiguous or the transpose of one")
+    n = threads() if weights >= PARALLEL_MIN_WEIGHTS else 1
+    Program(ops, n).run(n)
+
+
 # -- team ops (kernels/team.py): a task is one block of the parallel kernel's loop --------------
 
 @njit(cache=True)
 def _io_team(args, k0, k1):
-    """linear_io's column blocks [k0, k1): words x (3), w (2), bias (1), y (3), x_row, y_row,
+    """Column blocks [k0, k1) of y = x @ w + bias, w (K, N) [in, out] (``_io_block``): words x (3), w (2), bias (1), y (3), x_row, y_row,
     nrows, the block width."""
     a = words(args, 17)
     x, w, bias = array3(a, 0, np.float32), array2(a, 4, np.float32), array1(a, 7, np.float32)
@@ -275,8 +237,8 @@ def _io_team(args, k0, k1):
 
 @njit(cache=True)
 def _rows_team(args, k0, k1):
-    """Blocks [k0, k1) of ROWS_BLOCK output rows of a float row product (``_dot_cols``: the
-    parallel kernels' tasks) as a team op: words x (3), wt (2), bias (1), y (3), x_row, y_row,
+    """Blocks [k0, k1) of ROWS_BLOCK output rows of a float row product (``_dot_cols``) as a
+    team op: words x (3), wt (2), bias (1), y (3), x_row, y_row,
     nrows, ahead, form; wt float32 or uint16 bits as the form says."""
     a = words(args, 18)
     x, bias, y = array3(a, 0, np.float32), array1(a, 7, np.float32), array3(a, 9, np.float32)
@@ -294,10 +256,10 @@ def _rows_team(args, k0, k1):
                       a[16])
 
 
-def rows_ops(form: int, x, wt, bias, y, x_row, y_row, nrows):
-    """y = x @ wt.T + bias for wt (N, K) float rows of ``form`` as one team op (``_rows_team``),
-    or None when an array is not C-contiguous."""
-    args = encode(x, wt, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES, form)
+def rows_ops(form: int, x, wt, bias, y, x_row, y_row, nrows, ahead=FLOAT_PREFETCH_BYTES):
+    """y = x @ wt.T + bias for wt (N, K) float rows of ``form`` as one team op (``_rows_team``,
+    its rows asked for ``ahead`` bytes on), or None when an array is not C-contiguous."""
+    args = encode(x, wt, bias, y, x_row, y_row, nrows, ahead, form)
     tasks = (wt.shape[0] + ROWS_BLOCK - 1) // ROWS_BLOCK
     return None if args is None else [(address(_rows_team), args, tasks, (x, wt, bias, y))]
 
@@ -305,16 +267,22 @@ def rows_ops(form: int, x, wt, bias, y, x_row, y_row, nrows):
 def linear_ops(x, w, bias, y, x_row, y_row, nrows):
     """``linear`` as team ops (kernels/team.py) for a step of fewer than BLAS_MIN_ROWS rows:
     [(address, args, tasks, what the words point into)], a task a block of output columns of
-    the kernel ``linear`` calls, so the values are its own; None when an array is not one the
+    the kernel ``linear`` runs, so the values are its own; None when an array is not one the
     ops read (float32, C-contiguous, or W the transpose of one)."""
     if not isinstance(w, np.ndarray):  # a PackedMatrix
         return w.linear_ops(x, bias, y, x_row, y_row, nrows)
     if nrows >= BLAS_MIN_ROWS or w.dtype != np.float32 or x.dtype != np.float32 \
             or y.dtype != np.float32 or x.ndim != 3 or y.ndim != 3:
         return None
-    if not w.flags.c_contiguous:  # linear_oi's layout, or none the kernels read
+    if not w.flags.c_contiguous:  # [out, in] rows, or a layout the kernels do not read
         return rows_ops(FP32, x, w.T, bias, y, x_row, y_row, nrows) if w.T.flags.c_contiguous \
             else None
+    return io_ops(x, w, bias, y, x_row, y_row, nrows)
+
+
+def io_ops(x, w, bias, y, x_row, y_row, nrows):
+    """y = x @ w + bias for w (K, N) float32 [in, out] as one team op (``_io_team``), or None
+    when an array is not C-contiguous."""
     cols, tasks = _io_blocking(x.shape[0], nrows, w.shape[1])
     args = encode(x, w, bias, y, x_row, y_row, nrows, cols)
     return None if args is None else [(address(_io_team), args, tasks, (x, w, bias, y))]

@@ -23,9 +23,10 @@ transposed packed weight::
 
 A block type multiplies activations rounded as ggml rounds them for that type, for any number
 of rows (quant.py). BF16 and F16, for a few rows (decode, memory bound), stream the bits and
-widen them in registers, parallel over blocks of output rows; for many rows (prefill, compute
-bound) the matrix is widened into a reused float32 buffer and numpy's BLAS multiplies, as for
-float32 weights (``linear.BLAS_MIN_ROWS``), except BF16 where the CPU has AMX tiles: there each
+widen them in registers, a team op a block of output rows (``linear.rows_ops``); for many rows
+(prefill, compute bound, ``linear.BLAS_MIN_ROWS``) numpy's BLAS multiplies, as for float32
+weights, the matrix widened into a reused float32 buffer a column part at a time by the thread
+that multiplies that part, except BF16 where the CPU has AMX tiles: there each
 activation value is split into three bfloat16 parts, x = h + m + l with h = bf16(x),
 m = bf16(x - h), l = bf16(x - h - m) (together every bit of a normal float32), and
 
@@ -49,49 +50,15 @@ from causallm.kernels.jit_cache import read_only
 
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
-from causallm.kernels.linear import (BF16, BLAS_MIN_ROWS, F16, PARALLEL_MIN_WEIGHTS, ROWS_BLOCK,
-                                     _dot_cols, rows_ops)
+from causallm.kernels.linear import BF16, BLAS_MIN_ROWS, F16, rows_ops, run_ops
 from causallm.kernels import amx, simd
-from causallm.kernels.simd import (FLOAT_PREFETCH_BYTES, bf16_to_f32, f16_to_f32, f32_to_bf16,
-                                   transpose16)
+from causallm.kernels.simd import bf16_to_f32, f16_to_f32, f32_to_bf16, transpose16
 from causallm.kernels.threads import matmul, threads
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 FORMATS = ("BF16", "F16", *quant.QTYPES)
 """Every format a PackedMatrix holds."""
 
-
-# -- decode kernels: columns [n0, n1) of y = x @ W + bias, W the packed (K, N) ------------------
-
-@njit(cache=True)
-def _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead):
-    """Columns [n0, n1) of y = x @ W + bias, W's rows (N, K) bfloat16 bits (linear._dot_cols)."""
-    _dot_cols(BF16, x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead)
-
-
-@njit(cache=True)
-def _f16_cols(x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead):
-    """The same for IEEE half bits."""
-    _dot_cols(F16, x, bits, bias, y, x_row, y_row, nrows, n0, n1, ahead)
-
-
-@njit(cache=True, parallel=True)
-def _bf16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
-    N = bits.shape[0]
-    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
-        _bf16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
-                   min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
-
-
-@njit(cache=True, parallel=True)
-def _f16_parallel(x, bits, bias, y, x_row, y_row, nrows, ahead):
-    N = bits.shape[0]
-    for blk in prange((N + ROWS_BLOCK - 1) // ROWS_BLOCK):
-        _f16_cols(x, bits, bias, y, x_row, y_row, nrows, blk * ROWS_BLOCK,
-                  min(blk * ROWS_BLOCK + ROWS_BLOCK, N), ahead)
-
-
-# -- BF16 prompts on AMX tiles (module docstring) ------------------------------------------------
 
 @njit(cache=True, parallel=True)
 def _bf16_parts(x, x_row, nrows, t0, parts):
@@ -452,7 +419,6 @@ class PackedMatrix:
 
 def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     """``linear`` for a transposed packed weight (module docstring)."""
-    N = w.rows_shape[0]
     fmt, a = w.format, w.blocks
     if w.qtype is not None:
         quant.linear(w.qtype, a, x, bias, y, x_row, y_row, nrows)
@@ -472,12 +438,8 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
             if bias.shape[0]:
                 out += bias
         return
-    big = w.rows_shape[0] * w.rows_shape[1] >= PARALLEL_MIN_WEIGHTS
-    kernel = {"BF16": (_bf16_parallel, _bf16_cols), "F16": (_f16_parallel, _f16_cols)}[fmt]
-    if big:
-        kernel[0](x, a, bias, y, x_row, y_row, nrows, FLOAT_PREFETCH_BYTES)
-    else:
-        kernel[1](x, a, bias, y, x_row, y_row, nrows, 0, N, FLOAT_PREFETCH_BYTES)
+    run_ops(rows_ops(BF16 if fmt == "BF16" else F16, x, a, bias, y, x_row, y_row, nrows),
+            a.size)
 
 
 def packed_linear_ops(x, w: PackedMatrix, bias, y, x_row, y_row, nrows):
