@@ -55,10 +55,11 @@ from causallm.kernels import amx, simd
 from causallm.kernels.simd import bf16_to_f32, f16_to_f32, f32_to_bf16, transpose16
 from causallm.kernels.threads import matmul, threads
 
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 FORMATS = ("BF16", "F16", *quant.QTYPES)
 """Every format a PackedMatrix holds."""
 
+
+# -- BF16 prompts on AMX tiles (module docstring) ------------------------------------------------
 
 @njit(cache=True, parallel=True)
 def _bf16_parts(x, x_row, nrows, t0, parts):
