@@ -11,7 +11,27 @@ from causallm.kernels.quant import GLU_MULTIPLY, NO_ACT, NO_D, NO_Q, NO_U, glu_o
 from causallm.runtime.layer import Layer
 
 
-class MultiplyLayer(Layer):
+class RowProductLayer(Layer):
+    """A layer whose step is quant's ``glu_rows`` of its two inputs, of kind ``glu``
+    (``multiply``: in0 * in1; ``swiglu``: silu(in0) * in1), rows [0, step) of every batch."""
+
+    glu = GLU_MULTIPLY
+
+    def team_ops(self, context, step):
+        """The step as a team op (runtime/runner.py, ``team_plan``)."""
+        out = context.outputs[0]
+        op = glu_op(NO_ACT, self.glu, context.inputs[0], context.inputs[1], out,
+                    min(step, out.shape[1]), NO_Q, NO_D, NO_D, NO_U)
+        return None if op is None else [op]
+
+    def incremental_forwarding(self, context, from_, to):
+        step = min(to - from_, context.outputs[0].shape[1])
+        glu_rows = row_kernels()[1]
+        glu_rows(self.glu, context.inputs[0], context.inputs[1], context.outputs[0], step,
+                 NO_Q, NO_D, NO_D, NO_U)
+
+
+class MultiplyLayer(RowProductLayer):
     type = "multiply"
 
     def finalize(self, context):
@@ -21,16 +41,3 @@ class MultiplyLayer(Layer):
         if dims[0] != dims[1]:
             raise context.error(f"input dims differ: {dims[0]} vs {dims[1]}")
         context.setOutputDimensions([dims[0]])
-
-    def team_ops(self, context, step):
-        """The step as a team op (runtime/runner.py, ``team_plan``)."""
-        out = context.outputs[0]
-        op = glu_op(NO_ACT, GLU_MULTIPLY, context.inputs[0], context.inputs[1], out,
-                    min(step, out.shape[1]), NO_Q, NO_D, NO_D, NO_U)
-        return None if op is None else [op]
-
-    def incremental_forwarding(self, context, from_, to):
-        step = min(to - from_, context.outputs[0].shape[1])
-        glu_rows = row_kernels()[1]
-        glu_rows(GLU_MULTIPLY, context.inputs[0], context.inputs[1], context.outputs[0], step,
-                 NO_Q, NO_D, NO_D, NO_U)

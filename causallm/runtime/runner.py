@@ -23,8 +23,6 @@ from causallm.errors import CausalLMError
 from causallm.kernels.packed import PackedMatrix
 from causallm.kernels.quant import (
     AMX_MIN_ROWS,
-    GLU_MULTIPLY,
-    GLU_SWIGLU,
     NO_ACT,
     NO_D,
     NO_Q,
@@ -41,6 +39,7 @@ from causallm.kernels.quant import (
 )
 from causallm.kernels.team import Program
 from causallm.kernels.threads import threads
+from causallm.layers.multiply import RowProductLayer
 from causallm.runtime.layer import RunLayerContext
 
 
@@ -269,7 +268,7 @@ def make_plan(steps: list) -> list:
         if isinstance(layer, LinearGroup) and prev is not None:
             if isinstance(prev, NormRows) and _same(prev.y, layer.x):
                 prev.feed(layer)
-            elif (prev.getType() in GluRows.KINDS and plan[-1][1] is not None
+            elif (isinstance(prev, RowProductLayer) and plan[-1][1] is not None
                   and _same(plan[-1][1].outputs[0], layer.x)):
                 plan[-1] = (GluRows(prev, plan[-1][1], layer), None)
         plan.append((layer, ctx))
@@ -515,11 +514,9 @@ class GluRows:
     """A ``swiglu`` or ``multiply`` layer run by ``make_plan`` with the rounding of its rows for
     the ``LinearGroup`` after it, in one kernel call."""
 
-    KINDS = {"swiglu": GLU_SWIGLU, "multiply": GLU_MULTIPLY}
-
     def __init__(self, layer, ctx, group: LinearGroup) -> None:
         self.type, self.name = layer.getType(), ctx.name
-        self.kind = self.KINDS[self.type]
+        self.kind = layer.glu
         self.gate, self.up = ctx.inputs
         self.out = ctx.outputs[0]
         self.group, group.quantized = group, True
