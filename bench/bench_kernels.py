@@ -11,6 +11,10 @@ Run by hand (not a test):  python bench/bench_kernels.py [--threads 1 2] [--reps
 2. Prefill crossover: ms per call of the numba kernels against the BLAS path of linear()
    (one sgemm of nrows rows per batch) for B = 1, 2 and 1024->3072, 3072->1024; the row
    count from which BLAS keeps winning is what linear.BLAS_MIN_ROWS should be.
+3. Prompt products of BF16 / F16 rows: GMAC/s of the tiles ``rows_ops`` runs from
+   BLAS_MIN_ROWS rows where the CPU has AVX-512 (linear.TILES) against widening the matrix
+   and calling BLAS (packed.py's path without them), and float32 rows on both, at 16 to 512
+   rows of 1024->3072 and 3072->1024.
 
 Each thread count runs in a child process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set, so
 numba and BLAS use the same number of threads (BLAS reads it only at import).
@@ -27,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECODE_SHAPES = [(1024, 3072), (3072, 1024), (1024, 151936)]
 PREFILL_SHAPES = [(1024, 3072), (3072, 1024)]
 PREFILL_ROWS = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64]
+TILE_ROWS = [16, 32, 128, 512]
 MIN_BYTES = 256e6  # weight bytes per rotation: well beyond the 32 MB L3 of the test box
 
 
@@ -121,6 +126,39 @@ def child(threads, reps):
                     cross = r
                 print(f"{'':>20}crossover ({layout}): BLAS faster from nrows = {cross or 'never'}"
                       + (f" (B*nrows = {batch * cross})" if cross else ""), flush=True)
+
+    if not lin.TILES:
+        print("prompt tiles: this CPU has no AVX-512 (linear.TILES is False)")
+        return
+    print("prompt products: GMAC/s, tiles vs widened + BLAS (bf16, f16) and float32 rows")
+    from causallm.kernels import packed
+    from causallm.kernels.threads import matmul
+    for k_in, n_out in PREFILL_SHAPES:
+        wt = rng.standard_normal((n_out, k_in), dtype=np.float32)
+        wide = np.empty_like(wt)
+        for nrows in TILE_ROWS:
+            x = rng.standard_normal((1, nrows, k_in), dtype=np.float32)
+            y = np.zeros((1, nrows, n_out), np.float32)
+            cells = []
+            for fmt, form in (("BF16", lin.BF16), ("F16", lin.F16)):
+                bits = packed.pack_rows(fmt, n_out, k_in, lambda r0, r1: wt[r0:r1])
+
+                def widened(c):
+                    matmul(x[0], wide.T, y[0], lambda c0, c1: packed._widen_rows(
+                        bits[c0:c1], wide[c0:c1], fmt == "BF16"))
+                tiles = _time(lambda c: lin.run_ops(lin.rows_ops(
+                    form, x, bits, empty, y, 0, 0, nrows), bits.size), 5, reps)
+                cells.append(f"{fmt.lower()} {_gmacs(nrows, wt, tiles):5.1f} / "
+                             f"{_gmacs(nrows, wt, _time(widened, 5, reps)):5.1f}")
+            tiles = _time(lambda c: lin.run_ops(lin.rows_ops(
+                lin.FP32, x, wt, empty, y, 0, 0, nrows), wt.size), 5, reps)
+            blas = _time(lambda c: matmul(x[0], wt.T, y[0]), 5, reps)
+            cells.append(f"fp32 {_gmacs(nrows, wt, tiles):5.1f} / {_gmacs(nrows, wt, blas):5.1f}")
+            print(f"{k_in}->{n_out}, {nrows:>3} rows:  " + "   ".join(cells), flush=True)
+
+
+def _gmacs(nrows, wt, seconds):
+    return nrows * wt.size / seconds / 1e9
 
 
 def main():

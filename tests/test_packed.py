@@ -6,6 +6,9 @@ spec's recipe). The block types' kernels: tests/test_quant.py; the quantizers:
 tests/test_quantize.py."""
 
 import importlib
+import os
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -37,7 +40,7 @@ def test_bf16_and_f16_keep_their_bits():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nrows", [1, 3, 17])      # 17 rows: BF16 / F16 widen then BLAS
+@pytest.mark.parametrize("nrows", [1, 3, 17])      # 17 rows: a prompt (tiles, or BLAS)
 @pytest.mark.parametrize("N", [37, 2100])          # one task / the parallel kernel
 @pytest.mark.parametrize("fmt", ["BF16", "F16", *QUANTIZABLE])
 def test_linear_is_widen_then_multiply(fmt, N, nrows):
@@ -86,6 +89,68 @@ def test_float_rows_with_and_without_the_prefetch_hint(fmt):
         outs.append(y)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], x.astype(np.float64) @ W + bias, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("fmt", ["FP32", "BF16", "F16"])
+@pytest.mark.parametrize("B,nrows,K,N", [(2, 17, 203, 131), (1, 20, 11011, 9), (1, 130, 64, 389)])
+def test_prompt_rows_are_the_float32_product(fmt, B, nrows, K, N):
+    """Float rows times BLAS_MIN_ROWS input rows or more (a prompt): tiles of 4 x 6 where the CPU
+    has AVX-512 (linear.TILES), else widened for BLAS (BF16 / F16 through ``linear``) or each row
+    against every input row (FP32's row op): x @ W to float32 rounding, with K not a multiple of
+    16 (203, 11011: passes of 6 input rows), N not of 4, input rows not a multiple of 6; only
+    the rows asked for are read (the others NaN) and written; the same bits on 1 and 2 threads."""
+    w = rand(N, K, seed=14, scale=0.1)
+    if fmt == "FP32":
+        W = w.T.astype(np.float64)
+    else:
+        m = PackedMatrix.fromFloat(fmt, w)
+        W = m.rowsFloat().T.astype(np.float64)
+    x = np.full((B, nrows + 2, K), np.nan, np.float32)
+    x[:, 2:] = rand(B, nrows, K, seed=15)
+    bias = rand(N, seed=16)
+    want = x[:, 2:].astype(np.float64) @ W + bias
+    before, outs = kernels.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            y = np.full((B, nrows + 1, N), np.nan, np.float32)
+            if fmt == "FP32":
+                linear_module.run_ops(linear_module.rows_ops(linear_module.FP32, x, w, bias, y,
+                                                             2, 1, nrows), w.size)
+            else:
+                linear(x, m, bias, y, 2, 1, nrows)
+            np.testing.assert_allclose(y[:, 1:], want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
+            assert np.isnan(y[:, 0]).all()
+            outs.append(y)
+    finally:
+        kernels.set_num_threads(before)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not linear_module.TILES, reason="this CPU has no AVX-512: its prompts "
+                    "already take the path without tiles")
+def test_prompt_rows_without_tiles(tmp_path):
+    """On a CPU without AVX-512 (numba told to compile for x86-64-v3 here), BF16 / F16 prompts
+    widen the matrix for BLAS: the same checks."""
+    import llvmlite.binding as llvm
+    from causallm.kernels import simd
+    cpu, features = simd.TARGETS["avx2"]
+    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    if not simd.target_needs("avx2") <= host:
+        pytest.skip("this CPU cannot run the x86-64-v3 path")
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features,
+           "NUMBA_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"{__file__}::test_prompt_rows_are_the_float32_product", "-k", "17",
+                        "--override-ini=addopts="], env=env, capture_output=True, text=True,
+                       timeout=1800, cwd=os.path.dirname(here))
+    assert p.returncode == 0 and "3 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    check = subprocess.run([sys.executable, "-c", "import importlib; print(importlib."
+                            "import_module('causallm.kernels.linear').TILES)"], env=env,
+                           capture_output=True, text=True, cwd=os.path.dirname(here))
+    assert check.stdout.strip() == "False", check.stderr
 
 
 @pytest.mark.skipif(not packed.BF16_TILES, reason="this CPU has no AMX tiles (or may not use them)")

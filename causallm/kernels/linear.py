@@ -15,7 +15,9 @@ W is the logical [in, out] = (K, N) matrix, stored one of two ways:
 (kernels/team.py: ``linear_ops``) that a decode step's program runs among its others, or a
 program of their own for a call; for many rows (prefill, compute bound) numpy's BLAS sgemm from
 Python. Measured crossover: see ``BLAS_MIN_ROWS`` and bench/bench_kernels.py. For decode, the
-[out, in] rows are the faster layout.
+[out, in] rows are the faster layout. BF16 and F16 rows, which BLAS cannot read, multiply many
+rows as tiles of 4 weight rows x 6 input rows (``_tile_rows``) where the CPU has AVX-512's 32
+vector registers (``TILES``): the weights widened in registers, the product float32's.
 
 A task is a block of output columns; the kernels write only into ``y`` and never allocate.
 ``fastmath`` here lets LLVM reorder the dot-product sums (to vectorize them), so results differ
@@ -28,7 +30,8 @@ from numba.extending import overload
 
 from causallm.kernels.jit_cache import read_only
 from causallm.kernels.simd import (FLOAT_PREFETCH_BYTES, addf16, bf16_to_f32, bf16x16,
-                                   f16_to_f32, fmaf16, fold8, hsum, load16f, prefetch, zerof16)
+                                   f16_to_f32, fmaf16, fold8, hsum, load16f, prefetch,
+                                   store_hsum4, target_features, zerof16)
 from causallm.kernels.team import Program, address, array1, array2, array3, encode, words
 from causallm.kernels.threads import matmul, threads
 
@@ -181,8 +184,105 @@ def _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
                 y[b, y_row + i, n] = v + bias[n] if has_bias else v
 
 
+TILES = "avx512f" in target_features()
+"""Whether a float row product of many rows (``nrows`` >= BLAS_MIN_ROWS: a prompt's BF16 / F16
+product, packed.py) runs as tiles of 4 weight rows x 6 input rows (``_tile_rows``), which needs
+AVX-512's 32 vector registers for its 24 sums; with 16 (AVX2) they spill, and widening the
+weights for BLAS is faster (bench_kernels.py's ``tiles`` rows)."""
+
+_TILE_X_BYTES = 1 << 18
+"""Input rows a pass of ``_tile_rows`` multiplies, in bytes of float32 (256 KiB: with a task's
+weight rows they stay in L2)."""
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _fma4(s0, s1, s2, s3, w0, w1, w2, w3, v):
+    """s_r + w_r * v for the four weight rows' lanes w_r and one input row's lanes v."""
+    return fmaf16(s0, w0, v), fmaf16(s1, w1, v), fmaf16(s2, w2, v), fmaf16(s3, w3, v)
+
+
+@njit(cache=True, fastmath=_FASTMATH, inline="always")
+def _tile4x6(form, w, o0, o1, o2, o3, x, p0, p1, p2, p3, p4, p5, K16):
+    """The 24 sums of weight rows w[o_r : o_r + K16] times input rows x[p_j : p_j + K16] (flat
+    element offsets), 16 lanes each, as (j, r) = (0, 0), (0, 1), ..., (5, 3): per 16 values of
+    K, 4 weight loads and 6 input loads for 24 multiply-adds, all in registers."""
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = s20 = s21 = s22 = s23 = zerof16()
+    s30 = s31 = s32 = s33 = s40 = s41 = s42 = s43 = s50 = s51 = s52 = s53 = zerof16()
+    for k in range(0, K16, 16):
+        w0, w1 = _wide16(form, w, o0 + k), _wide16(form, w, o1 + k)
+        w2, w3 = _wide16(form, w, o2 + k), _wide16(form, w, o3 + k)
+        s00, s01, s02, s03 = _fma4(s00, s01, s02, s03, w0, w1, w2, w3, load16f(x, p0 + k))
+        s10, s11, s12, s13 = _fma4(s10, s11, s12, s13, w0, w1, w2, w3, load16f(x, p1 + k))
+        s20, s21, s22, s23 = _fma4(s20, s21, s22, s23, w0, w1, w2, w3, load16f(x, p2 + k))
+        s30, s31, s32, s33 = _fma4(s30, s31, s32, s33, w0, w1, w2, w3, load16f(x, p3 + k))
+        s40, s41, s42, s43 = _fma4(s40, s41, s42, s43, w0, w1, w2, w3, load16f(x, p4 + k))
+        s50, s51, s52, s53 = _fma4(s50, s51, s52, s53, w0, w1, w2, w3, load16f(x, p5 + k))
+    return (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23,
+            s30, s31, s32, s33, s40, s41, s42, s43, s50, s51, s52, s53)
+
+
+@njit(cache=True, inline="always")
+def _row_of(t, nrows, rows, row0):
+    """Flat row index of input (or output) row t = b * nrows + i: (b, row0 + i) of ``rows``."""
+    return (t // nrows) * rows + row0 + t % nrows
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _tile_rows(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1):
+    """Columns [n0, n1) of y = x @ wt.T + bias, wt (N, K) C-contiguous rows of ``form``, for
+    many input rows (a prompt): tiles of 4 weight rows x 6 input rows (``_tile4x6``), the
+    weights widened in registers, each tile's 24 sums kept in registers over all of K. The input
+    rows go in passes of ``_TILE_X_BYTES``; the last tile of a pass, or of wt, repeats its last
+    row instead of reading past it (its extra sums are not stored)."""
+    B, R, K = x.shape
+    N, Ry = wt.shape[0], y.shape[1]
+    T, K16 = B * nrows, K - K % 16
+    xf, wf, yf = x.reshape(B * R * K), wt.reshape(N * K), y.reshape(B * Ry * N)
+    finish = K16 < K or bias.shape[0] > 0
+    chunk = max(6, _TILE_X_BYTES // (4 * K) // 6 * 6)
+    for c0 in range(0, T, chunk):
+        c1 = min(T, c0 + chunk)
+        for m in range(n0, n1, 4):
+            o0, o1 = m * K, min(m + 1, N - 1) * K
+            o2, o3 = min(m + 2, N - 1) * K, min(m + 3, N - 1) * K
+            for t0 in range(c0, c1, 6):
+                p0 = _row_of(t0, nrows, R, x_row) * K
+                p1 = _row_of(min(t0 + 1, c1 - 1), nrows, R, x_row) * K
+                p2 = _row_of(min(t0 + 2, c1 - 1), nrows, R, x_row) * K
+                p3 = _row_of(min(t0 + 3, c1 - 1), nrows, R, x_row) * K
+                p4 = _row_of(min(t0 + 4, c1 - 1), nrows, R, x_row) * K
+                p5 = _row_of(min(t0 + 5, c1 - 1), nrows, R, x_row) * K
+                s = _tile4x6(form, wf, o0, o1, o2, o3, xf, p0, p1, p2, p3, p4, p5, K16)
+                for j in range(min(6, c1 - t0)):
+                    yo = _row_of(t0 + j, nrows, Ry, y_row) * N + m
+                    if m + 4 <= N:
+                        store_hsum4(yf, yo, fold8(s[4 * j]), fold8(s[4 * j + 1]),
+                                    fold8(s[4 * j + 2]), fold8(s[4 * j + 3]))
+                    else:
+                        for r in range(N - m):
+                            yf[yo + r] = hsum(fold8(s[4 * j + r]))
+                    if finish:
+                        xo = _row_of(t0 + j, nrows, R, x_row) * K
+                        for r in range(min(4, N - m)):
+                            v = yf[yo + r]
+                            for k in range(K16, K):
+                                v += xf[xo + k] * _wide1(form, wf, (m + r) * K + k)
+                            yf[yo + r] = v + bias[m + r] if bias.shape[0] else v
+
+
+@njit(cache=True, inline="always")
+def _rows_block(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead):
+    """Columns [n0, n1) of a float row product: as tiles for a prompt's rows where the CPU has
+    the registers for them (TILES), else each weight row once against every input row."""
+    if TILES and nrows >= BLAS_MIN_ROWS:
+        _tile_rows(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1)
+    else:
+        _dot_cols(form, x, wt, bias, y, x_row, y_row, nrows, n0, n1, ahead)
+
+
 ROWS_BLOCK = 64
-"""Output columns (rows of wt) a task of the float row products (``_rows_team``)."""
+"""Output columns (rows of wt) a task of the float row products (``_rows_team``): 256 KiB of
+float32 weights at K = 1024, kept in L2 while ``_tile_rows`` passes over the input rows."""
 
 
 def linear(x, w, bias, y, x_row, y_row, nrows):
@@ -237,23 +337,23 @@ def _io_team(args, k0, k1):
 
 @njit(cache=True)
 def _rows_team(args, k0, k1):
-    """Blocks [k0, k1) of ROWS_BLOCK output rows of a float row product (``_dot_cols``) as a
-    team op: words x (3), wt (2), bias (1), y (3), x_row, y_row,
-    nrows, ahead, form; wt float32 or uint16 bits as the form says."""
+    """Blocks [k0, k1) of ROWS_BLOCK output rows of a float row product (``_rows_block``) as a
+    team op: words x (3), wt (2), bias (1), y (3), x_row, y_row, nrows, ahead, form; wt float32
+    or uint16 bits as the form says."""
     a = words(args, 18)
     x, bias, y = array3(a, 0, np.float32), array1(a, 7, np.float32), array3(a, 9, np.float32)
     form, N = a[17], a[5]
     for blk in range(k0, k1):
         n0, n1 = blk * ROWS_BLOCK, min(blk * ROWS_BLOCK + ROWS_BLOCK, N)
         if form == BF16:
-            _dot_cols(BF16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
-                      a[16])
+            _rows_block(BF16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
+                        a[16])
         elif form == F16:
-            _dot_cols(F16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
-                      a[16])
+            _rows_block(F16, x, array2(a, 4, np.uint16), bias, y, a[13], a[14], a[15], n0, n1,
+                        a[16])
         else:
-            _dot_cols(FP32, x, array2(a, 4, np.float32), bias, y, a[13], a[14], a[15], n0, n1,
-                      a[16])
+            _rows_block(FP32, x, array2(a, 4, np.float32), bias, y, a[13], a[14], a[15], n0,
+                        n1, a[16])
 
 
 def rows_ops(form: int, x, wt, bias, y, x_row, y_row, nrows, ahead=FLOAT_PREFETCH_BYTES):

@@ -22,13 +22,15 @@ transposed packed weight::
     y[b, y_row + i] = x[b, x_row + i] @ W + bias          W = the logical (K, N)
 
 A block type multiplies activations rounded as ggml rounds them for that type, for any number
-of rows (quant.py). BF16 and F16, for a few rows (decode, memory bound), stream the bits and
-widen them in registers, a team op a block of output rows (``linear.rows_ops``); for many rows
-(prefill, compute bound, ``linear.BLAS_MIN_ROWS``) numpy's BLAS multiplies, as for float32
-weights, the matrix widened into a reused float32 buffer a column part at a time by the thread
-that multiplies that part, except BF16 where the CPU has AMX tiles: there each
-activation value is split into three bfloat16 parts, x = h + m + l with h = bf16(x),
-m = bf16(x - h), l = bf16(x - h - m) (together every bit of a normal float32), and
+of rows (quant.py). BF16 and F16 stream the bits and widen them in registers, a team op a block
+of output rows (``linear.rows_ops``): for a few rows (decode, memory bound) each weight row
+once against every input row, for many (prefill, compute bound, ``linear.BLAS_MIN_ROWS``) in
+tiles of 4 weight rows x 6 input rows where the CPU has AVX-512 (``linear.TILES``). Without it,
+numpy's BLAS multiplies many rows, as for float32 weights, the matrix widened into a reused
+float32 buffer a column part at a time by the thread that multiplies that part. BF16 on a CPU
+with AMX tiles multiplies many rows on them instead: each activation value is split into three
+bfloat16 parts, x = h + m + l with h = bf16(x), m = bf16(x - h), l = bf16(x - h - m) (together
+every bit of a normal float32), and
 
     y[t, n] = sum_k h[t, k] w[n, k] + m[t, k] w[n, k] + l[t, k] w[n, k]
 
@@ -50,7 +52,7 @@ from causallm.kernels.jit_cache import read_only
 
 from causallm.kernels import quant
 from causallm.kernels.quantize import QUANTIZERS, quantize_rows
-from causallm.kernels.linear import BF16, BLAS_MIN_ROWS, F16, rows_ops, run_ops
+from causallm.kernels.linear import BF16, BLAS_MIN_ROWS, F16, TILES, rows_ops, run_ops
 from causallm.kernels import amx, simd
 from causallm.kernels.simd import bf16_to_f32, f16_to_f32, f32_to_bf16, transpose16
 from causallm.kernels.threads import matmul, threads
@@ -427,7 +429,7 @@ def packed_linear(x, w: PackedMatrix, bias, y, x_row, y_row, nrows) -> None:
     if nrows >= BLAS_MIN_ROWS and fmt == "BF16" and BF16_TILES and a.shape[1] % 2 == 0:
         bf16_tile_linear(x, a, bias, y, x_row, y_row, nrows)
         return
-    if nrows >= BLAS_MIN_ROWS:
+    if nrows >= BLAS_MIN_ROWS and not TILES:
         rows, bits, bf16 = _widened_rows(w), read_only(w.data), fmt == "BF16"
 
         def widen(c0: int, c1: int) -> None:  # rows [c0, c1) of W.T
