@@ -92,13 +92,15 @@ def test_float_rows_with_and_without_the_prefetch_hint(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["FP32", "BF16", "F16"])
-@pytest.mark.parametrize("B,nrows,K,N", [(2, 17, 203, 131), (1, 20, 11011, 9), (1, 130, 64, 389)])
+@pytest.mark.parametrize("B,nrows,K,N", [(2, 17, 203, 131), (1, 20, 11011, 9), (1, 130, 64, 389),
+                                         (2, 7, 100, 37)])
 def test_prompt_rows_are_the_float32_product(fmt, B, nrows, K, N):
-    """Float rows times BLAS_MIN_ROWS input rows or more (a prompt): tiles of 4 x 6 where the CPU
-    has AVX-512 (linear.TILES), else widened for BLAS (BF16 / F16 through ``linear``) or each row
-    against every input row (FP32's row op): x @ W to float32 rounding, with K not a multiple of
-    16 (203, 11011: passes of 6 input rows), N not of 4, input rows not a multiple of 6; only
-    the rows asked for are read (the others NaN) and written; the same bits on 1 and 2 threads."""
+    """Float rows times a prompt's input rows: from BLAS_MIN_ROWS tiles of 4 x 6 where the CPU
+    has AVX-512 (linear.TILES), else widened for BLAS (BF16 / F16 through ``linear``) or each
+    row against every input row (FP32's row op, and every form below BLAS_MIN_ROWS: 7 rows):
+    x @ W to float32 rounding, with K not a multiple of 16 (203, 11011: passes of 6 input rows),
+    N not of 4, input rows not a multiple of 6; only the rows asked for are read (the others
+    NaN) and written; the same bits on 1 and 2 threads."""
     w = rand(N, K, seed=14, scale=0.1)
     if fmt == "FP32":
         W = w.T.astype(np.float64)
