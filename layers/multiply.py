@@ -13,9 +13,19 @@ from causallm.runtime.layer import Layer
 
 class RowProductLayer(Layer):
     """A layer whose step is quant's ``glu_rows`` of its two inputs, of kind ``glu``
-    (``multiply``: in0 * in1; ``swiglu``: silu(in0) * in1), rows [0, step) of every batch."""
+    (``multiply``: in0 * in1; ``swiglu``: silu(in0) * in1), rows [0, step) of every batch;
+    its inputs, named ``input_names`` in its errors, have equal dims, which its output takes."""
 
     glu = GLU_MULTIPLY
+    input_names = ("in0", "in1")
+
+    def finalize(self, context):
+        dims, (a, b) = context.getInputDimensions(), self.input_names
+        if len(dims) != 2:
+            raise context.error(f"needs 2 inputs [{a}, {b}], got {len(dims)}")
+        if dims[0] != dims[1]:
+            raise context.error(f"{a} and {b} dims differ: {dims[0]} vs {dims[1]}")
+        context.setOutputDimensions([dims[0]])
 
     def team_ops(self, context, step):
         """The step as a team op (runtime/runner.py, ``team_plan``)."""
@@ -33,11 +43,3 @@ class RowProductLayer(Layer):
 
 class MultiplyLayer(RowProductLayer):
     type = "multiply"
-
-    def finalize(self, context):
-        dims = context.getInputDimensions()
-        if len(dims) != 2:
-            raise context.error(f"needs exactly 2 inputs, got {len(dims)}")
-        if dims[0] != dims[1]:
-            raise context.error(f"input dims differ: {dims[0]} vs {dims[1]}")
-        context.setOutputDimensions([dims[0]])

@@ -13,11 +13,4 @@ from causallm.layers.multiply import RowProductLayer
 class SwiGLULayer(RowProductLayer):
     type = "swiglu"
     glu = GLU_SWIGLU
-
-    def finalize(self, context):
-        dims = context.getInputDimensions()
-        if len(dims) != 2:
-            raise context.error(f"needs 2 inputs [gate, up], got {len(dims)}")
-        if dims[0] != dims[1]:
-            raise context.error(f"gate and up dims differ: {dims[0]} vs {dims[1]}")
-        context.setOutputDimensions([dims[0]])
+    input_names = ("gate", "up")

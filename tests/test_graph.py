@@ -137,6 +137,21 @@ def test_shape_mismatch():
         model.compile()
 
 
+@pytest.mark.parametrize("kind,names", [("multiply", "in0 and in1"), ("swiglu", "gate and up")])
+def test_row_product_inputs(kind, names):
+    """multiply and swiglu (one RowProductLayer) name their inputs in their errors."""
+    model = build([inp(width=4), fc("a", 3, "input0"), fc("b", 5, "input0"),
+                   createLayer(kind, ["name=p", "input_layers=a,b"])])
+    with pytest.raises(CausalLMError, match=rf"layer 'p' \({kind}\): {names} dims differ: "
+                                            r"1:1:1:3 vs 1:1:1:5"):
+        model.compile()
+    model = build([inp(width=4), fc("a", 3, "input0"),
+                   createLayer(kind, ["name=p", "input_layers=a"])])
+    with pytest.raises(CausalLMError, match=rf"layer 'p' \({kind}\): needs 2 inputs "
+                                            rf"\[{names.replace(' and ', ', ')}\], got 1"):
+        model.compile()
+
+
 def test_required_property():
     model = build([inp(), createLayer("fully_connected", ["name=f"])])
     with pytest.raises(CausalLMError, match="layer 'f' .*property 'unit' is required"):

@@ -188,7 +188,7 @@ TILES = "avx512f" in target_features()
 """Whether a float row product of many rows (``nrows`` >= BLAS_MIN_ROWS: a prompt's BF16 / F16
 product, packed.py) runs as tiles of 4 weight rows x 6 input rows (``_tile_rows``), which needs
 AVX-512's 32 vector registers for its 24 sums; with 16 (AVX2) they spill, and widening the
-weights for BLAS is faster (bench_kernels.py's ``tiles`` rows)."""
+weights for BLAS is faster (docs/performance.md, "Prompts of BF16 and F16 rows as tiles")."""
 
 _TILE_X_BYTES = 1 << 18
 """Input rows a pass of ``_tile_rows`` multiplies, in bytes of float32 (256 KiB: with a task's
