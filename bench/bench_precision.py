@@ -3,7 +3,8 @@
 Run by hand (not a test):
 
     python bench/bench_precision.py [-t N] [--types fp32 bf16 f16 q8_0 q4_0] [--depth 4096]
-                                    [--repeat 3] [--peers llama.cpp torch] [--busy] [--no-start]
+                                    [--repeat 3] [--rounds 1] [--peers llama.cpp torch] [--busy]
+                                    [--no-start]
                                     [--no-quality] [--chart FILE.png] [--json] [--cache-dir DIR]
 
 Prints a llama-bench-style table: for each weight type, pp128 (a 128-token prompt in one step)
@@ -38,7 +39,13 @@ With ``--busy``, ours and llama.cpp prefill again while another process keeps on
 busy / quiet pp ratio, and ours against llama.cpp's (>= 1: slowed no more than llama.cpp).
 
 Every measurement is the best of ``--repeat`` runs after a warm-up, each engine in its own child
-process with its thread pools sized before import (bench/children.py). Also measured:
+process with its thread pools sized before import (bench/children.py); with ``--rounds R`` ours
+and llama.cpp run R times in turn and each speed is the median of the R, so a minute in which a
+neighbour loads the host (or leaves it idle) falls on both and counts once (on the 2-core VM a
+ratio moves 0.7-1.3x from one run to the next). ``--profile``
+times our decode step inside its team program (bench/team_trace.py): the span of each kind of
+layer, the threads' waits at op ends, and the rate each product streams its weights at. Also
+measured:
 
 - start-up (``--no-start`` skips): ``python main.py`` on the embedded model, the time to its first
   streamed byte, cold (no bytecode, no numba cache but the prebuilt kernels: a fresh clone) and
@@ -59,6 +66,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -297,47 +305,59 @@ def child_quality(path: str, types: list[str], threads: int) -> None:
     report(result)
 
 
-def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
-    """Milliseconds of one decode step by layer kind (a timer around each layer's
-    incremental_forwarding), after a P-token prefill, the mean of D steps."""
-    import collections
+def matrix_weights(kind_name: str) -> int:
+    """Weights a decode step reads for a plan entry kind made of projections (``wq``,
+    ``ffn_up+ffn_gate``, the head ``output_of_causallm``), over all layers; 0 for other kinds."""
+    s = SHAPE
+    D, L, I = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    each = {"wq": L * D * q, "wk": L * D * kv, "wv": L * D * kv, "attention_out": L * q * D,
+            "ffn_gate": L * D * I, "ffn_up": L * D * I, "ffn_down": L * I * D,
+            "output_of_causallm": s["vocab_size"] * D}
+    parts = kind_name.split("+")
+    return sum(each[p] for p in parts) if all(p in each for p in parts) else 0
 
+
+def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
+    """One decode step as it runs (one team program, bench/team_trace.py), after a P-token
+    prefill: its milliseconds untimed and timed, the mean of D steps each, and by kind of plan
+    entry the span, the slowest and fastest thread's work and, for the products, the rate
+    their weights stream at."""
     import numpy as np
 
     sys.path.insert(0, ROOT)
     from causallm import kernels
     from causallm.factory import Factory
+    from team_trace import trace_teams
 
     kernels.set_num_threads(threads)
-    model = Factory.Instance().createFromFolder(folder, init_seq_len=P, num_to_generate=D + 8)
+    model = Factory.Instance().createFromFolder(folder, init_seq_len=P, num_to_generate=2 * D + 8)
     model.precision.setWeightFormat(None if kind == "bf16" else WEIGHT_FORMAT[kind])
     model.initialize()
     model.load_weight()
-    ids = prompt_ids(P)
-    step = np.zeros((1, 1), np.float32)
-    model.model.incremental_inference(1, [np.array([ids], np.float32)], None, P, 0, P)
-    for pos in range(P, P + 4):
-        model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
-    times = collections.defaultdict(float)
-    from causallm.runtime import runner
-    runner.TEAM_MAX_ROWS = 0  # each entry its own calls, not one team program a step
+    net, step = model.model, np.zeros((1, 1), np.float32)
+    net.incremental_inference(1, [np.array([prompt_ids(P)], np.float32)], None, P, 0, P)
 
-    for layer, ctx in model.model.executionPlan():   # layers, and projections run as a group
-        forward = layer.incremental_forwarding
-        name = "+".join(n.split("_", 1)[1] if n.startswith("layer") else n
-                        for n in (layer.name if ctx is None else ctx.name).split("+"))
+    def steps(pos: int, n: int) -> float:
+        t = time.perf_counter()
+        for p in range(pos, pos + n):
+            net.incremental_inference(1, [step], None, 1, p, p + 1)
+        return (time.perf_counter() - t) / n * 1e3
 
-        def timed(c, a, b, forward=forward, name=name):
-            t = time.perf_counter()
-            forward(c, a, b)
-            times[name] += time.perf_counter() - t
-        layer.incremental_forwarding = timed
-    t = time.perf_counter()
-    for pos in range(P + 4, P + 4 + D):
-        model.model.incremental_inference(1, [step], None, 1, pos, pos + 1)
-    total = (time.perf_counter() - t) / D * 1e3
-    report({"step_ms": total, "layers_ms": {k: v / D * 1e3 for k, v in
-                                            sorted(times.items(), key=lambda kv: -kv[1])}})
+    steps(P, 4)
+    plain = steps(P + 4, D)
+    timeline = trace_teams(net._stage(None), 1)
+    steps(P + 4 + D, 2)  # the timed walk compiles
+    timeline.reset()
+    timed = steps(P + 6 + D, D)
+    table = timeline.table(D)
+    bytes_per = BYTES_PER_WEIGHT[kind]
+    report({"step_ms": plain, "timed_step_ms": timed, "teams_ms": table["teams_ms"],
+            "region_start_ms": table["region_start_ms"],
+            "layers_ms": {k: v["ms"] for k, v in table["kinds"].items()},
+            "wait_ms": {k: v["ms"] - v["work_min_ms"] for k, v in table["kinds"].items()},
+            "GB_s": {k: matrix_weights(k) * bytes_per / v["ms"] / 1e6
+                     for k, v in table["kinds"].items() if matrix_weights(k)}})
 
 
 # -- parent -----------------------------------------------------------------------------------
@@ -358,6 +378,18 @@ def amx_library(threads: int, log) -> None:
         return
     os.environ["LLAMA_CPP_LIB_PATH"] = tools["bin_dir"]
     log(f"[llama.cpp] llama-cpp-python on {tools['bin_dir']} (the AMX fix)")
+
+
+def over_rounds(runs: list) -> dict:
+    """One engine's rounds as one row: the first run's fields, each speed the median of the
+    rounds' (a VM's fast minute then counts once), the rounds' own under ``rounds``."""
+    out = dict(runs[0])
+    if len(runs) > 1:
+        out["rounds"] = {key: [r[key] for r in runs] for key in ("pp", "tg", "tg_depth")
+                         if key in out}
+        for key, values in out["rounds"].items():
+            out[key] = statistics.median(values)
+    return out
 
 
 def make_folder(cache_dir: str, threads: int, log) -> str:
@@ -415,6 +447,9 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run ours and llama.cpp this many times in turn; each speed is the "
+                         "median of the rounds")
     ap.add_argument("--peers", nargs="*", choices=("llama.cpp", "torch"),
                     default=["llama.cpp", "torch"], help="peers run when installed")
     ap.add_argument("--busy", action="store_true",
@@ -422,7 +457,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-start", action="store_true", help="skip the start-up times")
     ap.add_argument("--no-quality", action="store_true", help="skip the SmolLM2 quality check")
     ap.add_argument("--profile", action="store_true",
-                    help="also time one of our decode steps per layer kind, for each type")
+                    help="also time our decode step inside its team program, by layer kind, "
+                         "for each type")
     ap.add_argument("--chart", default=None, help="draw the table as this PNG (matplotlib)")
     ap.add_argument("--from-json", default=None, metavar="FILE",
                     help="print (and --chart) the results a --json run saved, running nothing")
@@ -457,22 +493,25 @@ def main(argv=None) -> None:
     probes = [spawn(os.path.join(BENCH, "bench_decode.py"), ["bandwidth", str(T)], T)]
     rows = []
     for kind in args.types:
-        log(f"[ours] {kind} ...")
-        ours = spawn(__file__, ["ours", folder, kind, str(T), str(args.repeat), str(args.depth),
-                                str(P), str(D)], T)
-        rows.append({"type": kind, "engine": "ours", **ours})
+        gguf = make_gguf(folder, kind, log) if "llama.cpp" in peers else None
+        ours, peer = [], []
+        for r in range(args.rounds):  # in turn, so a neighbour's load falls on both
+            log(f"[ours] {kind} ...")
+            ours.append(spawn(__file__, ["ours", folder, kind, str(T), str(args.repeat),
+                                         str(args.depth), str(P), str(D)], T))
+            if gguf:
+                log(f"[llama.cpp] {kind} ...")
+                peer.append(spawn(__file__, ["llama.cpp", gguf, str(T), str(args.repeat),
+                                             str(args.depth), str(P), str(D)], T))
+        rows.append({"type": kind, "engine": "ours", **over_rounds(ours)})
         if args.busy:
             log(f"[ours] {kind} pp beside a busy core ...")
             with busy_neighbour():
                 rows[-1]["pp_busy"] = spawn(__file__, ["ours", folder, kind, str(T),
                                                        str(args.repeat), "0", str(P), "1"],
                                             T)["pp"]
-        if "llama.cpp" in peers:
-            gguf = make_gguf(folder, kind, log)
-            log(f"[llama.cpp] {kind} ...")
-            rows.append({"type": kind, "engine": "llama.cpp", **spawn(
-                __file__, ["llama.cpp", gguf, str(T), str(args.repeat), str(args.depth),
-                           str(P), str(D)], T)})
+        if gguf:
+            rows.append({"type": kind, "engine": "llama.cpp", **over_rounds(peer)})
             if args.busy:
                 log(f"[llama.cpp] {kind} pp beside a busy core ...")
                 with busy_neighbour():
@@ -579,8 +618,14 @@ def print_table(doc: dict, out) -> None:
                 w(f"| {kind} | {v['kl_mean']:.5f} | {v['kl_max']:.4f} | {v['top1']:.1%} | "
                   f"{v['greedy_same']} of {v['greedy_of']} |\n")
     for kind, prof in doc.get("profile", {}).items():
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in list(prof["layers_ms"].items())[:8])
-        w(f"\none decode step, {kind}: {prof['step_ms']:.2f} ms ({parts} ms)")
+        parts = ", ".join(f"{k} {v:.2f}" + (f" ({prof['GB_s'][k]:.0f} GB/s)" if k in
+                                            prof.get("GB_s", {}) else "")
+                          for k, v in list(prof["layers_ms"].items())[:8])
+        w(f"\none decode step, {kind}: {prof['step_ms']:.2f} ms")
+        if "teams_ms" in prof:
+            w(f" (timed {prof['timed_step_ms']:.2f}: team programs {prof['teams_ms']:.2f}, "
+              f"threads waiting at op ends {sum(prof['wait_ms'].values()):.2f})")
+        w(f": {parts} ms")
     w("\n" + TARGETS + "\n")
 
 

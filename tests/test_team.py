@@ -54,6 +54,26 @@ def test_each_op_sees_every_task_of_the_op_before(n_threads, grain):
         np.testing.assert_array_equal(y, 0.5 * np.arange(1, n + 1).cumsum())
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_a_timed_run_gives_the_same_values_and_each_threads_times(n_threads):
+    """A trace (bench/team_trace.py's profile) records, for each thread and op, the cycle
+    counts of its coming to the op, its running out of tasks and the op's end, in that order,
+    each before its coming to the next op; the values are the untimed run's."""
+    n = 300
+    x, y = np.zeros(n), np.zeros(n)
+    ops = [(team.address(_fill), team.encode(x, 0.25), n),
+           (team.address(_prefix), team.encode(x, y), n)] * 2
+    program = team.Program(ops, n_threads)
+    trace = np.zeros((n_threads, len(ops), 3), dtype=np.int64)
+    before = team.clock()
+    program.run(n_threads, trace)
+    after = team.clock()
+    np.testing.assert_array_equal(y, 0.25 * np.arange(1, n + 1).cumsum())
+    assert (before <= trace).all() and (trace <= after).all()
+    assert (np.diff(trace, axis=2) >= 0).all()  # came <= ran out of tasks <= op done
+    assert (trace[:, 1:, 0] >= trace[:, :-1, 2]).all()
+
+
 def test_a_region_whose_threads_run_in_turn_still_finishes():
     """Two walks of the program on one pool thread (numba runs the prange's two iterations in
     turn): the first runs every task, the second finds none left; no thread waits for a task

@@ -85,10 +85,31 @@ def _call(typingctx, op, args, k0, k1):
     return types.none(types.int64, types.int64, types.int64, types.int64), codegen
 
 
+@intrinsic
+def _clock(typingctx):
+    """The CPU's cycle counter (x86: rdtsc, which counts at a constant rate)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
 @njit(cache=True)
-def _walk(program, counters):
-    """One thread's walk through the program (module doc)."""
+def clock():
+    """``_clock`` from Python."""
+    return _clock()
+
+
+@njit(cache=True)
+def _walk(program, counters, trace, t):
+    """One thread's walk through the program (module doc). Where ``trace`` has rows (a
+    profile: bench/team_trace.py), trace[t, i] gets the cycle counts at which this thread came
+    to op i, ran out of its tasks and saw them all done."""
+    timed = trace.shape[0] > 0
     for i in range(program.shape[0]):
+        if timed:
+            trace[t, i, 0] = _clock()
         op, args, tasks, grain = program[i, 0], program[i, 1], program[i, 2], program[i, 3]
         claim, done = 2 * LINE * i, 2 * LINE * i + LINE
         while True:
@@ -98,21 +119,25 @@ def _walk(program, counters):
             k1 = min(tasks, k0 + grain)
             _call(op, args, k0, k1)
             _atomic_add(counters, done, k1 - k0)
+        if timed:
+            trace[t, i, 1] = _clock()
         while _atomic_load(counters, done) < tasks:
             _pause()
+        if timed:
+            trace[t, i, 2] = _clock()
 
 
 @njit(cache=True, parallel=True)
-def _run_parallel(program, counters, n_threads):
+def _run_parallel(program, counters, n_threads, trace):
     counters[:] = 0
-    for _ in prange(n_threads):
-        _walk(program, counters)
+    for t in prange(n_threads):
+        _walk(program, counters, trace, t)
 
 
 @njit(cache=True)
-def _run_serial(program, counters):
+def _run_serial(program, counters, trace):
     counters[:] = 0
-    _walk(program, counters)
+    _walk(program, counters, trace, 0)
 
 
 CHUNKS = 4
@@ -120,11 +145,15 @@ CHUNKS = 4
 them one by one, so one the OS runs less claims fewer."""
 
 
+UNTIMED = np.zeros((0, 0, 3), dtype=np.int64)
+"""The trace of a run nobody times."""
+
+
 class Program:
     """A program (module doc) for ``n_threads`` threads and what it needs kept alive: ``ops``
     [(op address, args (int64 words), tasks, *anything else to keep)], each op's tasks
     claimed CHUNKS chunks a thread. ``run(n_threads)`` executes it (on any thread count: the
-    chunks only change how the tasks are shared)."""
+    chunks only change how the tasks are shared), timed when given a trace."""
 
     def __init__(self, ops: list, n_threads: int = 1) -> None:
         self.ops = ops  # the words the program points to, and what an op keeps alive
@@ -132,11 +161,13 @@ class Program:
                                for op, a, tasks, *_ in ops], dtype=np.int64).reshape(-1, 4)
         self.counters = np.zeros(2 * LINE * max(1, len(ops)), dtype=np.int64)
 
-    def run(self, n_threads: int) -> None:
+    def run(self, n_threads: int, trace: np.ndarray = UNTIMED) -> None:
+        """Run it on ``n_threads``; ``trace`` (n_threads, ops, 3) int64 gets each thread's cycle
+        counts at each op (``_walk``)."""
         if n_threads > 1:
-            _run_parallel(self.table, self.counters, n_threads)
+            _run_parallel(self.table, self.counters, n_threads, trace)
         else:
-            _run_serial(self.table, self.counters)
+            _run_serial(self.table, self.counters, trace)
 
 
 OP_SIGNATURE = (types.int64, types.int64, types.int64)

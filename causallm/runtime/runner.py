@@ -293,14 +293,14 @@ def team_plan(plan: list, step: int) -> list:
     out: list = []
     run: list = []
     names: list = []
+    labels: list = []
     checks: list = []
 
     def close() -> None:
         if run:
-            out.append((Team(list(run), "+".join(names), list(checks)), None))
-            run.clear()
-            names.clear()
-            checks.clear()
+            out.append((Team(list(run), "+".join(names), list(checks), list(labels)), None))
+            for held in (run, names, labels, checks):
+                held.clear()
 
     for entry, ctx in plan:
         if ctx is None:
@@ -316,6 +316,7 @@ def team_plan(plan: list, step: int) -> list:
         else:
             run.extend(ops)
             names.append(entry.name if ctx is None else ctx.name)
+            labels.extend([names[-1]] * len(ops))
     close()
     return out
 
@@ -323,12 +324,13 @@ def team_plan(plan: list, step: int) -> list:
 class Team:
     """Plan entries run as one team program (``team_plan``); ``ops`` [(op address, args,
     tasks, *what it keeps alive)]; ``checks`` [(check_step, context)] of its layers, called
-    before (a step past a KV cache raises, as the layer itself would)."""
+    before (a step past a KV cache raises, as the layer itself would); ``labels`` the name of
+    the plan entry each op comes from (bench/team_trace.py times the ops by them)."""
 
     type = "team"
 
-    def __init__(self, ops: list, name: str, checks: list) -> None:
-        self.name, self.checks = name, checks
+    def __init__(self, ops: list, name: str, checks: list, labels: list) -> None:
+        self.name, self.checks, self.labels = name, checks, labels
         # ops of one task each (a norm of one row between float products) need no region
         self.threads = threads() if any(tasks > 1 for _, _, tasks, *_ in ops) else 1
         self.program = Program(ops, self.threads)
