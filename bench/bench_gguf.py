@@ -2,7 +2,8 @@
 
 Run by hand (not a test):
 
-    python bench/bench_gguf.py [-t N] [--repeat 3] [--files smollm2 gemma3] [--no-quality]
+    python bench/bench_gguf.py [-t N] [--repeat 3] [--rounds 1] [--files smollm2 gemma3]
+                               [--no-quality]
                                [--depth 4096] [--no-llama-cpp] [--busy] [--json]
                                [--from-json FILE]
                                [--cache-dir DIR]
@@ -26,7 +27,8 @@ For each file, ours and llama.cpp side by side, with our ratio, measured in this
    ``llama-bench -m FILE -p P -n D -t T -r R -o json``; the best of ``--repeat`` runs, both;
    with ``--depth`` d (4096 unless 0), tg again after d cached positions: ours over caches
    whose first d rows hold random values (children.depth_steps), llama.cpp's ``llama-bench -p
-   0 -n D -d d`` (its cache filled by a real prompt, untimed);
+   0 -n D -d d`` (its cache filled by a real prompt, untimed); with ``--rounds R`` both are
+   measured R times in turn and each speed is the median of the R (children.over_rounds);
 4. with ``--busy``: pp and tg again, both engines, while another process keeps one core busy
    (a Python loop, started before and killed after each engine's runs: bench/children.py
    ``busy_neighbour``); each engine's busy / quiet pp and tg ratios, and ours against
@@ -68,8 +70,8 @@ from dataclasses import dataclass, replace
 
 from children import (SEED, ChildFailed, best_pp_tg, busy_cores, depth_steps, busy_neighbour, kl_top1,
                       last_line, leading_agreement, machine_load, measured_run, new_folder,
-                      output_options, peak_rss_mb, print_results, quiet_llama_cpp, report,
-                      spawn, thread_env)
+                      output_options, over_rounds, peak_rss_mb, print_results, quiet_llama_cpp,
+                      report, spawn, thread_env)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -623,13 +625,19 @@ def measure_file(mf: ModelFile, path: str, tools: dict | None, args, have: dict)
         attempt(entry["first_token"], "llama.cpp", first_token,
                 [os.path.join(tools["bin_dir"], "llama-simple"), "-m", path, "-n", "1",
                  FIRST_TOKEN_PROMPT], T, R)
-    log(f"[{mf.key}] pp{P} / tg{D}, ours ...")
-    attempt(entry["speed"], "ours", spawn, __file__,
-            ["speed", path, str(T), str(R), str(P), str(D), str(args.depth)], T,
-            timeout=TIMEOUT["speed"], quiet=True)
-    if tools:
-        log(f"[{mf.key}] pp{P} / tg{D}, llama-bench ...")
-        attempt(entry["speed"], "llama.cpp", llama_bench, tools, path, T, R, P, D, args.depth)
+    runs: dict = {}
+    for _ in range(args.rounds):  # in turn, so a neighbour's load falls on both
+        got: dict = {}
+        log(f"[{mf.key}] pp{P} / tg{D}, ours ...")
+        attempt(got, "ours", spawn, __file__,
+                ["speed", path, str(T), str(R), str(P), str(D), str(args.depth)], T,
+                timeout=TIMEOUT["speed"], quiet=True)
+        if tools:
+            log(f"[{mf.key}] pp{P} / tg{D}, llama-bench ...")
+            attempt(got, "llama.cpp", llama_bench, tools, path, T, R, P, D, args.depth)
+        for name, result in got.items():
+            runs.setdefault(name, []).append(result)
+    entry["speed"] = {name: over_rounds(results) for name, results in runs.items()}
     if args.busy:
         entry["busy"] = {}
         log(f"[{mf.key}] pp{P} / tg{D} beside a busy neighbour, ours ...")
@@ -678,6 +686,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure pp / tg of ours and llama.cpp this many times in turn; each "
+                         "speed is the median of the rounds")
     ap.add_argument("--files", nargs="+", choices=list(FILES), default=list(FILES))
     ap.add_argument("--prompt-len", type=int, default=128, help="pp: prompt tokens (128)")
     ap.add_argument("--decode", type=int, default=64, help="tg: decode steps (64)")
@@ -696,7 +707,8 @@ def main(argv=None) -> None:
     have = {"transformers": all(importlib.util.find_spec(m) for m in
                                 ("torch", "transformers", "accelerate")),
             "llama_cpp_python": importlib.util.find_spec("llama_cpp") is not None}
-    doc = {"threads": args.threads, "repeat": args.repeat, "prompt_len": args.prompt_len,
+    doc = {"threads": args.threads, "repeat": args.repeat, "rounds": args.rounds,
+           "prompt_len": args.prompt_len,
            "decode": args.decode, "depth": args.depth, "busy_cores_before": busy_cores(), "skipped": [],
            "files": {}}
     tools = None
@@ -732,7 +744,9 @@ def print_table(doc: dict, out) -> None:
     P, D = doc["prompt_len"], doc["decode"]
     tools = doc.get("llama.cpp")
     busy = doc["busy_cores_before"]
-    w(f"threads {doc['threads']}, best of {doc['repeat']} after a warm-up, pp{P}, tg{D}; "
+    w(f"threads {doc['threads']}, best of {doc['repeat']} after a warm-up"
+      + (f", the median of {doc['rounds']} rounds in turn" if doc.get("rounds", 1) > 1 else "")
+      + f", pp{P}, tg{D}; "
       f"{machine_load(doc)}\n")
     if busy is not None and busy > 0.25:
         w("NOTE: other processes were using the CPU: spinning thread pools (ours and "

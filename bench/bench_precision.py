@@ -66,7 +66,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,7 +73,7 @@ import time
 from dataclasses import replace
 
 from children import (SEED, best_pp_tg, busy_neighbour, depth_steps, kl_top1, leading_agreement, new_folder,
-                      peak_rss_mb, quiet_llama_cpp, report, spawn)
+                      over_rounds, peak_rss_mb, quiet_llama_cpp, report, spawn)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -378,18 +377,6 @@ def amx_library(threads: int, log) -> None:
         return
     os.environ["LLAMA_CPP_LIB_PATH"] = tools["bin_dir"]
     log(f"[llama.cpp] llama-cpp-python on {tools['bin_dir']} (the AMX fix)")
-
-
-def over_rounds(runs: list) -> dict:
-    """One engine's rounds as one row: the first run's fields, each speed the median of the
-    rounds' (a VM's fast minute then counts once), the rounds' own under ``rounds``."""
-    out = dict(runs[0])
-    if len(runs) > 1:
-        out["rounds"] = {key: [r[key] for r in runs] for key in ("pp", "tg", "tg_depth")
-                         if key in out}
-        for key, values in out["rounds"].items():
-            out[key] = statistics.median(values)
-    return out
 
 
 def make_folder(cache_dir: str, threads: int, log) -> str:

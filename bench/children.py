@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -184,6 +185,23 @@ def busy_neighbour():
     finally:
         proc.kill()
         proc.wait()
+
+
+def over_rounds(runs: list[dict], keys=("pp", "tg", "tg_depth")) -> dict:
+    """One engine's rounds (run in turn with its peer's, ``--rounds``) as one result: the first
+    good run's fields, each speed of ``keys`` the median of the good runs' (a noisy host's fast
+    or slow minute then counts once), those runs' own under ``rounds``; the first failure when
+    no run is good."""
+    good = [r for r in runs if "failed" not in r]
+    if not good:
+        return runs[0]
+    out = dict(good[0])
+    if len(good) > 1:
+        out["rounds"] = {key: [r[key] for r in good] for key in keys
+                         if all(key in r for r in good)}
+        for key, values in out["rounds"].items():
+            out[key] = statistics.median(values)
+    return out
 
 
 def best_pp_tg(model, ids: list[int], D: int, repeat: int) -> tuple[float, float]:
