@@ -10,7 +10,9 @@ Run by hand (not a test):  python bench/bench_kernels.py [--threads 1 2] [--reps
    layers do not fit in the last-level cache. 10th percentile of single-call times.
 2. Prefill crossover: ms per call of the numba kernels against the BLAS path of linear()
    (one sgemm of nrows rows per batch) for B = 1, 2 and 1024->3072, 3072->1024; the row
-   count from which BLAS keeps winning is what linear.BLAS_MIN_ROWS should be.
+   count from which BLAS keeps winning is what linear.BLAS_MIN_ROWS should be. The "oi" line
+   runs ``rows_ops`` at every row count: from BLAS_MIN_ROWS rows, where the CPU has AVX-512,
+   that is part 3's tiles, which linear() leaves to BLAS for float32 weights.
 3. Prompt products of BF16 / F16 rows: GMAC/s of the tiles ``rows_ops`` runs from
    BLAS_MIN_ROWS rows where the CPU has AVX-512 (linear.TILES) against widening the matrix
    and calling BLAS (packed.py's path without them), and float32 rows on both, at 16 to 512
