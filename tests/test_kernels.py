@@ -577,7 +577,7 @@ def test_serial_and_parallel_kernels_agree_exactly():
         outs = []
         for n_threads in (1, 2):
             y = np.zeros((2, 3, 701), np.float32)
-            Program(lin.linear_ops(x, weight, bias, y, 0, 0, 3), n_threads).run(n_threads)
+            Program(lin.linear_ops(x, weight, bias, y, 0, 0, 3)).run(n_threads)
             outs.append(y)
         np.testing.assert_array_equal(outs[0], outs[1])
     B, T, H, KV, D = 2, 16, 6, 2, 80
@@ -596,7 +596,7 @@ def test_serial_and_parallel_kernels_agree_exactly():
         ops = att.attention_ops(q, *caches, out, cos, sin, scratch, 5, 12, H, KV, D,
                                 scale=D ** -0.5, window=4, slots=slots, positions=positions,
                                 k=k, v=v, n_threads=n_threads)
-        Program(ops, n_threads).run(n_threads)
+        Program(ops).run(n_threads)
         outs += [out, *caches]
     for a, b in zip(outs[:3], outs[3:]):
         np.testing.assert_array_equal(a, b)

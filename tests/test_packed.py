@@ -85,7 +85,7 @@ def test_float_rows_with_and_without_the_prefetch_hint(fmt):
     for ahead in (0, 4096):
         y = np.full((B, nrows, N), np.nan, np.float32)
         ops = linear_module.rows_ops(form, x, data, bias, y, 0, 0, nrows, ahead=ahead)
-        Program(ops, 2).run(2)
+        Program(ops).run(2)
         outs.append(y)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], x.astype(np.float64) @ W + bias, rtol=2e-5, atol=2e-5)

@@ -38,16 +38,16 @@ def _prefix(args, k0, k1):
         y[k] = s
 
 
-@pytest.mark.parametrize("grain", [1, 3, 64])
+@pytest.mark.parametrize("least", [1, 3, 64])
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_each_op_sees_every_task_of_the_op_before(n_threads, grain):
+def test_each_op_sees_every_task_of_the_op_before(n_threads, least):
     n = 200
     x, y = np.zeros(n), np.zeros(n)
     ops = [(team.address(_fill), team.encode(x, 0.5), n),
            (team.address(_prefix), team.encode(x, y), n)]
     ops += ops  # the same ops again: their counters are each op's own
-    program = team.Program(ops, n_threads)
-    program.table[:, 3] = grain
+    program = team.Program(ops)
+    program.table[:, 3] = least  # the fewest tasks a claim takes
     for _ in range(20):
         y[:] = 0
         program.run(n_threads)
@@ -63,7 +63,7 @@ def test_a_timed_run_gives_the_same_values_and_each_threads_times(n_threads):
     x, y = np.zeros(n), np.zeros(n)
     ops = [(team.address(_fill), team.encode(x, 0.25), n),
            (team.address(_prefix), team.encode(x, y), n)] * 2
-    program = team.Program(ops, n_threads)
+    program = team.Program(ops)
     trace = np.zeros((n_threads, len(ops), 3), dtype=np.int64)
     before = team.clock()
     program.run(n_threads, trace)
@@ -81,7 +81,7 @@ def test_a_region_whose_threads_run_in_turn_still_finishes():
     n = 50
     x, y = np.zeros(n), np.zeros(n)
     program = team.Program([(team.address(_fill), team.encode(x, 1.0), n),
-                            (team.address(_prefix), team.encode(x, y), n)], 2)
+                            (team.address(_prefix), team.encode(x, y), n)])
     before = numba.get_num_threads()
     numba.set_num_threads(1)
     try:

@@ -567,7 +567,7 @@ def attention(q, k_cache, v_cache, out, cos, sin, scratch, pos0, nrows, kv_len, 
     if ops is None:
         raise ValueError("attention: float32 C-contiguous arrays (int64 rows, caches float32 or "
                          "FP16 bits) expected")
-    Program(ops, n_threads).run(n_threads)
+    Program(ops).run(n_threads)
 
 
 BLOCKED_MIN_ROWS = 32

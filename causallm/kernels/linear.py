@@ -318,7 +318,7 @@ def run_ops(ops, weights: int) -> None:
         raise ValueError("linear: float32 arrays expected, x (B, rows, K) and y (B, rows, N) "
                          "C-contiguous, W (K, N) C-contiguous or the transpose of one")
     n = threads() if weights >= PARALLEL_MIN_WEIGHTS else 1
-    Program(ops, n).run(n)
+    Program(ops).run(n)
 
 
 # -- team ops (kernels/team.py): a task is one block of output columns -----------------------------

@@ -3,16 +3,20 @@
 A decode step of a small model is some 270 kernel calls of a few microseconds of work each; run
 one by one, each pays numba's dispatch from Python and, for most, an OpenMP region's start
 (docs/performance.md, "A decode step in one region"). Here a run of such calls is a *program*:
-rows ``[op address, args address, tasks, grain]`` of int64, one per call, that ``run`` executes
+rows ``[op address, args address, tasks, least]`` of int64, one per call, that ``run`` executes
 in one region. Every thread walks the program::
 
     for each op i:
-        claim a chunk of ``grain`` tasks [k0, k1) of op i (an atomic counter) until none is
-        left, running op(args, k0, k1) for each and counting them done;
+        claim tasks [k0, k1) of op i, k1 - k0 = max(least, tasks left / threads) (a
+        compare-and-swap on the op's counter), until none is left, running op(args, k0, k1)
+        for each claim and counting its tasks done;
         wait until all of op i's tasks are done (another thread may still run one)
 
-so op i + 1 sees every output of op i, and a thread that starts late (the OS runs another
-process on its core) finds fewer tasks left rather than making the others wait for its share.
+so op i + 1 sees every output of op i. The claims shrink as the op's tasks run out (OpenMP's
+"guided" schedule): a thread streams a long run of an op's weight rows first, and the op ends
+on claims of a task or two, so neither thread waits long for the other's last one. A thread
+that starts late (the OS runs another process on its core) finds fewer tasks left rather than
+making the others wait for its share.
 No thread ever waits for a task nobody has claimed: one thread running the region alone runs
 every task, so the program cannot deadlock whatever the thread pool does.
 
@@ -51,6 +55,17 @@ def _atomic_add(typingctx, counters, i, value):
         array = context.make_array(signature.args[0])(context, builder, args[0])
         return builder.atomic_rmw("add", builder.gep(array.data, [args[1]]), args[2], "seq_cst")
     return types.int64(counters, i, value), codegen
+
+
+@intrinsic
+def _cas(typingctx, counters, i, old, new):
+    """counters[i] = new if it is old, atomically; whether it was."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        pair = builder.cmpxchg(builder.gep(array.data, [args[1]]), args[2], args[3],
+                               "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(counters, i, old, new), codegen
 
 
 @intrinsic
@@ -102,7 +117,7 @@ def clock():
 
 
 @njit(cache=True)
-def _walk(program, counters, trace, t):
+def _walk(program, counters, trace, t, n_threads):
     """One thread's walk through the program (module doc). Where ``trace`` has rows (a
     profile: bench/team_trace.py), trace[t, i] gets the cycle counts at which this thread came
     to op i, ran out of its tasks and saw them all done."""
@@ -110,13 +125,15 @@ def _walk(program, counters, trace, t):
     for i in range(program.shape[0]):
         if timed:
             trace[t, i, 0] = _clock()
-        op, args, tasks, grain = program[i, 0], program[i, 1], program[i, 2], program[i, 3]
+        op, args, tasks, least = program[i, 0], program[i, 1], program[i, 2], program[i, 3]
         claim, done = 2 * LINE * i, 2 * LINE * i + LINE
         while True:
-            k0 = _atomic_add(counters, claim, grain)
+            k0 = _atomic_load(counters, claim)
             if k0 >= tasks:
                 break
-            k1 = min(tasks, k0 + grain)
+            k1 = min(tasks, k0 + max(least, (tasks - k0) // n_threads))
+            if not _cas(counters, claim, k0, k1):
+                continue  # another thread claimed first: claim again from where it left off
             _call(op, args, k0, k1)
             _atomic_add(counters, done, k1 - k0)
         if timed:
@@ -131,34 +148,32 @@ def _walk(program, counters, trace, t):
 def _run_parallel(program, counters, n_threads, trace):
     counters[:] = 0
     for t in prange(n_threads):
-        _walk(program, counters, trace, t)
+        _walk(program, counters, trace, t, n_threads)
 
 
 @njit(cache=True)
 def _run_serial(program, counters, trace):
     counters[:] = 0
-    _walk(program, counters, trace, 0)
-
-
-CHUNKS = 4
-"""Chunks of an op's tasks a thread, when a program is made for a thread count: threads claim
-them one by one, so one the OS runs less claims fewer."""
+    _walk(program, counters, trace, 0, 1)
 
 
 UNTIMED = np.zeros((0, 0, 3), dtype=np.int64)
 """The trace of a run nobody times."""
 
 
-class Program:
-    """A program (module doc) for ``n_threads`` threads and what it needs kept alive: ``ops``
-    [(op address, args (int64 words), tasks, *anything else to keep)], each op's tasks
-    claimed CHUNKS chunks a thread. ``run(n_threads)`` executes it (on any thread count: the
-    chunks only change how the tasks are shared), timed when given a trace."""
+LEAST = 1
+"""The fewest tasks a claim takes (``_walk``)."""
 
-    def __init__(self, ops: list, n_threads: int = 1) -> None:
+
+class Program:
+    """A program (module doc) and what it needs kept alive: ``ops`` [(op address, args (int64
+    words), tasks, *anything else to keep)]. ``run(n_threads)`` executes it on any thread count
+    (the claims only change how the tasks are shared), timed when given a trace."""
+
+    def __init__(self, ops: list) -> None:
         self.ops = ops  # the words the program points to, and what an op keeps alive
-        self.table = np.array([[op, a.ctypes.data, tasks, max(1, -(-tasks // (CHUNKS * n_threads)))]
-                               for op, a, tasks, *_ in ops], dtype=np.int64).reshape(-1, 4)
+        self.table = np.array([[op, a.ctypes.data, tasks, LEAST] for op, a, tasks, *_ in ops],
+                              dtype=np.int64).reshape(-1, 4)
         self.counters = np.zeros(2 * LINE * max(1, len(ops)), dtype=np.int64)
 
     def run(self, n_threads: int, trace: np.ndarray = UNTIMED) -> None:

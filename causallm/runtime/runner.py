@@ -333,7 +333,7 @@ class Team:
         self.name, self.checks, self.labels = name, checks, labels
         # ops of one task each (a norm of one row between float products) need no region
         self.threads = threads() if any(tasks > 1 for _, _, tasks, *_ in ops) else 1
-        self.program = Program(ops, self.threads)
+        self.program = Program(ops)
 
     def getType(self) -> str:
         return self.type
