@@ -346,7 +346,7 @@ def child_profile(folder: str, kind: str, threads: int, P: int, D: int) -> None:
     steps(P, 4)
     plain = steps(P + 4, D)
     timeline = trace_teams(net._stage(None), 1)
-    steps(P + 4 + D, 2)  # the timed walk compiles
+    steps(P + 4 + D, 2)  # the timed steps' own Python warmed
     timeline.reset()
     timed = steps(P + 6 + D, D)
     table = timeline.table(D)
@@ -611,7 +611,7 @@ def print_table(doc: dict, out) -> None:
         w(f"\none decode step, {kind}: {prof['step_ms']:.2f} ms")
         if "teams_ms" in prof:
             w(f" (timed {prof['timed_step_ms']:.2f}: team programs {prof['teams_ms']:.2f}, "
-              f"threads waiting at op ends {sum(prof['wait_ms'].values()):.2f})")
+              f"the fastest thread waiting at op ends {sum(prof['wait_ms'].values()):.2f})")
         w(f": {parts} ms")
     w("\n" + TARGETS + "\n")
 

@@ -3,11 +3,11 @@
 A decode step of a small model is some 270 kernel calls of a few microseconds of work each; run
 one by one, each pays numba's dispatch from Python and, for most, an OpenMP region's start
 (docs/performance.md, "A decode step in one region"). Here a run of such calls is a *program*:
-rows ``[op address, args address, tasks, least]`` of int64, one per call, that ``run`` executes
+rows ``[op address, args address, tasks]`` of int64, one per call, that ``run`` executes
 in one region. Every thread walks the program::
 
     for each op i:
-        claim tasks [k0, k1) of op i, k1 - k0 = max(least, tasks left / threads) (a
+        claim tasks [k0, k1) of op i, k1 - k0 = max(1, tasks left / threads) (a
         compare-and-swap on the op's counter), until none is left, running op(args, k0, k1)
         for each claim and counting its tasks done;
         wait until all of op i's tasks are done (another thread may still run one)
@@ -125,13 +125,13 @@ def _walk(program, counters, trace, t, n_threads):
     for i in range(program.shape[0]):
         if timed:
             trace[t, i, 0] = _clock()
-        op, args, tasks, least = program[i, 0], program[i, 1], program[i, 2], program[i, 3]
+        op, args, tasks = program[i, 0], program[i, 1], program[i, 2]
         claim, done = 2 * LINE * i, 2 * LINE * i + LINE
         while True:
             k0 = _atomic_load(counters, claim)
             if k0 >= tasks:
                 break
-            k1 = min(tasks, k0 + max(least, (tasks - k0) // n_threads))
+            k1 = min(tasks, k0 + max(1, (tasks - k0) // n_threads))
             if not _cas(counters, claim, k0, k1):
                 continue  # another thread claimed first: claim again from where it left off
             _call(op, args, k0, k1)
@@ -161,10 +161,6 @@ UNTIMED = np.zeros((0, 0, 3), dtype=np.int64)
 """The trace of a run nobody times."""
 
 
-LEAST = 1
-"""The fewest tasks a claim takes (``_walk``)."""
-
-
 class Program:
     """A program (module doc) and what it needs kept alive: ``ops`` [(op address, args (int64
     words), tasks, *anything else to keep)]. ``run(n_threads)`` executes it on any thread count
@@ -172,8 +168,8 @@ class Program:
 
     def __init__(self, ops: list) -> None:
         self.ops = ops  # the words the program points to, and what an op keeps alive
-        self.table = np.array([[op, a.ctypes.data, tasks, LEAST] for op, a, tasks, *_ in ops],
-                              dtype=np.int64).reshape(-1, 4)
+        self.table = np.array([[op, a.ctypes.data, tasks] for op, a, tasks, *_ in ops],
+                              dtype=np.int64).reshape(-1, 3)
         self.counters = np.zeros(2 * LINE * max(1, len(ops)), dtype=np.int64)
 
     def run(self, n_threads: int, trace: np.ndarray = UNTIMED) -> None:
